@@ -1,0 +1,142 @@
+package plugin
+
+import (
+	"context"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+)
+
+// The NRI requests the plugin handles; the stub subscribes to exactly these. CreateContainer, StartContainer and
+// the Update requests are left out on purpose (see convert.go).
+var (
+	_ stub.ConfigureInterface           = (*Plugin)(nil)
+	_ stub.SynchronizeInterface         = (*Plugin)(nil)
+	_ stub.ShutdownInterface            = (*Plugin)(nil)
+	_ stub.RunPodInterface              = (*Plugin)(nil)
+	_ stub.StopPodInterface             = (*Plugin)(nil)
+	_ stub.RemovePodInterface           = (*Plugin)(nil)
+	_ stub.PostCreateContainerInterface = (*Plugin)(nil)
+	_ stub.PostStartContainerInterface  = (*Plugin)(nil)
+	_ stub.StopContainerInterface       = (*Plugin)(nil)
+	_ stub.RemoveContainerInterface     = (*Plugin)(nil)
+)
+
+// Configure applies the configuration the runtime hands to a pre-registered plugin. It never fails: an invalid
+// configuration is logged and ignored. The plugin subscribes to every request it handles.
+func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (stub.EventMask, error) {
+	entry := log.G(ctx).WithField("runtime", runtime+"/"+version)
+	entry.Info("NRI plugin configured by the runtime")
+	if config != "" && p.configure != nil {
+		if err := p.configure([]byte(config)); err != nil {
+			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
+		}
+	}
+	return 0, nil
+}
+
+// Synchronize observes every sandbox and container the runtime reports, then calls the OnSynchronized hook.
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	start := p.now()
+	n := 0
+	defer p.endHook(CallbackSynchronize, start, &n)
+
+	for _, pod := range pods {
+		if o, ok := ConvertPodSandbox(CallbackSynchronize, pod, start); ok {
+			p.observer.Observe(o)
+			n++
+		}
+	}
+	for _, ctr := range ctrs {
+		if o, ok := ConvertContainer(CallbackSynchronize, nil, ctr, start); ok {
+			p.observer.Observe(o)
+			n++
+		}
+	}
+	log.G(ctx).WithField("pods", len(pods)).WithField("containers", len(ctrs)).Info("NRI synchronized")
+	if p.onSynchronized != nil {
+		p.onSynchronized()
+	}
+	return nil, nil
+}
+
+// Shutdown logs that the runtime is shutting down; the connection loop reconnects when it is back.
+func (p *Plugin) Shutdown(ctx context.Context) {
+	log.G(ctx).Info("runtime is shutting down NRI")
+}
+
+// RunPodSandbox observes a sandbox whose pause process has started.
+func (p *Plugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.podHook(CallbackRunPodSandbox, pod)
+	return nil
+}
+
+// StopPodSandbox observes a sandbox whose pause process has exited.
+func (p *Plugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.podHook(CallbackStopPodSandbox, pod)
+	return nil
+}
+
+// RemovePodSandbox observes a removed sandbox.
+func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	p.podHook(CallbackRemovePodSandbox, pod)
+	return nil
+}
+
+// PostCreateContainer observes a created container.
+func (p *Plugin) PostCreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.containerHook(CallbackPostCreateContainer, pod, ctr)
+	return nil
+}
+
+// PostStartContainer observes a started container.
+func (p *Plugin) PostStartContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.containerHook(CallbackPostStartContainer, pod, ctr)
+	return nil
+}
+
+// StopContainer observes a container whose process has exited; it requests no update.
+func (p *Plugin) StopContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	p.containerHook(CallbackStopContainer, pod, ctr)
+	return nil, nil
+}
+
+// RemoveContainer observes a removed container.
+func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.containerHook(CallbackRemoveContainer, pod, ctr)
+	return nil
+}
+
+// podHook handles a sandbox callback.
+func (p *Plugin) podHook(cb Callback, pod *api.PodSandbox) {
+	start := p.now()
+	n := 0
+	defer p.endHook(cb, start, &n)
+	if o, ok := ConvertPodSandbox(cb, pod, start); ok {
+		p.observer.Observe(o)
+		n = 1
+	}
+}
+
+// containerHook handles a container callback.
+func (p *Plugin) containerHook(cb Callback, pod *api.PodSandbox, ctr *api.Container) {
+	start := p.now()
+	n := 0
+	defer p.endHook(cb, start, &n)
+	if o, ok := ConvertContainer(cb, pod, ctr, start); ok {
+		p.observer.Observe(o)
+		n = 1
+	}
+}
+
+// endHook records a callback's duration and observations. It is deferred by every handler and stops a panic
+// there (in the observer, say): a callback never fails and never takes the daemon down.
+func (p *Plugin) endHook(cb Callback, start time.Time, n *int) {
+	if r := recover(); r != nil {
+		log.L.WithField("callback", cb.String()).WithField("panic", r).Error("NRI callback panicked, ignored")
+	}
+	p.metrics.HookDuration(cb, p.now().Sub(start))
+	p.metrics.Observations(cb, *n)
+}

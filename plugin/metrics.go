@@ -1,0 +1,33 @@
+package plugin
+
+import "time"
+
+// Metrics receives the plugin's measurements; the daemon implements it over Prometheus. Every method is called
+// from an NRI callback or the connection loop and must not block.
+type Metrics interface {
+	// HookDuration records how long the plugin took to handle one callback, from its arrival to its return.
+	HookDuration(cb Callback, d time.Duration)
+	// Observations counts the observations one callback handed to the observer.
+	Observations(cb Callback, n int)
+	// ConnectionState records whether the plugin is registered with the runtime.
+	ConnectionState(up bool)
+	// Reconnected counts a registration with the runtime after a lost connection (not the first one).
+	Reconnected()
+}
+
+// NopMetrics is a Metrics that records nothing.
+type NopMetrics struct{}
+
+var _ Metrics = NopMetrics{}
+
+// HookDuration does nothing.
+func (NopMetrics) HookDuration(Callback, time.Duration) {}
+
+// Observations does nothing.
+func (NopMetrics) Observations(Callback, int) {}
+
+// ConnectionState does nothing.
+func (NopMetrics) ConnectionState(bool) {}
+
+// Reconnected does nothing.
+func (NopMetrics) Reconnected() {}

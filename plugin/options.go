@@ -1,0 +1,88 @@
+package plugin
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+)
+
+// Defaults of Options.
+const (
+	DefaultPluginName = "pleg-nri"
+	DefaultPluginIdx  = "10"
+	DefaultSocketPath = api.DefaultSocketPath
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 5 * time.Second
+)
+
+// Options are the plugin's settings, as the daemon's flags and config file give them. A zero field takes its
+// default.
+type Options struct {
+	// PluginName and PluginIdx are the name and the two-digit index the plugin registers with; the index
+	// orders the plugins NRI calls. A pre-registered plugin (launched by the runtime) keeps the name and index
+	// the runtime gave it in NRI_PLUGIN_NAME and NRI_PLUGIN_IDX.
+	PluginName string
+	PluginIdx  string
+	// SocketPath is the runtime's NRI socket.
+	SocketPath string
+	// MinBackoff and MaxBackoff bound the delay between two connection attempts: it starts at MinBackoff,
+	// doubles on every failed attempt up to MaxBackoff, and goes back to MinBackoff after a registration.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// withDefaults returns o with its zero fields set to their defaults.
+func (o Options) withDefaults() Options {
+	if o.PluginName == "" {
+		o.PluginName = DefaultPluginName
+	}
+	if o.PluginIdx == "" {
+		o.PluginIdx = DefaultPluginIdx
+	}
+	if o.SocketPath == "" {
+		o.SocketPath = DefaultSocketPath
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = DefaultMinBackoff
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	return o
+}
+
+// Validate checks o once the defaults are applied.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	if err := api.CheckPluginName(o.PluginName); err != nil {
+		return fmt.Errorf("plugin-name: %w", err)
+	}
+	if err := api.CheckPluginIndex(o.PluginIdx); err != nil {
+		return fmt.Errorf("plugin-idx: %w", err)
+	}
+	if o.MinBackoff < 0 || o.MaxBackoff < o.MinBackoff {
+		return fmt.Errorf("invalid backoff bounds %s..%s: want 0 < min <= max", o.MinBackoff, o.MaxBackoff)
+	}
+	return nil
+}
+
+// backoff is the delay between connection attempts.
+type backoff struct {
+	min, max, next time.Duration
+}
+
+func newBackoff(min, max time.Duration) backoff {
+	return backoff{min: min, max: max, next: min}
+}
+
+// delay returns the delay before the next attempt and doubles the one after, up to max.
+func (b *backoff) delay() time.Duration {
+	d := b.next
+	b.next = min(2*b.next, b.max)
+	return d
+}
+
+// reset goes back to the minimum delay.
+func (b *backoff) reset() {
+	b.next = b.min
+}

@@ -1,0 +1,358 @@
+// Package plugin is pleg-nri's NRI plugin: an observer that turns the runtime's NRI callbacks (Synchronize and
+// the pod and container lifecycle) into pleg.Observations.
+//
+// The plugin never adjusts a container and never fails a callback: each handler converts its arguments, hands
+// the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
+// other under one lock, and disconnects one that takes longer than its request timeout). The mapping from
+// callbacks to observations, with the containerd code it is based on, is at the top of convert.go.
+//
+// Run keeps the plugin connected: it dials the runtime's NRI socket (or, when the runtime launched the plugin,
+// uses the pre-connected socket it was given), registers, and when the connection closes (a runtime restart, a
+// disconnect after a request timeout) builds a new stub and connects again, with backoff, until its context is
+// cancelled.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/nri/pkg/api"
+	nrinet "github.com/containerd/nri/pkg/net"
+	"github.com/containerd/nri/pkg/stub"
+
+	"github.com/pleg-nri/pleg-nri/pleg"
+)
+
+// Observer receives the observations the plugin makes. Observe is called from the NRI callbacks and must not
+// block; (*pleg.PLEG).Observe satisfies it.
+type Observer interface {
+	Observe(pleg.Observation)
+}
+
+// Option configures a Plugin's hooks into the daemon.
+type Option func(*Plugin)
+
+// WithOnSynchronized sets a function called after every Synchronize has been observed, i.e. after every
+// (re)connect; the daemon starts a relist from it. It is called from the Synchronize callback and must not
+// block.
+func WithOnSynchronized(fn func()) Option {
+	return func(p *Plugin) { p.onSynchronized = fn }
+}
+
+// WithOnConnectionState sets a function called with true when the plugin has registered with the runtime and
+// with false when that connection is gone. It must not block.
+func WithOnConnectionState(fn func(up bool)) Option {
+	return func(p *Plugin) { p.onConnectionState = fn }
+}
+
+// WithConfigure sets the function that applies the configuration a runtime hands to a pre-registered plugin
+// (its /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
+// configuration ignored: the plugin stays registered with the configuration it had.
+func WithConfigure(fn func(config []byte) error) Option {
+	return func(p *Plugin) { p.configure = fn }
+}
+
+// WithMetrics sets the metrics the plugin records; the default records nothing.
+func WithMetrics(m Metrics) Option {
+	return func(p *Plugin) { p.metrics = m }
+}
+
+// WithClock sets the clock that stamps observations (SourceTime) and times the callbacks; the default is
+// time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(p *Plugin) { p.now = now }
+}
+
+// Plugin is the NRI plugin. Its exported methods other than Run are the NRI handlers the stub calls.
+type Plugin struct {
+	opts     Options
+	observer Observer
+
+	onSynchronized    func()
+	onConnectionState func(bool)
+	configure         func([]byte) error
+	metrics           Metrics
+	now               func() time.Time
+
+	// getenv reads the environment (NRI_PLUGIN_SOCKET/_NAME/_IDX); tests replace it.
+	getenv func(string) string
+	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
+	startTimeout time.Duration
+	// dialTimeout bounds one dial of the NRI socket.
+	dialTimeout time.Duration
+
+	// running is set by Run, which may be called once.
+	running atomic.Bool
+	// connects counts the registrations, to tell reconnects from the first connect. Only Run's goroutine
+	// touches it.
+	connects int
+}
+
+// New returns a plugin that hands its observations to observer. It checks opts and fills in the defaults.
+func New(opts Options, observer Observer, options ...Option) (*Plugin, error) {
+	if observer == nil {
+		return nil, errors.New("plugin: nil observer")
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid NRI plugin options: %w", err)
+	}
+	p := &Plugin{
+		opts:     opts.withDefaults(),
+		observer: observer,
+		metrics:  NopMetrics{},
+		now:      time.Now,
+		getenv:   os.Getenv,
+		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
+		// with plugin_request_timeout (2s).
+		startTimeout: 10 * time.Second,
+		dialTimeout:  5 * time.Second,
+	}
+	for _, o := range options {
+		o(p)
+	}
+	if p.metrics == nil {
+		p.metrics = NopMetrics{}
+	}
+	return p, nil
+}
+
+// Run connects the plugin to the runtime and keeps it connected until ctx is cancelled, then disconnects and
+// returns nil. A missing socket, a refused connection, a failed registration or a closed connection are logged
+// and retried with backoff; Run returns an error only when it is called a second time.
+func (p *Plugin) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("plugin: Run called twice")
+	}
+	bo := newBackoff(p.opts.MinBackoff, p.opts.MaxBackoff)
+	preconnected := p.takePreconnected(ctx)
+	waiting := false // a "waiting for the socket" line was logged for the current outage
+	for ctx.Err() == nil {
+		conn := preconnected
+		preconnected = nil
+		if conn == nil {
+			var err error
+			conn, err = p.dial(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				if !waiting {
+					waiting = true
+					log.G(ctx).WithError(err).WithField("socket", p.opts.SocketPath).
+						Info("NRI socket not available, waiting for the runtime")
+				} else {
+					log.G(ctx).WithError(err).Debug("NRI socket still not available")
+				}
+				sleep(ctx, bo.delay())
+				continue
+			}
+		}
+		waiting = false
+		registered, err := p.session(ctx, conn)
+		if ctx.Err() != nil {
+			break
+		}
+		if registered {
+			bo.reset()
+			log.G(ctx).WithError(err).Warn("NRI connection closed, reconnecting")
+		} else {
+			log.G(ctx).WithError(err).Warn("NRI registration failed, retrying")
+		}
+		sleep(ctx, bo.delay())
+	}
+	return nil
+}
+
+// takePreconnected returns the connection a runtime that launched the plugin passed in NRI_PLUGIN_SOCKET, or
+// nil. The file descriptor is consumed: later connections dial SocketPath.
+func (p *Plugin) takePreconnected(ctx context.Context) net.Conn {
+	env := p.getenv(api.PluginSocketEnvVar)
+	if env == "" {
+		return nil
+	}
+	fd, err := strconv.Atoi(env)
+	if err == nil {
+		var conn net.Conn
+		if conn, err = nrinet.NewFdConn(fd); err == nil {
+			log.G(ctx).WithField("fd", fd).Info("using the NRI connection passed by the runtime")
+			return conn
+		}
+	}
+	log.G(ctx).WithError(err).WithField(api.PluginSocketEnvVar, env).
+		Error("unusable pre-connected NRI socket, dialing the NRI socket instead")
+	return nil
+}
+
+// dial connects to the runtime's NRI socket.
+func (p *Plugin) dial(ctx context.Context) (net.Conn, error) {
+	d := net.Dialer{Timeout: p.dialTimeout}
+	conn, err := d.DialContext(ctx, "unix", p.opts.SocketPath)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("NRI socket %s not there or not listening: %w", p.opts.SocketPath, err)
+		}
+		return nil, fmt.Errorf("failed to connect to NRI socket %s: %w", p.opts.SocketPath, err)
+	}
+	return conn, nil
+}
+
+// session runs one stub over conn: it registers, then waits for the connection to close or ctx to be
+// cancelled, and tears the stub down. registered says whether the registration went through; err says why
+// the session ended, when known.
+func (p *Plugin) session(ctx context.Context, conn net.Conn) (registered bool, err error) {
+	wc := newWatchedConn(conn)
+	closed := make(chan struct{})
+	var closeOnce sync.Once
+	onClose := func() { closeOnce.Do(func() { close(closed) }) }
+
+	st, err := stub.New(p, p.stubOptions(wc, onClose)...)
+	if err != nil {
+		conn.Close()
+		return false, fmt.Errorf("failed to create NRI stub: %w", err)
+	}
+
+	startErr := make(chan error, 1)
+	go func() { startErr <- st.Start(ctx) }()
+	timeout := time.NewTimer(p.startTimeout)
+	defer timeout.Stop()
+	select {
+	case err = <-startErr:
+	case <-wc.dead:
+		err = p.unstick(ctx, conn, st, startErr, "connection closed before the runtime configured the plugin")
+	case <-ctx.Done():
+		err = p.unstick(ctx, conn, st, startErr, "shutting down")
+	case <-timeout.C:
+		err = p.unstick(ctx, conn, st, startErr, "the runtime did not configure the plugin in time")
+	}
+	if err != nil {
+		conn.Close()
+		return false, err
+	}
+
+	p.connects++
+	if p.connects > 1 {
+		p.metrics.Reconnected()
+	}
+	p.setConnected(true)
+	log.G(ctx).WithField("plugin", p.opts.PluginIdx+"-"+p.opts.PluginName).Info("NRI plugin registered")
+
+	select {
+	case <-closed:
+		err = errors.New("connection closed by the runtime")
+	case <-wc.dead:
+		err = fmt.Errorf("connection lost: %w", wc.err())
+	case <-ctx.Done():
+	}
+	st.Stop()
+	// The stub calls onClose once its client is down: wait for it so nothing outlives the session.
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		log.G(ctx).Warn("NRI stub did not report its connection closed")
+	}
+	p.setConnected(false)
+	return true, err
+}
+
+// unstick ends a stub Start that has not returned: it closes the connection, which fails a registration in
+// progress at once. A Start that is past the registration waits for the runtime's Configure request with no
+// timeout (stub.Start reads its configuration channel holding the stub's lock), so a runtime that goes away
+// between the two leaves it blocked for good: that stub is abandoned (one goroutine and the stub's memory) and
+// the next attempt uses a new one.
+func (p *Plugin) unstick(ctx context.Context, conn net.Conn, st stub.Stub, startErr <-chan error, why string) error {
+	conn.Close()
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case err := <-startErr:
+		if err == nil {
+			st.Stop()
+		}
+	case <-t.C:
+		log.G(ctx).WithField("reason", why).Warn("NRI stub stuck waiting for the runtime's Configure, abandoning it")
+	}
+	return errors.New(why)
+}
+
+// stubOptions are the options of a new stub over conn.
+func (p *Plugin) stubOptions(conn net.Conn, onClose func()) []stub.Option {
+	opts := []stub.Option{
+		stub.WithConnection(conn),
+		stub.WithOnClose(onClose),
+		stub.WithLogger(stubLogger{}),
+	}
+	// A runtime that launched the plugin named it in the environment, which the stub reads; the stub refuses
+	// a second index.
+	if p.getenv(api.PluginIdxEnvVar) == "" {
+		opts = append(opts, stub.WithPluginIdx(p.opts.PluginIdx))
+	}
+	if p.getenv(api.PluginNameEnvVar) == "" {
+		opts = append(opts, stub.WithPluginName(p.opts.PluginName))
+	}
+	return opts
+}
+
+// setConnected reports a connection state change.
+func (p *Plugin) setConnected(up bool) {
+	p.metrics.ConnectionState(up)
+	if p.onConnectionState != nil {
+		p.onConnectionState(up)
+	}
+}
+
+// sleep waits for d or ctx, whichever ends first.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// watchedConn is a net.Conn that reports its first read error: the runtime's end closing.
+type watchedConn struct {
+	net.Conn
+	dead    chan struct{}
+	once    sync.Once
+	mu      sync.Mutex // guards readErr
+	readErr error
+}
+
+func newWatchedConn(c net.Conn) *watchedConn {
+	return &watchedConn{Conn: c, dead: make(chan struct{})}
+}
+
+// Read reads from the connection and closes dead on the first error.
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil {
+		c.once.Do(func() {
+			c.mu.Lock()
+			c.readErr = err
+			c.mu.Unlock()
+			close(c.dead)
+		})
+	}
+	return n, err
+}
+
+// err returns the read error that closed dead.
+func (c *watchedConn) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.readErr == nil {
+		return io.EOF
+	}
+	return c.readErr
+}
