@@ -1,0 +1,251 @@
+package pleg
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/containerd/log"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fanout hands every emitted event to every subscriber. Publishing never blocks: each subscriber has a
+// bounded ring; a full ring is first coalesced (only the newest event of each pod is kept), and a
+// subscriber whose ring is still full is evicted: its Next returns RESOURCE_EXHAUSTED.
+//
+// publish is called by one goroutine at a time (under PLEG.mu); Subscribe and Close may run at any time.
+type fanout struct {
+	metrics Metrics
+	limit   int // per-subscriber queue bound
+
+	// subs is the current subscriber list, replaced (copy on write) under mu so publish reads it
+	// without a lock.
+	subs atomic.Pointer[[]*Subscription]
+	// mu guards the writes of subs and nextID.
+	mu     sync.Mutex
+	nextID uint64
+}
+
+func newFanout(limit int, m Metrics) *fanout {
+	f := &fanout{metrics: m, limit: limit}
+	f.subs.Store(&[]*Subscription{})
+	return f
+}
+
+// Subscription is one subscriber's view of the event stream: every event emitted after Subscribe, in
+// order, unless its queue overflowed (see Next).
+type Subscription struct {
+	id uint64
+	f  *fanout
+
+	// mu guards buf, head, n, err and closed.
+	mu     sync.Mutex
+	buf    []Event // ring of len == limit
+	head   int     // index of the oldest queued event
+	n      int     // number of queued events
+	err    error   // set on eviction
+	closed bool
+
+	notify chan struct{} // capacity 1: wakes Next after a push, an eviction or Close
+}
+
+// ID is the subscriber's id, as used in logs and metrics.
+func (s *Subscription) ID() uint64 { return s.id }
+
+func (f *fanout) subscribe() *Subscription {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	s := &Subscription{id: f.nextID, f: f, buf: make([]Event, f.limit), notify: make(chan struct{}, 1)}
+	old := *f.subs.Load()
+	subs := make([]*Subscription, len(old), len(old)+1)
+	copy(subs, old)
+	subs = append(subs, s)
+	f.subs.Store(&subs)
+	f.metrics.Subscribers(len(subs))
+	return s
+}
+
+// remove drops s from the subscriber list; it is a no-op when s is already gone.
+func (f *fanout) remove(s *Subscription) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old := *f.subs.Load()
+	subs := make([]*Subscription, 0, len(old))
+	found := false
+	for _, x := range old {
+		if x == s {
+			found = true
+			continue
+		}
+		subs = append(subs, x)
+	}
+	if !found {
+		return
+	}
+	f.subs.Store(&subs)
+	f.metrics.Subscribers(len(subs))
+	f.metrics.SubscriberRemoved(s.id)
+}
+
+// count returns the number of subscribers.
+func (f *fanout) count() int { return len(*f.subs.Load()) }
+
+// publish queues ev for every subscriber; it never blocks.
+func (f *fanout) publish(ctx context.Context, ev Event) {
+	for _, s := range *f.subs.Load() {
+		if s.push(ev) {
+			f.metrics.SubscriberEvicted(s.id)
+			log.G(ctx).WithField("subscriber", s.id).WithField("queue", f.limit).
+				Warn("event subscriber cannot keep up: evicted with RESOURCE_EXHAUSTED")
+			f.remove(s)
+		}
+	}
+}
+
+// push queues ev; it returns true when it evicted the subscriber.
+func (s *Subscription) push(ev Event) bool {
+	s.mu.Lock()
+	if s.err != nil || s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	if s.n == len(s.buf) {
+		if removed := s.coalesceLocked(podKey(ev)); removed > 0 {
+			s.f.metrics.EventsCoalesced(removed)
+		}
+		if s.n == len(s.buf) {
+			s.err = status.Errorf(codes.ResourceExhausted,
+				"event subscriber %d evicted: its queue of %d events is full of distinct pods", s.id, len(s.buf))
+			s.clearLocked()
+			s.mu.Unlock()
+			s.wake()
+			return true
+		}
+	}
+	s.buf[(s.head+s.n)%len(s.buf)] = ev
+	s.n++
+	depth := s.n
+	s.mu.Unlock()
+	s.f.metrics.SubscriberQueueDepth(s.id, depth)
+	s.wake()
+	return false
+}
+
+// coalesceLocked keeps only the newest queued event of each pod, and none of the pod newKey (the event
+// about to be queued is newer than them all). It returns how many events it removed.
+func (s *Subscription) coalesceLocked(newKey string) int {
+	size := len(s.buf)
+	seen := make(map[string]struct{}, s.n)
+	seen[newKey] = struct{}{}
+	keep := make([]bool, s.n)
+	kept := 0
+	for i := s.n - 1; i >= 0; i-- {
+		k := podKey(s.buf[(s.head+i)%size])
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		keep[i] = true
+		kept++
+	}
+	if kept == s.n {
+		return 0
+	}
+	out := make([]Event, size)
+	j := 0
+	for i := 0; i < s.n; i++ {
+		if keep[i] {
+			out[j] = s.buf[(s.head+i)%size]
+			j++
+		}
+	}
+	removed := s.n - kept
+	s.buf, s.head, s.n = out, 0, kept
+	return removed
+}
+
+func (s *Subscription) clearLocked() {
+	clear(s.buf)
+	s.head, s.n = 0, 0
+}
+
+func (s *Subscription) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// podKey is the coalescing key of an event: the pod uid, else the sandbox id, else the container id.
+func podKey(ev Event) string {
+	r := ev.Response
+	if r == nil {
+		return ""
+	}
+	if ps := r.GetPodSandboxStatus(); ps != nil {
+		if uid := ps.GetMetadata().GetUid(); uid != "" {
+			return uid
+		}
+		if ps.GetId() != "" {
+			return ps.GetId()
+		}
+	}
+	return r.GetContainerId()
+}
+
+// Next returns the next event, blocking until there is one or ctx is done. After the subscriber was
+// evicted it returns a gRPC status error with codes.ResourceExhausted (queued events are dropped: the
+// consumer must relist); after Close, one with codes.Canceled.
+func (s *Subscription) Next(ctx context.Context) (Event, error) {
+	for {
+		s.mu.Lock()
+		switch {
+		case s.err != nil:
+			err := s.err
+			s.mu.Unlock()
+			return Event{}, err
+		case s.n > 0:
+			ev := s.buf[s.head]
+			s.buf[s.head] = Event{}
+			s.head = (s.head + 1) % len(s.buf)
+			s.n--
+			depth := s.n
+			s.mu.Unlock()
+			s.f.metrics.SubscriberQueueDepth(s.id, depth)
+			return ev, nil
+		case s.closed:
+			s.mu.Unlock()
+			return Event{}, status.Error(codes.Canceled, "event subscription closed")
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return Event{}, ctx.Err()
+		}
+	}
+}
+
+// Len returns the number of queued events.
+func (s *Subscription) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// Close ends the subscription: it stops receiving events and a pending Next returns. Close is
+// idempotent.
+func (s *Subscription) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.clearLocked()
+	s.mu.Unlock()
+	s.f.remove(s)
+	s.wake()
+}

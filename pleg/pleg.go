@@ -1,0 +1,218 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/log"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultSubscriberQueue = 1024
+	DefaultRelistPeriod    = 10 * time.Second
+	DefaultStatusTimeout   = 2 * time.Second
+	DefaultVerifyDelay     = 250 * time.Millisecond
+	DefaultStatusWorkers   = 4
+)
+
+// Config configures a PLEG.
+type Config struct {
+	// Status answers the CRI status calls. Required.
+	Status StatusSource
+	// Lister lists sandboxes and containers for Relist. Required for Relist and for Run.
+	Lister Lister
+	// Clock is the time source of the state machine (event created_at, TTLs, retry schedule); nil is the
+	// real clock.
+	Clock Clock
+	// Metrics receives every count and measurement; nil is NopMetrics.
+	Metrics Metrics
+	// SubscriberQueue bounds each subscriber's queue; default DefaultSubscriberQueue.
+	SubscriberQueue int
+	// RelistPeriod is the period of the relist loop; default DefaultRelistPeriod.
+	RelistPeriod time.Duration
+	// StatusTimeout bounds each status call; default DefaultStatusTimeout.
+	StatusTimeout time.Duration
+	// VerifyDelay is how long after a STARTED or STOPPED built from fast facts the container's CRI status
+	// is fetched to verify it (and catch a late OOMKilled); default DefaultVerifyDelay, negative disables.
+	VerifyDelay time.Duration
+	// StatusWorkers is the number of concurrent status calls; default DefaultStatusWorkers.
+	StatusWorkers int
+}
+
+// Event is one CRI container event with where it came from.
+type Event struct {
+	// Response is the event; shared between subscribers and never modified: do not modify it.
+	Response *runtimeapi.ContainerEventResponse
+	// Source is the input whose observation caused the event.
+	Source Source
+	// SourceTime is when that input saw it: the send latency metric measures from it.
+	SourceTime time.Time
+}
+
+// input is one entry of the inbox: an observation, or a status answer.
+type input struct {
+	obs Observation
+	res *fetchResult
+}
+
+// PLEG turns observations into CRI container events and fans them out to subscribers.
+type PLEG struct {
+	cfg     Config
+	clock   Clock
+	metrics Metrics
+	fetch   *fetcher
+	fan     *fanout
+
+	// inboxMu guards inbox. It is held only to append or swap: Observe never waits on the state.
+	inboxMu sync.Mutex
+	inbox   []input
+	wake    chan struct{} // capacity 1: the inbox is not empty
+
+	// mu guards st and spare, and serializes every change of the state (drain, Relist).
+	mu    sync.Mutex
+	st    *state
+	spare []input // the inbox's previous backing array, reused
+
+	relistMu  sync.Mutex    // serializes Relist calls
+	relistNow chan struct{} // capacity 1: TriggerRelist
+	running   atomic.Bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// New returns a PLEG; Run must be running for status calls and the relist loop to happen.
+func New(cfg Config) (*PLEG, error) {
+	if cfg.Status == nil {
+		return nil, errors.New("pleg: Config.Status is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NopMetrics{}
+	}
+	if cfg.SubscriberQueue <= 0 {
+		cfg.SubscriberQueue = DefaultSubscriberQueue
+	}
+	if cfg.RelistPeriod <= 0 {
+		cfg.RelistPeriod = DefaultRelistPeriod
+	}
+	if cfg.StatusTimeout <= 0 {
+		cfg.StatusTimeout = DefaultStatusTimeout
+	}
+	if cfg.VerifyDelay == 0 {
+		cfg.VerifyDelay = DefaultVerifyDelay
+	}
+	if cfg.StatusWorkers <= 0 {
+		cfg.StatusWorkers = DefaultStatusWorkers
+	}
+	p := &PLEG{
+		cfg:       cfg,
+		clock:     cfg.Clock,
+		metrics:   cfg.Metrics,
+		fetch:     newFetcher(cfg.Clock),
+		fan:       newFanout(cfg.SubscriberQueue, cfg.Metrics),
+		wake:      make(chan struct{}, 1),
+		relistNow: make(chan struct{}, 1),
+	}
+	p.st = newState(cfg.Clock, cfg.Metrics, p.fetch, p.fan, cfg.VerifyDelay)
+	return p, nil
+}
+
+// Observe hands one observation to the state machine. It never blocks (the inbox is unbounded), is safe
+// from any goroutine, and costs a mutex and an append: NRI hooks call it. The observation is applied by
+// Run's processing goroutine (or by the next Relist).
+func (p *PLEG) Observe(o Observation) {
+	p.metrics.ObservationReceived(o.Source, o.Kind)
+	p.enqueue(input{obs: o})
+}
+
+func (p *PLEG) enqueue(in input) {
+	p.inboxMu.Lock()
+	p.inbox = append(p.inbox, in)
+	p.inboxMu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drain applies everything in the inbox. Tests call it directly with a fake clock.
+func (p *PLEG) drain(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drainLocked(ctx)
+}
+
+func (p *PLEG) drainLocked(ctx context.Context) {
+	for {
+		p.inboxMu.Lock()
+		batch := p.inbox
+		p.inbox = p.spare[:0]
+		p.inboxMu.Unlock()
+		if len(batch) == 0 {
+			p.spare = batch
+			p.st.sweep(ctx)
+			return
+		}
+		for i := range batch {
+			p.st.apply(ctx, batch[i])
+		}
+		clear(batch)
+		p.spare = batch
+	}
+}
+
+// Subscribe returns a subscription that receives every event emitted from now on.
+func (p *PLEG) Subscribe() *Subscription { return p.fan.subscribe() }
+
+// TriggerRelist asks the relist loop of Run to relist at once (after a reconnect); it never blocks.
+func (p *PLEG) TriggerRelist() {
+	select {
+	case p.relistNow <- struct{}{}:
+	default:
+	}
+}
+
+// Run processes observations, runs the status workers and the relist loop (a relist at start, every
+// RelistPeriod and on TriggerRelist) until ctx is done. It returns nil on cancellation, after every
+// goroutine it started has returned. Run may be called once at a time.
+func (p *PLEG) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("pleg: Run is already running")
+	}
+	defer p.running.Store(false)
+	var wg sync.WaitGroup
+	p.runFetchers(ctx, &wg)
+	wg.Go(func() { p.processLoop(ctx) })
+	if p.cfg.Lister != nil {
+		wg.Go(func() { p.relistLoop(ctx) })
+	} else {
+		log.G(ctx).Warn("pleg: no Lister configured: relist disabled")
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return nil
+}
+
+func (p *PLEG) processLoop(ctx context.Context) {
+	// The ticker expires held observations and tombstones on a quiet node.
+	t := time.NewTicker(sweepPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-t.C:
+		}
+		p.drain(ctx)
+	}
+}

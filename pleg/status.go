@@ -1,0 +1,408 @@
+package pleg
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Exit reasons, as containerd's CRI plugin spells them (internal/cri/server/container_status.go and
+// events.go).
+const (
+	reasonOOMKilled = "OOMKilled"
+	reasonCompleted = "Completed"
+	reasonError     = "Error"
+	// reasonUnknown and exitCodeUnknown are what containerd reports for an exit it could not observe
+	// (a container that exited while containerd was down); used for a container that vanished while
+	// running before any input reported its exit.
+	reasonUnknown   = "Unknown"
+	exitCodeUnknown = 255
+)
+
+// facts are what the fast inputs (NRI, task events, relist) told about a container's process, applied
+// on top of the last CRI status answer so an event never waits on a status call.
+type facts struct {
+	startedAt  int64 // ns; 0: unknown
+	finishedAt int64 // ns; 0: unknown
+	exitCode   int32
+	hasExit    bool // exitCode (and finishedAt) are known
+	oom        bool // the process was OOM-killed
+	reason     string
+	message    string
+}
+
+// merge adds what ob knows to f. The first exit wins, as in containerd's handleContainerExit (it sets
+// the exit code and time only while FinishedAt is still 0).
+func (f *facts) merge(ob Observation) {
+	if f.startedAt == 0 && !ob.StartedAt.IsZero() {
+		f.startedAt = ob.StartedAt.UnixNano()
+	}
+	if ob.Phase == PhaseRunning && f.startedAt == 0 && !ob.SourceTime.IsZero() {
+		f.startedAt = ob.SourceTime.UnixNano()
+	}
+	if !f.hasExit && ob.HasExitCode {
+		f.hasExit = true
+		f.exitCode = ob.ExitCode
+		switch {
+		case !ob.FinishedAt.IsZero():
+			f.finishedAt = ob.FinishedAt.UnixNano()
+		case !ob.SourceTime.IsZero():
+			f.finishedAt = ob.SourceTime.UnixNano()
+		}
+	}
+	if f.finishedAt == 0 && !ob.FinishedAt.IsZero() {
+		f.finishedAt = ob.FinishedAt.UnixNano()
+	}
+	if ob.OOMKilled || ob.Reason == reasonOOMKilled {
+		f.oom = true
+	}
+	if f.reason == "" && ob.Reason != "" {
+		f.reason = ob.Reason
+	}
+	if f.message == "" && ob.Message != "" {
+		f.message = ob.Message
+	}
+}
+
+// containerStateRank orders container states for "never move backwards"; UNKNOWN ranks lowest.
+func containerStateRank(s runtimeapi.ContainerState) int {
+	switch s {
+	case runtimeapi.ContainerState_CONTAINER_CREATED:
+		return 1
+	case runtimeapi.ContainerState_CONTAINER_RUNNING:
+		return 2
+	case runtimeapi.ContainerState_CONTAINER_EXITED:
+		return 3
+	}
+	return 0
+}
+
+// containerStatePhase is the phase a container state implies (PhaseNone for UNKNOWN).
+func containerStatePhase(s runtimeapi.ContainerState) Phase {
+	switch s {
+	case runtimeapi.ContainerState_CONTAINER_CREATED:
+		return PhaseCreated
+	case runtimeapi.ContainerState_CONTAINER_RUNNING:
+		return PhaseRunning
+	case runtimeapi.ContainerState_CONTAINER_EXITED:
+		return PhaseExited
+	}
+	return PhaseNone
+}
+
+// sandboxStatePhase is the phase a sandbox state implies: READY is running (containerd emits CREATED and
+// STARTED together), NOTREADY is exited.
+func sandboxStatePhase(s runtimeapi.PodSandboxState) Phase {
+	if s == runtimeapi.PodSandboxState_SANDBOX_READY {
+		return PhaseRunning
+	}
+	return PhaseExited
+}
+
+// exitReason is containerd's rule for the reason of an exited container: OOMKilled when the OOM is
+// known, else the reason already recorded, else Completed for exit 0 and Error otherwise.
+func exitReason(oom bool, recorded string, exitCode int32) string {
+	switch {
+	case oom:
+		return reasonOOMKilled
+	case recorded != "":
+		return recorded
+	case exitCode == 0:
+		return reasonCompleted
+	}
+	return reasonError
+}
+
+// containerEffective returns the status containerd's CRI answers for a container whose last answer is
+// base, once phase and the fast facts are applied, and whether it is complete enough for an event of
+// that phase. base is never modified: a change makes a copy. wantExit says the phase implies the process
+// exited (Exited, or Removed after it started). synth allows building an exit without an exit code (the
+// container vanished, or its status never caught up): exit code 255, reason Unknown, finished at
+// synthAt, like containerd for an exit it did not observe.
+func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit bool, f facts, synth bool, synthAt int64) (*runtimeapi.ContainerStatus, bool) {
+	if base == nil {
+		return nil, false
+	}
+	out := base
+	mut := func() *runtimeapi.ContainerStatus {
+		if out == base {
+			out = proto.Clone(base).(*runtimeapi.ContainerStatus)
+		}
+		return out
+	}
+	complete := true
+	switch {
+	case wantExit && base.State != runtimeapi.ContainerState_CONTAINER_EXITED:
+		if !f.hasExit && !synth {
+			complete = false
+			break
+		}
+		c := mut()
+		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+		if c.StartedAt == 0 {
+			c.StartedAt = f.startedAt
+		}
+		if f.hasExit {
+			c.ExitCode = f.exitCode
+			c.FinishedAt = f.finishedAt
+			c.Reason = exitReason(f.oom, firstNonEmpty(base.Reason, f.reason), f.exitCode)
+		} else {
+			c.ExitCode = exitCodeUnknown
+			c.FinishedAt = f.finishedAt
+			c.Reason = exitReason(f.oom, firstNonEmpty(base.Reason, f.reason, reasonUnknown), exitCodeUnknown)
+		}
+		if c.FinishedAt == 0 {
+			c.FinishedAt = synthAt
+		}
+		if f.message != "" {
+			c.Message = f.message
+		}
+	case phase >= PhaseRunning && base.State == runtimeapi.ContainerState_CONTAINER_CREATED && f.startedAt != 0:
+		c := mut()
+		c.State = runtimeapi.ContainerState_CONTAINER_RUNNING
+		c.StartedAt = f.startedAt
+	}
+	// containerd's TaskOOM handler sets Reason in every state, running included.
+	if f.oom && out.Reason != reasonOOMKilled {
+		mut().Reason = reasonOOMKilled
+	}
+	return out, complete
+}
+
+// sandboxEffective returns the sandbox status once phase is applied: an exited sandbox is NOTREADY
+// (containerd's handleSandboxExit changes nothing else the status shows; the IPs go only later, when
+// StopPodSandbox closes the network namespace).
+func sandboxEffective(base *runtimeapi.PodSandboxStatus, phase Phase) *runtimeapi.PodSandboxStatus {
+	if base == nil || phase < PhaseExited || base.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+		return base
+	}
+	c := proto.Clone(base).(*runtimeapi.PodSandboxStatus)
+	c.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	return c
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// isNotFound reports whether err says the object does not exist, as an errdefs error or a gRPC status.
+func isNotFound(err error) bool {
+	if errdefs.IsNotFound(err) {
+		return true
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code() == codes.NotFound
+	}
+	return false
+}
+
+// backoff is the retry policy of status calls.
+type backoff struct {
+	initial     time.Duration // first NotFound retry delay
+	max         time.Duration // NotFound retry delay cap
+	errMax      time.Duration // retry delay cap for other errors
+	window      time.Duration // NotFound retries stop after this long...
+	maxAttempts int           // ...or after this many attempts (bounds the window under a fake clock)
+}
+
+var defaultBackoff = backoff{
+	initial:     2 * time.Millisecond,
+	max:         100 * time.Millisecond,
+	errMax:      time.Second,
+	window:      5 * time.Second,
+	maxAttempts: 64,
+}
+
+func (b backoff) delay(attempt int, limit time.Duration) time.Duration {
+	d := b.initial
+	for i := 1; i < attempt && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// fetchReq asks for one CRI status.
+type fetchReq struct {
+	id     string
+	kind   Kind
+	verify bool      // the delayed verification after a STARTED/STOPPED built from fast facts
+	due    time.Time // not before
+}
+
+// fetchResult is a status answer, delivered back to the state machine through the inbox.
+type fetchResult struct {
+	req       fetchReq
+	sandbox   *runtimeapi.PodSandboxStatus
+	container *runtimeapi.ContainerStatus
+	err       error
+	at        time.Time // when the answer came
+}
+
+// fetcher queues status calls: ready ones for the workers, delayed ones (retries, verifications) in a
+// heap by due time. The state machine pushes under PLEG.mu; the dispatcher and the test helper take.
+type fetcher struct {
+	clock Clock
+
+	// mu guards ready and delayed.
+	mu      sync.Mutex
+	ready   []fetchReq
+	delayed fetchHeap
+
+	wake chan struct{} // capacity 1: a request was pushed
+}
+
+func newFetcher(c Clock) *fetcher {
+	return &fetcher{clock: c, wake: make(chan struct{}, 1)}
+}
+
+func (f *fetcher) push(r fetchReq) {
+	f.mu.Lock()
+	if r.due.IsZero() || !r.due.After(f.clock.Now()) {
+		f.ready = append(f.ready, r)
+	} else {
+		heap.Push(&f.delayed, r)
+	}
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the requests due at now (all of them when force is set), in order, and the due time of
+// the next delayed one (zero when none).
+func (f *fetcher) take(now time.Time, force bool) ([]fetchReq, time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for f.delayed.Len() > 0 && (force || !f.delayed[0].due.After(now)) {
+		f.ready = append(f.ready, heap.Pop(&f.delayed).(fetchReq))
+	}
+	out := f.ready
+	f.ready = nil
+	var next time.Time
+	if f.delayed.Len() > 0 {
+		next = f.delayed[0].due
+	}
+	return out, next
+}
+
+// pending returns the number of queued requests.
+func (f *fetcher) pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.ready) + f.delayed.Len()
+}
+
+type fetchHeap []fetchReq
+
+func (h fetchHeap) Len() int           { return len(h) }
+func (h fetchHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h fetchHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *fetchHeap) Push(x any)        { *h = append(*h, x.(fetchReq)) }
+func (h *fetchHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// callStatus makes one status call under the per-call timeout and measures it.
+func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.StatusTimeout)
+	defer cancel()
+	start := time.Now()
+	res := fetchResult{req: r}
+	switch r.kind {
+	case KindSandbox:
+		res.sandbox, res.err = p.cfg.Status.PodSandboxStatus(cctx, r.id)
+		if res.err == nil && res.sandbox == nil {
+			res.err = fmt.Errorf("empty status for sandbox %s", r.id)
+		}
+	default:
+		res.container, res.err = p.cfg.Status.ContainerStatus(cctx, r.id)
+		if res.err == nil && res.container == nil {
+			res.err = fmt.Errorf("empty status for container %s", r.id)
+		}
+	}
+	d := time.Since(start)
+	result := StatusResultOK
+	switch {
+	case res.err == nil:
+	case isNotFound(res.err):
+		result = StatusResultNotFound
+	case errors.Is(cctx.Err(), context.DeadlineExceeded) || status.Code(res.err) == codes.DeadlineExceeded:
+		result = StatusResultTimeout
+	default:
+		result = StatusResultError
+	}
+	if res.err != nil {
+		res.err = fmt.Errorf("failed to get status of %s %s: %w", r.kind, r.id, res.err)
+	}
+	p.metrics.StatusCall(r.kind, r.verify, result, d)
+	res.at = p.clock.Now()
+	return res
+}
+
+// runFetchers runs the dispatcher and the status workers until ctx is done.
+func (p *PLEG) runFetchers(ctx context.Context, wg *sync.WaitGroup) {
+	work := make(chan fetchReq)
+	for range p.cfg.StatusWorkers {
+		wg.Go(func() {
+			for {
+				select {
+				case r := <-work:
+					res := p.callStatus(ctx, r)
+					if ctx.Err() != nil {
+						return
+					}
+					p.enqueue(input{res: &res})
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		for {
+			batch, next := p.fetch.take(p.clock.Now(), false)
+			for _, r := range batch {
+				select {
+				case work <- r:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if len(batch) > 0 {
+				continue
+			}
+			var tc <-chan time.Time
+			if !next.IsZero() {
+				timer.Reset(max(next.Sub(p.clock.Now()), 0))
+				tc = timer.C
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.fetch.wake:
+			case <-tc:
+			}
+		}
+	})
+}
