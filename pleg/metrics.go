@@ -93,18 +93,18 @@ type NopMetrics struct{}
 
 var _ Metrics = NopMetrics{}
 
-func (NopMetrics) ObservationReceived(Source, Kind)                                         {}
-func (NopMetrics) ObservationSuppressed(Source, string)                                     {}
+func (NopMetrics) ObservationReceived(Source, Kind)                                        {}
+func (NopMetrics) ObservationSuppressed(Source, string)                                    {}
 func (NopMetrics) EventEmitted(runtimeapi.ContainerEventType, Kind, Source, time.Duration) {}
-func (NopMetrics) EventCorrected(Kind, Source)                                              {}
-func (NopMetrics) ObjectDropped(Kind, string)                                               {}
-func (NopMetrics) StatusCall(Kind, bool, string, time.Duration)                             {}
-func (NopMetrics) StatusMismatch(Kind)                                                      {}
-func (NopMetrics) Subscribers(int)                                                          {}
-func (NopMetrics) SubscriberQueueDepth(uint64, int)                                         {}
-func (NopMetrics) SubscriberRemoved(uint64)                                                 {}
-func (NopMetrics) EventsCoalesced(int)                                                      {}
-func (NopMetrics) SubscriberEvicted(uint64)                                                 {}
-func (NopMetrics) RelistCompleted(time.Duration, error)                                     {}
-func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                         {}
-func (NopMetrics) EventSent(runtimeapi.ContainerEventType, Source, time.Duration)           {}
+func (NopMetrics) EventCorrected(Kind, Source)                                             {}
+func (NopMetrics) ObjectDropped(Kind, string)                                              {}
+func (NopMetrics) StatusCall(Kind, bool, string, time.Duration)                            {}
+func (NopMetrics) StatusMismatch(Kind)                                                     {}
+func (NopMetrics) Subscribers(int)                                                         {}
+func (NopMetrics) SubscriberQueueDepth(uint64, int)                                        {}
+func (NopMetrics) SubscriberRemoved(uint64)                                                {}
+func (NopMetrics) EventsCoalesced(int)                                                     {}
+func (NopMetrics) SubscriberEvicted(uint64)                                                {}
+func (NopMetrics) RelistCompleted(time.Duration, error)                                    {}
+func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                        {}
+func (NopMetrics) EventSent(runtimeapi.ContainerEventType, Source, time.Duration)          {}

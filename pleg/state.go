@@ -68,17 +68,17 @@ type object struct {
 	kind Kind
 	pod  *pod
 
-	phase   Phase         // the furthest phase observed
-	emitted Phase         // the furthest phase whose events were emitted
-	causes  [5]cause      // per phase: the input that first reported it
-	started bool          // the process ever started (Running seen, or a start time known)
-	exited  bool          // an input reported the exit itself (not only the removal)
-	lastSeq uint64        // state sequence of the last observation applied (relist safety)
-	created int64         // ns, ordering key of containers_statuses (status created_at)
-	order   int           // position in the sandbox's list, for a stable sort among equal created
-	facts   facts         // container facts from the fast inputs
-	queued  bool          // in pod.queue
-	dropped bool          // forgotten without events
+	phase   Phase    // the furthest phase observed
+	emitted Phase    // the furthest phase whose events were emitted
+	causes  [5]cause // per phase: the input that first reported it
+	started bool     // the process ever started (Running seen, or a start time known)
+	exited  bool     // an input reported the exit itself (not only the removal)
+	lastSeq uint64   // state sequence of the last observation applied (relist safety)
+	created int64    // ns, ordering key of containers_statuses (status created_at)
+	order   int      // position in the sandbox's list, for a stable sort among equal created
+	facts   facts    // container facts from the fast inputs
+	queued  bool     // in pod.queue
+	dropped bool     // forgotten without events
 
 	// The last CRI answer (immutable) and the status events carry (base with phase and facts applied;
 	// the same pointer as base when nothing had to change). Only one of each pair is used, by kind.
