@@ -199,9 +199,11 @@ func (s *state) create(ctx context.Context, ob Observation) *object {
 		s.metrics.ObservationSuppressed(ob.Source, SuppressDeleted)
 		return nil
 	}
+	// An observation that says what the object is (and, for a container, its sandbox) makes it, even
+	// without a phase (an NRI Synchronize of a NotReady sandbox): its status answer tells the phase.
 	switch {
-	case ob.Kind == KindSandbox && (ob.Phase != PhaseNone || ob.SandboxStatus != nil):
-	case ob.Kind == KindContainer && ob.SandboxID != "" && (ob.Phase != PhaseNone || ob.ContainerStatus != nil):
+	case ob.Kind == KindSandbox:
+	case ob.Kind == KindContainer && ob.SandboxID != "":
 		if _, dead := s.tombs[ob.SandboxID]; dead {
 			s.metrics.ObservationSuppressed(ob.Source, SuppressDeleted)
 			return nil
