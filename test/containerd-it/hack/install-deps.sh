@@ -105,6 +105,7 @@ if [ ! -f "$bb_dir/.done" ]; then
 	log "fetching busybox-static $bb_ver"
 	rm -rf "$bb_dir.tmp"
 	mkdir -p "$bb_dir.tmp/x"
+	chmod 0777 "$bb_dir.tmp"  # apt downloads as _apt
 	(cd "$bb_dir.tmp" && apt-get download "busybox-static=$bb_ver" >&2) || die "apt-get download busybox-static failed"
 	dpkg-deb -x "$bb_dir.tmp"/busybox-static_*.deb "$bb_dir.tmp/x"
 	install -m 0755 "$bb_dir.tmp/x/bin/busybox" "$bb_dir.tmp/busybox"

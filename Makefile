@@ -1,0 +1,97 @@
+# pleg-nri: `make help` lists the targets.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export PATH := /usr/local/go/bin:$(PATH)
+export GOFLAGS ?= -buildvcs=false
+# Binaries the tests need (containerd, runc, crictl, CNI, linters) are built here, one directory per
+# version, outside the source tree.
+export PLEG_NRI_CACHE ?= /var/cache/pleg-nri
+
+GO              ?= go
+BIN             := bin
+VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS         := -X github.com/pleg-nri/pleg-nri/cmd/pleg-nri/version.Version=$(VERSION)
+STATICCHECK_VER := v0.8.2
+STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
+INTEGRATION_PKGS := ./test/containerd-it/
+UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F github.com/pleg-nri/pleg-nri/test/containerd-it)
+IT_TIMEOUT      ?= 30m
+
+##@ Main
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
+	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: ## Bring up the isolated containerd of the integration harness (pleg-nri's demo comes with the daemon).
+	@echo "pleg-nri's daemon is not wired yet: bringing up the harness's containerd instead (make it-down removes it)."
+	@$(MAKE) -s it-up
+
+.PHONY: test
+test: verify unit integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, integration tests.
+
+##@ Build
+
+.PHONY: build
+build: ## Build bin/pleg-nri.
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/pleg-nri ./cmd/pleg-nri
+
+##@ Checks
+
+.PHONY: verify
+verify: fmt-check vet lint ## gofmt, go vet and staticcheck.
+
+.PHONY: fmt-check
+fmt-check: ## Fail if gofmt would change a file.
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+.PHONY: vet
+vet: ## go vet every package.
+	$(GO) vet ./...
+
+$(STATICCHECK):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VER)
+
+.PHONY: lint
+lint: $(STATICCHECK) ## staticcheck every package.
+	$(STATICCHECK) ./...
+
+##@ Tests
+
+.PHONY: unit
+unit: ## Unit tests with -race and goroutine-leak checks.
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+.PHONY: deps
+deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
+	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
+	bash test/containerd-it/hack/install-deps.sh >/dev/null
+
+.PHONY: integration
+integration: deps ## Integration tests against a real, isolated containerd with NRI (root, Linux).
+	@set -o pipefail; start=$$(date +%s); \
+	$(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) 2>&1 | tee /tmp/pleg-nri-it.log; \
+	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it.log || true); \
+	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
+	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
+	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+
+.PHONY: it-up
+it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.
+	@$(GO) run ./test/containerd-it/cmd/it-env up
+
+.PHONY: it-down
+it-down: ## Tear down what it-up started; fails if anything is left behind.
+	@$(GO) run ./test/containerd-it/cmd/it-env down
+
+.PHONY: clean
+clean: ## Remove build outputs (the dependency cache stays).
+	rm -rf $(BIN)

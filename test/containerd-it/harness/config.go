@@ -1,0 +1,136 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+)
+
+// containerdConfig is the isolated containerd's config: every path under the environment's directory,
+// CRI and NRI on, cgroupfs, and only the plugins the tests need.
+var containerdConfig = template.Must(template.New("config").Parse(`version = 3
+root = "{{.Dir}}/root"
+state = "{{.Dir}}/state"
+temp = "{{.Dir}}/tmp"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{{.Address}}"
+
+[ttrpc]
+  address = "{{.Address}}.ttrpc"
+
+[debug]
+  level = "{{.LogLevel}}"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{{.Dir}}/opt"
+
+  [plugins."io.containerd.shim.v1.manager"]
+    socket_dir = "{{.ShimSocketDir}}"
+
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "{{.Snapshotter}}"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "{{.PauseImage}}"
+
+  [plugins."io.containerd.cri.v1.runtime"]
+    enable_selinux = false
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = ["{{.Dir}}/cdi"]
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        snapshotter = "{{.Snapshotter}}"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          BinaryName = "{{.Runc}}"
+          Root = "{{.Dir}}/runc"
+          SystemdCgroup = false
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["{{.CNIBinDir}}"]
+      conf_dir = "{{.CNIConfDir}}"
+      max_conf_num = 1
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = false
+    socket_path = "{{.NRISocket}}"
+    plugin_path = "{{.NRIPluginDir}}"
+    plugin_config_path = "{{.NRIConfDir}}"
+    plugin_registration_timeout = "5s"
+    plugin_request_timeout = "2s"
+    disable_connections = false
+`))
+
+// cniConfig is a bridge network on a private /24 with no gateway on the host: pods get an address (so
+// sandbox statuses carry IPs) but nothing is routed, masqueraded or forwarded, and no host setting
+// changes.
+var cniConfig = template.Must(template.New("cni").Parse(`{
+  "cniVersion": "1.0.0",
+  "name": "{{.NetName}}",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "{{.Bridge}}",
+      "isGateway": false,
+      "ipMasq": false,
+      "hairpinMode": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "{{.Subnet}}"}]]
+      }
+    }
+  ]
+}
+`))
+
+// writeConfigs writes containerd's config and the CNI network config of e.
+func (e *Env) writeConfigs() error {
+	var b strings.Builder
+	if err := containerdConfig.Execute(&b, map[string]string{
+		"Dir":           e.Dir,
+		"Address":       e.Address,
+		"LogLevel":      e.opts.LogLevel,
+		"ShimSocketDir": e.ShimSocketDir,
+		"Snapshotter":   e.Snapshotter,
+		"PauseImage":    PauseImage,
+		"Runc":          filepath.Join(e.BinDir, "runc"),
+		"CNIBinDir":     filepath.Join(e.BinDir, "cni"),
+		"CNIConfDir":    e.CNIConfDir,
+		"NRISocket":     e.NRISocket,
+		"NRIPluginDir":  e.NRIPluginDir,
+		"NRIConfDir":    e.NRIConfDir,
+	}); err != nil {
+		return err
+	}
+	if err := os.WriteFile(e.ConfigPath, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("failed to write containerd config: %w", err)
+	}
+	b.Reset()
+	if err := cniConfig.Execute(&b, map[string]string{
+		"NetName": e.NetName, "Bridge": e.Bridge, "Subnet": e.Subnet,
+	}); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(e.CNIConfDir, "10-"+e.NetName+".conflist"), []byte(b.String()),
+		0o644); err != nil {
+		return fmt.Errorf("failed to write CNI config: %w", err)
+	}
+	return nil
+}

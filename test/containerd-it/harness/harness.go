@@ -1,0 +1,512 @@
+// Package harness runs an isolated, real containerd for pleg-nri's integration tests: pinned binaries
+// built by hack/install-deps.sh, offline test images, every path under one temporary directory, CRI and
+// NRI enabled, cgroupfs, and a teardown that removes everything it made and fails loudly when something
+// is left behind.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// DefaultCache is where install-deps.sh keeps the binaries it builds, one directory per version.
+const DefaultCache = "/var/cache/pleg-nri"
+
+// dirPrefix names every environment's directory, /tmp/plegit-<id>. It is kept short because containerd
+// refuses a shim socket directory longer than 42 bytes.
+const dirPrefix = "plegit-"
+
+// Options configure an Env.
+type Options struct {
+	// Cache is the dependency cache (default $PLEG_NRI_CACHE or DefaultCache).
+	Cache string
+	// LogLevel is containerd's log level (default "info").
+	LogLevel string
+	// Persistent marks an environment made by hand (make it-up): no later run cleans it up as stale.
+	Persistent bool
+	// Log receives the harness's progress lines (default io.Discard).
+	Log io.Writer
+}
+
+// Env is one isolated containerd and everything it owns. The exported fields are saved in Dir/env.json,
+// so `it-env down` (or a later test run, for an environment whose owner died) can tear it down.
+type Env struct {
+	// ID is the environment's random id; it names the directory, the CNI network, the bridge and the
+	// cgroup parent.
+	ID string
+	// Dir holds every path the environment uses.
+	Dir string
+	// Cache and BinDir are the dependency cache and its directory of links to the pinned binaries.
+	Cache, BinDir string
+	// Address is containerd's gRPC socket (CRI included).
+	Address string
+	// NRISocket, NRIPluginDir and NRIConfDir are containerd's NRI socket and pre-registered plugin
+	// directories.
+	NRISocket, NRIPluginDir, NRIConfDir string
+	// ShimSocketDir is where the shims put their sockets.
+	ShimSocketDir string
+	// ConfigPath and LogPath are containerd's config file and log.
+	ConfigPath, LogPath string
+	// CNIConfDir, NetName, Bridge and Subnet describe the pods' CNI network.
+	CNIConfDir, NetName, Bridge, Subnet string
+	// CgroupParent is the cgroup every test pod must use as its cgroup_parent, so teardown can find and
+	// remove every cgroup of the environment.
+	CgroupParent string
+	// Snapshotter is overlayfs where an overlay mount works here, native otherwise.
+	Snapshotter string
+	// Owner is the pid of the process that made the environment (0 when Persistent): when it is dead,
+	// the next harness run tears the environment down.
+	Owner int
+	// PID is containerd's pid while it runs.
+	PID int
+
+	opts Options
+	cmd  *exec.Cmd
+	// exited is closed when the containerd started by this process has been waited for.
+	exited chan struct{}
+}
+
+// New prepares an environment: it installs the dependencies, builds the images, tears down stale
+// environments of dead owners, and writes the configs. It does not start containerd.
+func New(ctx context.Context, opts Options) (*Env, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the containerd integration environment needs root")
+	}
+	if runtime.GOOS != "linux" {
+		return nil, errors.New("the containerd integration environment needs Linux")
+	}
+	if opts.Cache == "" {
+		opts.Cache = os.Getenv("PLEG_NRI_CACHE")
+	}
+	if opts.Cache == "" {
+		opts.Cache = DefaultCache
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "info"
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if err := InstallDeps(ctx, opts.Cache, opts.Log); err != nil {
+		return nil, err
+	}
+	CleanStale(ctx, opts.Log)
+
+	var raw [3]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return nil, err
+	}
+	id := hex.EncodeToString(raw[:])
+	dir, err := os.MkdirTemp("", dirPrefix+id+"-")
+	if err != nil {
+		return nil, err
+	}
+	// MkdirTemp appends digits; use exactly /tmp/plegit-<id> for short socket paths.
+	_ = os.Remove(dir)
+	dir = filepath.Join(os.TempDir(), dirPrefix+id)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return nil, err
+	}
+	e := &Env{
+		ID:            id,
+		Dir:           dir,
+		Cache:         opts.Cache,
+		BinDir:        filepath.Join(opts.Cache, "bin"),
+		Address:       filepath.Join(dir, "containerd.sock"),
+		NRISocket:     filepath.Join(dir, "nri", "nri.sock"),
+		NRIPluginDir:  filepath.Join(dir, "nri", "plugins"),
+		NRIConfDir:    filepath.Join(dir, "nri", "conf.d"),
+		ShimSocketDir: filepath.Join(dir, "s"),
+		ConfigPath:    filepath.Join(dir, "config.toml"),
+		LogPath:       filepath.Join(dir, "containerd.log"),
+		CNIConfDir:    filepath.Join(dir, "cni", "net.d"),
+		NetName:       dirPrefix + id,
+		Bridge:        "plegit" + id,
+		Subnet:        fmt.Sprintf("10.250.%d.0/24", int(raw[0])),
+		CgroupParent:  "/" + dirPrefix + id,
+		opts:          opts,
+	}
+	if !opts.Persistent {
+		e.Owner = os.Getpid()
+	}
+	for _, d := range []string{"root", "state", "tmp", "opt", "runc", "cdi", "s", "nri/plugins", "nri/conf.d",
+		"cni/net.d", "pods"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o711); err != nil {
+			return nil, err
+		}
+	}
+	e.Snapshotter = pickSnapshotter(dir)
+	if err := e.writeConfigs(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := e.writeCrictlConfigs(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := e.save(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	e.logf("environment %s in %s (snapshotter %s)", e.ID, e.Dir, e.Snapshotter)
+	return e, nil
+}
+
+// Load reads the environment saved in dir (by New) so it can be torn down by another process.
+func Load(dir string) (*Env, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "env.json"))
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{}
+	if err := json.Unmarshal(data, e); err != nil {
+		return nil, fmt.Errorf("failed to parse %s/env.json: %w", dir, err)
+	}
+	e.opts.Log = io.Discard
+	e.opts.LogLevel = "info"
+	return e, nil
+}
+
+// SetLog sets where the harness writes its progress lines.
+func (e *Env) SetLog(w io.Writer) { e.opts.Log = w }
+
+func (e *Env) save() error {
+	data, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(e.Dir, "env.json"), data)
+}
+
+func (e *Env) logf(format string, args ...any) {
+	fmt.Fprintf(e.opts.Log, "harness: "+format+"\n", args...)
+}
+
+// InstallDeps runs hack/install-deps.sh, which installs the Debian packages and builds the pinned
+// binaries into cache (nothing when they are already there).
+func InstallDeps(ctx context.Context, cache string, log io.Writer) error {
+	_, self, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(self), "..", "hack", "install-deps.sh")
+	cmd := exec.CommandContext(ctx, "bash", script)
+	cmd.Env = append(os.Environ(), "PLEG_NRI_CACHE="+cache)
+	var stderr bytes.Buffer
+	cmd.Stdout = io.Discard
+	cmd.Stderr = io.MultiWriter(&stderr, log)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("installing the integration test dependencies failed: %w\n%s", err, stderr.String())
+	}
+	return nil
+}
+
+// Start starts containerd (again, after Stop) and waits until its CRI reports the runtime and the
+// network ready and the test images are present; on the first start it imports them.
+func (e *Env) Start(ctx context.Context) error {
+	if e.cmd != nil {
+		return errors.New("containerd is already running")
+	}
+	logf, err := os.OpenFile(e.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "==== harness: starting containerd at %s ====\n", time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(filepath.Join(e.BinDir, "containerd"), "--config", e.ConfigPath)
+	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: a Ctrl-C at the terminal must not kill it before the teardown does.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("failed to start containerd: %w", err)
+	}
+	e.cmd, e.PID = cmd, cmd.Process.Pid
+	e.exited = make(chan struct{})
+	go func(exited chan struct{}) {
+		_ = cmd.Wait()
+		close(exited)
+	}(e.exited)
+	if err := e.save(); err != nil {
+		return err
+	}
+	if err := e.waitReady(ctx); err != nil {
+		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
+	}
+	if err := e.ensureImages(ctx); err != nil {
+		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
+	}
+	return nil
+}
+
+// waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady.
+func (e *Env) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var lastErr error
+	for {
+		select {
+		case <-e.exited:
+			return errors.New("containerd exited")
+		default:
+		}
+		lastErr = func() error {
+			conn, err := e.Dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+			defer ccancel()
+			resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(cctx, &runtimeapi.StatusRequest{})
+			if err != nil {
+				return err
+			}
+			for _, c := range resp.GetStatus().GetConditions() {
+				// Other conditions (containerd's cgroup v1 deprecation warning, say) do not stop pods.
+				if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
+					return fmt.Errorf("condition %s is false: %s %s", c.Type, c.Reason, c.Message)
+				}
+			}
+			return nil
+		}()
+		if lastErr == nil {
+			_, err := os.Stat(e.NRISocket)
+			if err == nil {
+				return nil
+			}
+			lastErr = fmt.Errorf("NRI socket not there: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ensureImages imports the test images unless the CRI already lists them.
+func (e *Env) ensureImages(ctx context.Context) error {
+	conn, err := e.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	images := runtimeapi.NewImageServiceClient(conn)
+	present := func() bool {
+		for _, name := range []string{PauseImage, BusyboxImage} {
+			resp, err := images.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: name}})
+			if err != nil || resp.GetImage() == nil {
+				return false
+			}
+		}
+		return true
+	}
+	if present() {
+		return nil
+	}
+	archives, err := BuildImages(ctx, e.Cache)
+	if err != nil {
+		return err
+	}
+	for _, a := range archives {
+		out, err := exec.CommandContext(ctx, filepath.Join(e.BinDir, "ctr"), "--address", e.Address,
+			"--namespace", "k8s.io", "images", "import", "--local", a).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ctr images import %s: %w: %s", a, err, out)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !present() {
+		if time.Now().After(deadline) {
+			return errors.New("imported images did not appear in the CRI image store")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+// Dial connects a gRPC client to containerd's socket.
+func (e *Env) Dial(ctx context.Context) (*grpc.ClientConn, error) {
+	return DialUnix(e.Address)
+}
+
+// DialUnix connects a gRPC client to a unix socket path.
+func DialUnix(path string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("unix://"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+}
+
+// Stop stops containerd with SIGTERM (SIGKILL after 15 s) and waits for it. Shims and containers keep
+// running, as they do when containerd restarts on a node.
+func (e *Env) Stop(ctx context.Context) error {
+	return e.signal(ctx, syscall.SIGTERM, 15*time.Second)
+}
+
+// Kill kills containerd with SIGKILL and waits for it.
+func (e *Env) Kill(ctx context.Context) error {
+	return e.signal(ctx, syscall.SIGKILL, 15*time.Second)
+}
+
+// Restart stops and starts containerd.
+func (e *Env) Restart(ctx context.Context) error {
+	if err := e.Stop(ctx); err != nil {
+		return err
+	}
+	return e.Start(ctx)
+}
+
+func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
+	if e.cmd == nil {
+		// Not our child (loaded from env.json): signal the recorded pid.
+		if e.PID == 0 || !alive(e.PID) {
+			e.PID = 0
+			return nil
+		}
+		_ = syscall.Kill(e.PID, sig)
+		if !waitGone(ctx, e.PID, grace) {
+			_ = syscall.Kill(e.PID, syscall.SIGKILL)
+			if !waitGone(ctx, e.PID, 5*time.Second) {
+				return fmt.Errorf("containerd (pid %d) did not exit", e.PID)
+			}
+		}
+		e.PID = 0
+		return e.save()
+	}
+	_ = e.cmd.Process.Signal(sig)
+	select {
+	case <-e.exited:
+	case <-time.After(grace):
+		_ = e.cmd.Process.Kill()
+		<-e.exited
+	}
+	e.cmd, e.PID = nil, 0
+	return e.save()
+}
+
+// Running says whether the containerd of this environment runs.
+func (e *Env) Running() bool {
+	if e.cmd != nil {
+		select {
+		case <-e.exited:
+			return false
+		default:
+			return true
+		}
+	}
+	return e.PID != 0 && alive(e.PID)
+}
+
+// LogTail returns the last n lines of containerd's log.
+func (e *Env) LogTail(n int) string {
+	data, err := os.ReadFile(e.LogPath)
+	if err != nil {
+		return fmt.Sprintf("(no containerd log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "---- containerd log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of containerd log ----"
+}
+
+// LogSize returns the current size of containerd's log, for LogSince.
+func (e *Env) LogSize() int64 {
+	fi, err := os.Stat(e.LogPath)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// LogSince returns containerd's log from offset on.
+func (e *Env) LogSince(offset int64) string {
+	f, err := os.Open(e.LogPath)
+	if err != nil {
+		return fmt.Sprintf("(no containerd log: %v)", err)
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return err.Error()
+	}
+	data, _ := io.ReadAll(io.LimitReader(f, 1<<20))
+	return string(data)
+}
+
+// Exports renders the environment as shell exports, for make it-up.
+func (e *Env) Exports() string {
+	var b strings.Builder
+	for _, kv := range [][2]string{
+		{"PLEGIT_DIR", e.Dir},
+		{"CONTAINERD_ADDRESS", e.Address},
+		{"CONTAINER_RUNTIME_ENDPOINT", "unix://" + e.Address},
+		{"IMAGE_SERVICE_ENDPOINT", "unix://" + e.Address},
+		{"NRI_SOCKET", e.NRISocket},
+		{"PLEGIT_CGROUP_PARENT", e.CgroupParent},
+		{"PLEGIT_CRICTL_CONFIGS", filepath.Join(e.Dir, "crictl")},
+		{"CRI_CONFIG_FILE", filepath.Join(e.Dir, "crictl", "crictl.yaml")},
+		{"PATH", e.BinDir + ":$PATH"},
+	} {
+		fmt.Fprintf(&b, "export %s=%q\n", kv[0], kv[1])
+	}
+	return strings.ReplaceAll(b.String(), `"`+e.BinDir+`:$PATH"`, `"`+e.BinDir+`:${PATH}"`)
+}
+
+// alive says whether pid is a live process (not a zombie).
+func alive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses.
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}
+
+func waitGone(ctx context.Context, pid int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for alive(pid) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// pickSnapshotter returns overlayfs when an overlay mount works under dir, native otherwise.
+func pickSnapshotter(dir string) string {
+	base := filepath.Join(dir, "tmp", "overlay-check")
+	defer os.RemoveAll(base)
+	var paths [4]string
+	for i, n := range []string{"lower", "upper", "work", "merged"} {
+		paths[i] = filepath.Join(base, n)
+		if err := os.MkdirAll(paths[i], 0o700); err != nil {
+			return "native"
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", paths[0], paths[1], paths[2])
+	if err := syscall.Mount("overlay", paths[3], "overlay", 0, opts); err != nil {
+		return "native"
+	}
+	_ = syscall.Unmount(paths[3], 0)
+	return "overlayfs"
+}

@@ -1,0 +1,91 @@
+package harness
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"io"
+	"testing"
+)
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/tmp/a`:             "/tmp/a",
+		`/tmp/with\040space`: "/tmp/with space",
+		`/tmp/tab\011x`:      "/tmp/tab\tx",
+		`/tmp/back\134slash`: `/tmp/back\slash`,
+		`/tmp/short\04`:      `/tmp/short\04`,
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCgroupUnder(t *testing.T) {
+	const v1 = "12:memory:/plegit-abc/podx/123\n11:cpu:/\n"
+	const v2 = "0::/plegit-abc\n"
+	for _, tc := range []struct {
+		text, parent string
+		want         bool
+	}{
+		{v1, "/plegit-abc", true},
+		{v2, "/plegit-abc", true},
+		{v1, "/plegit-ab", false},
+		{"0::/\n", "/plegit-abc", false},
+		{"", "/plegit-abc", false},
+	} {
+		if got := cgroupUnder(tc.text, tc.parent); got != tc.want {
+			t.Errorf("cgroupUnder(%q, %q) = %v, want %v", tc.text, tc.parent, got, tc.want)
+		}
+	}
+}
+
+// TestOCIArchive checks that an image archive is reproducible and is an OCI layout whose index names
+// the image the way containerd's importer reads it.
+func TestOCIArchive(t *testing.T) {
+	img := image{name: "example.com/x:tag", files: []tarFile{dir("bin"), file("bin/x", 0o755, "#!/bin/sh\n")},
+		cmd: []string{"/bin/x"}}
+	a, err := ociArchive(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ociArchive(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("two builds of the same image differ")
+	}
+	files := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(a))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(tr)
+		files[hdr.Name] = data
+	}
+	var index struct {
+		Manifests []struct {
+			Digest      string
+			Annotations map[string]string
+		}
+	}
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		t.Fatalf("index.json: %v", err)
+	}
+	if len(index.Manifests) != 1 || index.Manifests[0].Annotations["io.containerd.image.name"] != img.name {
+		t.Fatalf("index = %+v, want one manifest named %s", index, img.name)
+	}
+	if _, ok := files["blobs/sha256/"+index.Manifests[0].Digest[len("sha256:"):]]; !ok {
+		t.Errorf("manifest blob %s missing", index.Manifests[0].Digest)
+	}
+	if string(files["oci-layout"]) != `{"imageLayoutVersion":"1.0.0"}` {
+		t.Errorf("oci-layout = %q", files["oci-layout"])
+	}
+}

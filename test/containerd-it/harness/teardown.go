@@ -1,0 +1,300 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// cniStateDir is where libcni and host-local keep their state, whatever containerd is configured with.
+const cniStateDir = "/var/lib/cni"
+
+// Teardown removes everything the environment made: its pods (through the CRI while containerd runs),
+// containerd, leftover shims and container processes, mounts, cgroups, the bridge, the CNI state and
+// the directory. It then checks that nothing is left and returns an error naming every leftover.
+func (e *Env) Teardown(ctx context.Context) error {
+	var errs []error
+	if e.Running() {
+		if err := e.removeAllPods(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("removing pods through the CRI: %w", err))
+		}
+	}
+	if err := e.signal(ctx, syscall.SIGTERM, 15*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	e.killProcesses()
+	e.unmountAll()
+	e.removeCgroups()
+	e.removeNetwork()
+	if err := os.RemoveAll(e.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("removing %s: %w", e.Dir, err))
+	}
+	if leaks := e.Leftovers(); len(leaks) > 0 {
+		errs = append(errs, fmt.Errorf("teardown left behind:\n  %s", strings.Join(leaks, "\n  ")))
+	}
+	return errors.Join(errs...)
+}
+
+// removeAllPods stops and removes every pod sandbox through the CRI, as a kubelet would.
+func (e *Env) removeAllPods(ctx context.Context) error {
+	conn, err := e.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	pods, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range pods.GetItems() {
+		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("stop pod %s: %w", p.Id, err))
+		}
+		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.Id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ownedProcesses lists the pids of processes of this environment: any process whose command line names
+// the environment's directory (containerd, shims, runc) or that lives in its cgroup parent (container
+// processes).
+func (e *Env) ownedProcesses() []int {
+	entries, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == self || !alive(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		cgroups, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if strings.Contains(string(cmdline), e.Dir) || cgroupUnder(string(cgroups), e.CgroupParent) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// cgroupUnder says whether a /proc/PID/cgroup text places the process under parent.
+func cgroupUnder(procCgroup, parent string) bool {
+	for _, l := range strings.Split(procCgroup, "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) == 3 && (parts[2] == parent || strings.HasPrefix(parts[2], parent+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Env) killProcesses() {
+	for attempt := 0; attempt < 50; attempt++ {
+		pids := e.ownedProcesses()
+		if len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func (e *Env) unmountAll() {
+	for attempt := 0; attempt < 5; attempt++ {
+		mps := mountsUnder(e.Dir)
+		if len(mps) == 0 {
+			return
+		}
+		for _, mp := range mps {
+			if err := syscall.Unmount(mp, 0); err != nil {
+				_ = syscall.Unmount(mp, syscall.MNT_DETACH)
+			}
+		}
+	}
+}
+
+// cgroupRoots lists the mounted cgroup hierarchies (v1 controllers or the v2 unified tree).
+func cgroupRoots() []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var roots []string
+	for _, l := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(l)
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		if fs := fields[sep+1]; (fs == "cgroup" || fs == "cgroup2") && !seen[fields[4]] {
+			seen[fields[4]] = true
+			roots = append(roots, fields[4])
+		}
+	}
+	return roots
+}
+
+// cgroupDirs lists the environment's cgroup directories, deepest first.
+func (e *Env) cgroupDirs() []string {
+	var dirs []string
+	for _, root := range cgroupRoots() {
+		top := filepath.Join(root, e.CgroupParent)
+		_ = filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	return dirs
+}
+
+func (e *Env) removeCgroups() {
+	for attempt := 0; attempt < 50; attempt++ {
+		dirs := e.cgroupDirs()
+		if len(dirs) == 0 {
+			return
+		}
+		for _, d := range dirs {
+			_ = syscall.Rmdir(d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *Env) removeNetwork() {
+	if linkExists(e.Bridge) {
+		_ = exec.Command("ip", "link", "delete", e.Bridge).Run()
+	}
+	for _, p := range e.cniState() {
+		_ = os.RemoveAll(p)
+	}
+}
+
+func linkExists(name string) bool {
+	_, err := os.Stat(filepath.Join("/sys/class/net", name))
+	return err == nil
+}
+
+// cniState lists libcni's and host-local's state entries of the environment's network.
+func (e *Env) cniState() []string {
+	var out []string
+	if _, err := os.Stat(filepath.Join(cniStateDir, "networks", e.NetName)); err == nil {
+		out = append(out, filepath.Join(cniStateDir, "networks", e.NetName))
+	}
+	matches, _ := filepath.Glob(filepath.Join(cniStateDir, "results", e.NetName+"-*"))
+	return append(out, matches...)
+}
+
+// Leftovers lists what of the environment still exists: processes, mounts, cgroups, the bridge, CNI
+// state, network namespaces and the directory.
+func (e *Env) Leftovers() []string {
+	var out []string
+	for _, pid := range e.ownedProcesses() {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+	}
+	for _, mp := range mountsUnder(e.Dir) {
+		out = append(out, "mount "+mp)
+	}
+	for _, d := range e.cgroupDirs() {
+		out = append(out, "cgroup "+d)
+	}
+	if linkExists(e.Bridge) {
+		out = append(out, "network device "+e.Bridge)
+	}
+	for _, p := range e.cniState() {
+		out = append(out, "CNI state "+p)
+	}
+	if _, err := os.Stat(e.Dir); err == nil {
+		out = append(out, "directory "+e.Dir)
+	}
+	return out
+}
+
+// CleanStale tears down environments left by a harness process that died (a test binary killed by its
+// timeout, say). Environments made by hand (make it-up) are left alone.
+func CleanStale(ctx context.Context, log io.Writer) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		e, err := Load(dir)
+		if err != nil || e.Owner == 0 || alive(e.Owner) {
+			continue
+		}
+		e.SetLog(log)
+		fmt.Fprintf(log, "harness: tearing down stale environment %s (owner %d is gone)\n", dir, e.Owner)
+		if err := e.Teardown(ctx); err != nil {
+			fmt.Fprintf(log, "harness: stale environment %s: %v\n", dir, err)
+		}
+	}
+}
