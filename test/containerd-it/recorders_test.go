@@ -141,10 +141,10 @@ type nriCall struct {
 
 // nriRecorder is an NRI plugin that records every callback and changes nothing.
 type nriRecorder struct {
-	mu    sync.Mutex
-	calls []nriCall
+	mu     sync.Mutex
+	calls  []nriCall
 	synced chan struct{}
-	stub  stub.Stub
+	stub   stub.Stub
 }
 
 // recordNRI connects a recording plugin to containerd's NRI socket until the test ends.
@@ -176,7 +176,9 @@ func (r *nriRecorder) add(c nriCall) {
 	r.mu.Unlock()
 }
 
-func (r *nriRecorder) pod(event string, p *api.PodSandbox) { r.add(nriCall{Event: event, ID: p.GetId(), Pid: p.GetPid()}) }
+func (r *nriRecorder) pod(event string, p *api.PodSandbox) {
+	r.add(nriCall{Event: event, ID: p.GetId(), Pid: p.GetPid()})
+}
 
 func (r *nriRecorder) ctr(event string, c *api.Container) {
 	r.add(nriCall{Event: event, ID: c.GetId(), State: c.GetState(), ExitCode: c.GetExitCode(), Reason: c.GetStatusReason(), Pid: c.GetPid()})
@@ -218,7 +220,6 @@ func (r *nriRecorder) wait(t *testing.T, id, event string) nriCall {
 	}
 	return found
 }
-
 
 func (r *nriRecorder) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	for _, p := range pods {

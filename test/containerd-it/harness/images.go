@@ -208,7 +208,7 @@ func ociArchive(img image) ([]byte, error) {
 	}
 	tag := img.name[strings.LastIndex(img.name, ":")+1:]
 	manifestDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest, map[string]string{
-		"io.containerd.image.name":         img.name,
+		"io.containerd.image.name":          img.name,
 		"org.opencontainers.image.ref.name": tag,
 	})
 	manifestDesc["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": "linux"}
