@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -11,12 +12,16 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 func TestMain(m *testing.M) {
+	// Debug level exercises the debug log paths; the output is discarded.
+	log.L.Logger.SetOutput(io.Discard)
+	_ = log.SetLevel("debug")
 	goleak.VerifyTestMain(m)
 }
 
