@@ -13,7 +13,7 @@ export PLEG_NRI_CACHE ?= /var/cache/pleg-nri
 GO              ?= go
 BIN             := bin
 VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS         := -X github.com/pleg-nri/pleg-nri/cmd/pleg-nri/version.Version=$(VERSION)
+LDFLAGS         := -X main.version=$(VERSION)
 STATICCHECK_VER := v0.8.2
 STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 INTEGRATION_PKGS := ./test/containerd-it/

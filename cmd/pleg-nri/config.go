@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the daemon's configuration. The --config file (YAML) and the pre-registered plugin's
+// Configure data use these keys; every key is also a flag of the same name.
+type Config struct {
+	// NRISocket is the NRI socket the plugin dials when it runs external.
+	NRISocket string `json:"nri-socket"`
+	// ContainerdAddress is containerd's gRPC socket, for its events service.
+	ContainerdAddress string `json:"containerd-address"`
+	// ContainerdNamespace is the containerd namespace of the CRI's containers.
+	ContainerdNamespace string `json:"containerd-namespace"`
+	// RuntimeEndpoint is containerd's CRI endpoint: statuses, relists, and every forwarded call.
+	RuntimeEndpoint string `json:"runtime-endpoint"`
+	// Listen is the CRI endpoint pleg-nri serves to the kubelet.
+	Listen string `json:"listen"`
+	// MetricsAddress serves /metrics, /healthz and /readyz; empty disables it.
+	MetricsAddress string `json:"metrics-address"`
+	// RelistPeriod is how often the reconciler relists.
+	RelistPeriod Duration `json:"relist-period"`
+	// PluginName and PluginIdx register the NRI plugin.
+	PluginName string `json:"plugin-name"`
+	PluginIdx  string `json:"plugin-idx"`
+	// SubscriberQueue bounds each event subscriber's queue.
+	SubscriberQueue int `json:"subscriber-queue"`
+	// LogLevel is one of trace, debug, info, warn, error.
+	LogLevel string `json:"log-level"`
+}
+
+// DefaultConfig returns the configuration used for every key not set.
+func DefaultConfig() Config {
+	return Config{
+		NRISocket:           "/var/run/nri/nri.sock",
+		ContainerdAddress:   "/run/containerd/containerd.sock",
+		ContainerdNamespace: "k8s.io",
+		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
+		Listen:              "unix:///run/pleg-nri/cri.sock",
+		MetricsAddress:      "127.0.0.1:9810",
+		RelistPeriod:        Duration(10 * time.Second),
+		PluginName:          "pleg-nri",
+		PluginIdx:           "10",
+		SubscriberQueue:     1024,
+		LogLevel:            "info",
+	}
+}
+
+// Duration is a time.Duration written as a Go duration string ("10s", "1m30s").
+type Duration time.Duration
+
+// UnmarshalJSON parses a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New("want a duration string such as \"10s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON renders the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// String renders the duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// ParseConfig reads YAML (or JSON) config data over base. Unknown keys, wrong types and bad values are
+// errors naming the key.
+func ParseConfig(data []byte, base Config) (Config, error) {
+	cfg := base
+	if len(bytes.TrimSpace(data)) == 0 {
+		return cfg, nil
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return cfg, fmt.Errorf("invalid config: %w", err)
+	}
+	if bytes.Equal(bytes.TrimSpace(js), []byte("null")) {
+		return cfg, nil
+	}
+	// Decode key by key, so an error names its key.
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(js, &raw); err != nil {
+		return cfg, errors.New("invalid config: want a mapping of keys to values")
+	}
+	fields := configFields(&cfg)
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		f, ok := fields[k]
+		if !ok {
+			return cfg, fmt.Errorf("unknown config key %q (known keys: %s)", k, strings.Join(knownKeys(), ", "))
+		}
+		if err := json.Unmarshal(raw[k], f.Addr().Interface()); err != nil {
+			return cfg, fmt.Errorf("config key %q: %w", k, cleanJSONError(err))
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+// cleanJSONError turns encoding/json's type errors into a short sentence.
+func cleanJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Errorf("want a %s, got a %s", te.Type, te.Value)
+	}
+	return err
+}
+
+// configFields maps each key to its field in cfg.
+func configFields(cfg *Config) map[string]reflect.Value {
+	v := reflect.ValueOf(cfg).Elem()
+	out := map[string]reflect.Value{}
+	for i := 0; i < v.NumField(); i++ {
+		out[v.Type().Field(i).Tag.Get("json")] = v.Field(i)
+	}
+	return out
+}
+
+// knownKeys lists every config key.
+func knownKeys() []string {
+	var keys []string
+	for k := range configFields(&Config{}) {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Validate checks every value; an error names the key.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config key %q: "+format, append([]any{key}, args...)...))
+	}
+	for key, v := range map[string]string{
+		"nri-socket": c.NRISocket, "containerd-address": c.ContainerdAddress,
+		"containerd-namespace": c.ContainerdNamespace, "runtime-endpoint": c.RuntimeEndpoint,
+		"listen": c.Listen, "plugin-name": c.PluginName, "plugin-idx": c.PluginIdx,
+	} {
+		if strings.TrimSpace(v) == "" {
+			bad(key, "must not be empty")
+		}
+	}
+	if c.RelistPeriod <= 0 {
+		bad("relist-period", "must be a positive duration, got %s", c.RelistPeriod)
+	} else if time.Duration(c.RelistPeriod) < 100*time.Millisecond {
+		bad("relist-period", "must be at least 100ms, got %s", c.RelistPeriod)
+	}
+	if c.SubscriberQueue < 1 {
+		bad("subscriber-queue", "must be at least 1, got %d", c.SubscriberQueue)
+	}
+	if len(c.PluginIdx) != 2 || c.PluginIdx[0] < '0' || c.PluginIdx[0] > '9' || c.PluginIdx[1] < '0' || c.PluginIdx[1] > '9' {
+		if c.PluginIdx != "" {
+			bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
+		}
+	}
+	switch c.LogLevel {
+	case "trace", "debug", "info", "warn", "warning", "error":
+	default:
+		bad("log-level", "want trace, debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			bad("metrics-address", "want host:port: %v", err)
+		}
+	}
+	for key, v := range map[string]string{"runtime-endpoint": c.RuntimeEndpoint, "listen": c.Listen} {
+		if strings.Contains(v, "://") && !strings.HasPrefix(v, "unix://") && !strings.HasPrefix(v, "tcp://") {
+			bad(key, "want a unix:// or tcp:// endpoint or a socket path, got %q", v)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// bindFlags defines a flag for every config key on fs, writing into cfg.
+func bindFlags(fs *flag.FlagSet, cfg *Config) {
+	fs.StringVar(&cfg.NRISocket, "nri-socket", cfg.NRISocket, "NRI socket to dial when running as an external plugin")
+	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", cfg.ContainerdAddress, "containerd's gRPC socket (events)")
+	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", cfg.ContainerdNamespace, "containerd namespace of the CRI")
+	fs.StringVar(&cfg.RuntimeEndpoint, "runtime-endpoint", cfg.RuntimeEndpoint, "containerd's CRI endpoint (statuses, relists, forwarded calls)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "CRI endpoint served to the kubelet")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz and /readyz (empty disables)")
+	fs.Func("relist-period", fmt.Sprintf("how often the reconciler relists (default %s)", cfg.RelistPeriod), func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		cfg.RelistPeriod = Duration(d)
+		return nil
+	})
+	fs.StringVar(&cfg.PluginName, "plugin-name", cfg.PluginName, "NRI plugin name")
+	fs.StringVar(&cfg.PluginIdx, "plugin-idx", cfg.PluginIdx, "NRI plugin index (two digits)")
+	fs.IntVar(&cfg.SubscriberQueue, "subscriber-queue", cfg.SubscriberQueue, "bound of each event subscriber's queue")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
+}
+
+// loadConfig builds the daemon's configuration from defaults, the --config file, then the flags given
+// explicitly on the command line (they win over the file).
+func loadConfig(args []string) (Config, string, error) {
+	fs := flag.NewFlagSet("pleg-nri", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	var configPath string
+	fs.StringVar(&configPath, "config", "", "YAML config file (keys: the flag names)")
+	flagged := DefaultConfig()
+	bindFlags(fs, &flagged)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, "", err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := DefaultConfig()
+	if configPath != "" {
+		data, err := os.ReadFile(configPath)
+		if err != nil {
+			return Config{}, "", fmt.Errorf("failed to read config: %w", err)
+		}
+		if cfg, err = ParseConfig(data, cfg); err != nil {
+			return Config{}, "", fmt.Errorf("%s: %w", configPath, err)
+		}
+	}
+	// Explicit flags override the file.
+	src, dst := configFields(&flagged), configFields(&cfg)
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "config" {
+			dst[f.Name].Set(src[f.Name])
+		}
+	})
+	return cfg, configPath, cfg.Validate()
+}

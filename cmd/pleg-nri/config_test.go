@@ -1,0 +1,120 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func TestParseConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, data string
+		want       func(*Config)
+		wantErr    string
+	}{
+		{name: "empty", data: "", want: func(*Config) {}},
+		{name: "comment only", data: "# nothing\n", want: func(*Config) {}},
+		{name: "keys", data: "relist-period: 3s\nlisten: unix:///tmp/x.sock\nsubscriber-queue: 10\nmetrics-address: \"\"\n",
+			want: func(c *Config) {
+				c.RelistPeriod = Duration(3 * time.Second)
+				c.Listen = "unix:///tmp/x.sock"
+				c.SubscriberQueue = 10
+				c.MetricsAddress = ""
+			}},
+		{name: "unknown key", data: "relist_period: 3s\n", wantErr: `unknown config key "relist_period"`},
+		{name: "bad duration", data: "relist-period: often\n", wantErr: `config key "relist-period"`},
+		{name: "number as duration", data: "relist-period: 10\n", wantErr: `config key "relist-period"`},
+		{name: "negative duration", data: "relist-period: -1s\n", wantErr: `config key "relist-period": must be a positive duration`},
+		{name: "negative size", data: "subscriber-queue: -5\n", wantErr: `config key "subscriber-queue": must be at least 1`},
+		{name: "wrong type", data: "subscriber-queue: lots\n", wantErr: `config key "subscriber-queue": want a int, got a string`},
+		{name: "bad level", data: "log-level: loud\n", wantErr: `config key "log-level"`},
+		{name: "bad index", data: "plugin-idx: \"7\"\n", wantErr: `config key "plugin-idx": must be two digits`},
+		{name: "bad endpoint", data: "listen: http://x\n", wantErr: `config key "listen"`},
+		{name: "not a mapping", data: "- a\n- b\n", wantErr: "want a mapping"},
+		{name: "bad yaml", data: "a: [\n", wantErr: "invalid config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseConfig([]byte(tc.data), DefaultConfig())
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := DefaultConfig()
+			tc.want(&want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestLoadConfigFlagsOverrideFile checks the order: defaults, then the file, then explicit flags.
+func TestLoadConfigFlagsOverrideFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("relist-period: 5s\nplugin-name: from-file\nlog-level: debug\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := loadConfig([]string{"--config", path, "--relist-period", "7s", "--log-level=info"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RelistPeriod != Duration(7*time.Second) || cfg.PluginName != "from-file" || cfg.LogLevel != "info" {
+		t.Errorf("cfg = %+v", cfg)
+	}
+	if _, _, err := loadConfig([]string{"--relist-period", "soon"}); err == nil {
+		t.Error("a bad --relist-period was accepted")
+	}
+	if _, _, err := loadConfig([]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
+		t.Error("a missing config file was accepted")
+	}
+}
+
+// TestExampleConfig checks that nri.conf.example parses and documents every key with its default.
+func TestExampleConfig(t *testing.T) {
+	data, err := os.ReadFile("../../nri.conf.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig(data, Config{})
+	if err != nil {
+		t.Fatalf("nri.conf.example: %v", err)
+	}
+	if diff := cmp.Diff(DefaultConfig(), cfg); diff != "" {
+		t.Errorf("nri.conf.example does not give every default (-defaults +example):\n%s", diff)
+	}
+}
+
+func TestToEventLine(t *testing.T) {
+	created := time.Unix(100, 0)
+	ev := &runtimeapi.ContainerEventResponse{
+		ContainerId:        "c1",
+		ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+		CreatedAt:          created.UnixNano(),
+		PodSandboxStatus: &runtimeapi.PodSandboxStatus{Id: "s1", State: runtimeapi.PodSandboxState_SANDBOX_READY,
+			Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u1"}},
+		ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: "c1", Metadata: &runtimeapi.ContainerMetadata{Name: "app"},
+			State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 137, Reason: "OOMKilled"}},
+	}
+	l := toEventLine(ev, created.Add(3*time.Millisecond))
+	code := int32(137)
+	want := eventLine{Time: created, Type: "STOPPED", Pod: "default/web", PodUID: "u1", Container: "app", ID: "c1",
+		State: "EXITED", ExitCode: &code, Reason: "OOMKilled", Containers: 1, LatencyMS: 3}
+	if diff := cmp.Diff(want, l); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	ev.ContainerId = "s1"
+	ev.ContainerEventType = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+	if l := toEventLine(ev, created); l.Container != "(sandbox)" || l.State != "READY" || l.ExitCode != nil {
+		t.Errorf("sandbox event line = %+v", l)
+	}
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
+)
+
+// preRegisteredConfigWait is how long a plugin launched by containerd waits for its Configure call
+// before it starts with the configuration it has.
+const preRegisteredConfigWait = 5 * time.Second
+
+// runDaemon runs pleg-nri until ctx is done: the core, the NRI plugin, the containerd event
+// subscription, the CRI endpoint and the metrics server.
+func runDaemon(ctx context.Context, cfg Config, configPath string) error {
+	if err := log.SetLevel(cfg.LogLevel); err != nil {
+		return fmt.Errorf("config key \"log-level\": %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := newMetrics(reg)
+
+	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
+	// starts; an external one has it from its flags and --config file already.
+	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
+	configured := make(chan []byte, 1)
+	var core *pleg.PLEG
+	nri, err := plugin.New(plugin.Options{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket},
+		observerFunc(func(o pleg.Observation) { core.Observe(o) }),
+		plugin.WithMetrics(m),
+		plugin.WithOnConnectionState(m.ConnectionState),
+		plugin.WithOnSynchronized(func() { core.TriggerRelist() }),
+		plugin.WithConfigure(func(data []byte) error {
+			newCfg, err := ParseConfig(data, cfg)
+			if err != nil {
+				return err
+			}
+			select {
+			case configured <- data:
+			default:
+				if changed := changedKeys(cfg, newCfg); len(changed) > 0 {
+					log.G(ctx).WithField("keys", changed).Warn("configuration from NRI changed keys that need a restart of pleg-nri to take effect")
+				}
+			}
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+
+	// The core observes before the plugin connects: a callback may arrive as soon as it registers.
+	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
+	if err != nil {
+		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+	}
+	defer cri.Close()
+	core, err = pleg.New(pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
+		RelistPeriod: time.Duration(cfg.RelistPeriod)})
+	if err != nil {
+		return err
+	}
+
+	errc := make(chan error, 8)
+	running := 0
+	goRun := func(name string, fn func(context.Context) error) {
+		running++
+		go func() {
+			err := fn(ctx)
+			if err != nil && ctx.Err() == nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			} else {
+				err = nil
+			}
+			errc <- err
+		}()
+	}
+	goRun("NRI plugin", nri.Run)
+
+	if preRegistered {
+		select {
+		case data := <-configured:
+			if cfg, err = ParseConfig(data, cfg); err != nil {
+				return fmt.Errorf("configuration from NRI: %w", err)
+			}
+			log.G(ctx).Info("configured by containerd through NRI")
+		case <-time.After(preRegisteredConfigWait):
+			log.G(ctx).Warn("no configuration from NRI: starting with the defaults and flags")
+		case <-ctx.Done():
+		}
+	}
+
+	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
+	if err != nil {
+		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+	}
+	defer backend.Close()
+	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core}, eventbridge.WithMetrics(proxyMetrics{m})))
+	if err != nil {
+		return fmt.Errorf("config key \"listen\": %w", err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		return fmt.Errorf("config key \"listen\": %w", err)
+	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer scancel()
+		srv.Stop(sctx)
+	}()
+
+	events, err := eventbridge.NewTaskEvents(cfg.ContainerdAddress, observerFunc(core.Observe),
+		eventbridge.WithNamespace(cfg.ContainerdNamespace),
+		eventbridge.WithHooks(taskHooks{m: m, relist: core.TriggerRelist}))
+	if err != nil {
+		return fmt.Errorf("config key \"containerd-address\": %w", err)
+	}
+	defer events.Close()
+
+	goRun("core", core.Run)
+	goRun("containerd events", events.Run)
+
+	if cfg.MetricsAddress != "" {
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, reg, m)
+		if err != nil {
+			return fmt.Errorf("config key \"metrics-address\": %w", err)
+		}
+		defer stopMetrics()
+	}
+	log.G(ctx).WithField("listen", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
+		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
+
+	var firstErr error
+	select {
+	case <-ctx.Done():
+	case err := <-srv.Err():
+		firstErr = fmt.Errorf("CRI endpoint: %w", err)
+	case err := <-errc:
+		running--
+		firstErr = err
+	}
+	cancel()
+	for ; running > 0; running-- {
+		if err := <-errc; err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr == nil {
+		log.G(ctx).Info("pleg-nri stopped")
+	}
+	return firstErr
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on addr until stop is called.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, m *metrics) (stop func(), err error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := m.ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.G(ctx).WithError(err).Error("metrics server failed")
+		}
+	}()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}, nil
+}
+
+// changedKeys lists the keys whose values differ between a and b.
+func changedKeys(a, b Config) []string {
+	fa, fb := configFields(&a), configFields(&b)
+	var out []string
+	for k, v := range fa {
+		if !reflect.DeepEqual(v.Interface(), fb[k].Interface()) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// observerFunc adapts a function to the plugin's and the event bridge's Observer interfaces.
+type observerFunc func(pleg.Observation)
+
+func (f observerFunc) Observe(o pleg.Observation) { f(o) }
+
+// eventSource adapts the core's fan-out to the CRI endpoint's EventSource.
+type eventSource struct{ core *pleg.PLEG }
+
+func (s eventSource) Subscribe() eventbridge.EventStream { return eventStream{s.core.Subscribe()} }
+
+type eventStream struct{ sub *pleg.Subscription }
+
+func (s eventStream) Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error) {
+	ev, err := s.sub.Next(ctx)
+	return ev.Response, ev.SourceTime, err
+}
+
+func (s eventStream) Close() { s.sub.Close() }
+
+var (
+	_ plugin.Observer         = observerFunc(nil)
+	_ eventbridge.Observer    = observerFunc(nil)
+	_ eventbridge.EventSource = eventSource{}
+)
