@@ -205,7 +205,10 @@ func (s *state) create(ctx context.Context, ob Observation) *object {
 	case ob.Kind == KindSandbox:
 	case ob.Kind == KindContainer && ob.SandboxID != "":
 		if _, dead := s.tombs[ob.SandboxID]; dead {
+			// A container of a deleted sandbox is deleted too: tombstone it so its later task events
+			// are not held.
 			s.metrics.ObservationSuppressed(ob.Source, SuppressDeleted)
+			s.forget(ob.ID)
 			return nil
 		}
 	default:
@@ -215,11 +218,7 @@ func (s *state) create(ctx context.Context, ob Observation) *object {
 	if ob.Phase == PhaseRemoved {
 		// First seen removed: it never had a status here, there is nothing to tell.
 		s.metrics.ObjectDropped(ob.Kind, DropRemovedBeforeStatus)
-		s.tombstone(ob.ID)
-		if h := s.held[ob.ID]; h != nil {
-			delete(s.held, ob.ID)
-			s.heldN -= len(h.obs)
-		}
+		s.forget(ob.ID)
 		return nil
 	}
 	var p *pod
@@ -730,6 +729,18 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 		log.G(ctx).WithField(o.kind.String(), o.id).WithField("source", c.src).Debugf("emit %s", t)
 	}
 	s.fan.publish(ctx, ev)
+}
+
+// forget tombstones an id the state never tracked and discards what was held for it.
+func (s *state) forget(id string) {
+	s.tombstone(id)
+	if h := s.held[id]; h != nil {
+		delete(s.held, id)
+		s.heldN -= len(h.obs)
+		for _, ob := range h.obs {
+			s.metrics.ObservationSuppressed(ob.Source, SuppressDeleted)
+		}
+	}
 }
 
 // tombstone remembers a deleted id so late observations of it are ignored.

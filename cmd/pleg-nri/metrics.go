@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_total",
 			Help: "Events emitted because a relist found what the event inputs missed."}, []string{"kind", "type"}),
 		hookDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "nri_hook_duration_seconds",
-			Help: "Time the NRI plugin took to handle a callback.",
+			Help:    "Time the NRI plugin took to handle a callback.",
 			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2}}, []string{"callback"}),
 		hookObs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nri_observations_total",
 			Help: "Observations made from NRI callbacks."}, []string{"callback"}),
@@ -148,7 +148,9 @@ func (m *metrics) StatusCall(kind pleg.Kind, verify bool, result string, d time.
 	m.statusCalls.WithLabelValues(kind.String(), strconv.FormatBool(verify), result).Observe(d.Seconds())
 }
 
-func (m *metrics) StatusMismatch(kind pleg.Kind) { m.statusMismatch.WithLabelValues(kind.String()).Inc() }
+func (m *metrics) StatusMismatch(kind pleg.Kind) {
+	m.statusMismatch.WithLabelValues(kind.String()).Inc()
+}
 
 func (m *metrics) Subscribers(n int) { m.subscribers.Set(float64(n)) }
 
