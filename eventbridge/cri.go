@@ -1,0 +1,174 @@
+package eventbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/pleg"
+)
+
+// MaxMsgSize is the largest CRI message sent or received, the kubelet's limit (16 MiB).
+const MaxMsgSize = 16 << 20
+
+// DialCRI returns a gRPC client connection to a CRI endpoint: a unix:// URL, an absolute socket path, or
+// a tcp://host:port address. The connection is made lazily and re-made quickly (100ms..2s backoff) after
+// the runtime restarts; calls are not WaitForReady, so they fail with codes.Unavailable at once while
+// the runtime is down. extra options are appended.
+func DialCRI(endpoint string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	target, err := criTarget(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(MaxMsgSize),
+			grpc.MaxCallSendMsgSize(MaxMsgSize),
+		),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   2 * time.Second,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	conn, err := grpc.NewClient(target, append(opts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create CRI client for %s: %w", endpoint, err)
+	}
+	return conn, nil
+}
+
+// criTarget turns a CRI endpoint into a gRPC target.
+func criTarget(endpoint string) (string, error) {
+	switch {
+	case endpoint == "":
+		return "", errors.New("CRI endpoint is empty")
+	case filepath.IsAbs(endpoint):
+		return "unix://" + endpoint, nil
+	case strings.HasPrefix(endpoint, "unix://"):
+		if !filepath.IsAbs(strings.TrimPrefix(endpoint, "unix://")) {
+			return "", fmt.Errorf("CRI endpoint %q: the socket path must be absolute", endpoint)
+		}
+		return endpoint, nil
+	case strings.HasPrefix(endpoint, "tcp://"):
+		u, err := url.Parse(endpoint)
+		if err != nil || u.Host == "" {
+			return "", fmt.Errorf("CRI endpoint %q: bad tcp address", endpoint)
+		}
+		return "passthrough:///" + u.Host, nil
+	}
+	return "", fmt.Errorf("CRI endpoint %q: want unix:///path, an absolute path or tcp://host:port", endpoint)
+}
+
+// CRIClient is a CRI client of the runtime (containerd), used by the core for exact statuses and by the
+// relist reconciler. Errors of its methods satisfy both errdefs.IsNotFound (and the other errdefs
+// classes) and status.Code (the runtime's gRPC code is kept).
+type CRIClient struct {
+	conn    *grpc.ClientConn
+	runtime runtimeapi.RuntimeServiceClient
+}
+
+var (
+	_ pleg.StatusSource = (*CRIClient)(nil)
+	_ pleg.Lister       = (*CRIClient)(nil)
+)
+
+// NewCRIClient dials the CRI endpoint (see DialCRI). Close releases the connection.
+func NewCRIClient(endpoint string, extra ...grpc.DialOption) (*CRIClient, error) {
+	conn, err := DialCRI(endpoint, extra...)
+	if err != nil {
+		return nil, err
+	}
+	return NewCRIClientFromConn(conn), nil
+}
+
+// NewCRIClientFromConn returns a CRIClient over an existing connection; Close then closes it.
+func NewCRIClientFromConn(conn *grpc.ClientConn) *CRIClient {
+	return &CRIClient{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}
+}
+
+// Close closes the connection.
+func (c *CRIClient) Close() error {
+	if err := c.conn.Close(); err != nil {
+		return fmt.Errorf("failed to close CRI connection: %w", err)
+	}
+	return nil
+}
+
+// PodSandboxStatus returns the runtime's (non-verbose) status of a sandbox.
+func (c *CRIClient) PodSandboxStatus(ctx context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {
+	resp, err := c.runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+	if err != nil {
+		return nil, fmt.Errorf("failed to get status of sandbox %s: %w", id, fromGRPC(err))
+	}
+	if resp.GetStatus() == nil {
+		return nil, fmt.Errorf("failed to get status of sandbox %s: runtime returned no status", id)
+	}
+	return resp.GetStatus(), nil
+}
+
+// ContainerStatus returns the runtime's (non-verbose) status of a container.
+func (c *CRIClient) ContainerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error) {
+	resp, err := c.runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		return nil, fmt.Errorf("failed to get status of container %s: %w", id, fromGRPC(err))
+	}
+	if resp.GetStatus() == nil {
+		return nil, fmt.Errorf("failed to get status of container %s: runtime returned no status", id)
+	}
+	return resp.GetStatus(), nil
+}
+
+// ListPodSandbox lists every sandbox.
+func (c *CRIClient) ListPodSandbox(ctx context.Context) ([]*runtimeapi.PodSandbox, error) {
+	resp, err := c.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("failed to list sandboxes: %w", fromGRPC(err))
+	}
+	return resp.GetItems(), nil
+}
+
+// ListContainers lists every container.
+func (c *CRIClient) ListContainers(ctx context.Context) ([]*runtimeapi.Container, error) {
+	resp, err := c.runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("failed to list containers: %w", fromGRPC(err))
+	}
+	return resp.GetContainers(), nil
+}
+
+// grpcError is an error from the runtime in both forms: Unwrap gives the errdefs error (errdefs.IsNotFound
+// works), GRPCStatus the original status (status.Code works).
+type grpcError struct {
+	native error
+	st     *status.Status
+}
+
+func (e *grpcError) Error() string              { return e.native.Error() }
+func (e *grpcError) Unwrap() error              { return e.native }
+func (e *grpcError) GRPCStatus() *status.Status { return e.st }
+
+// fromGRPC converts a gRPC error into a grpcError; other errors are returned as they are.
+func fromGRPC(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	return &grpcError{native: errgrpc.ToNative(err), st: st}
+}

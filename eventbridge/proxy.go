@@ -1,0 +1,340 @@
+package eventbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// GetContainerEventsMethod is the one CRI method the proxy answers itself.
+const GetContainerEventsMethod = "/runtime.v1.RuntimeService/GetContainerEvents"
+
+// EventSource gives each GetContainerEvents stream its own subscription to pleg-nri's events. The daemon
+// adapts the core's fan-out to it.
+type EventSource interface {
+	// Subscribe returns a new subscription that receives every event from now on.
+	Subscribe() EventStream
+}
+
+// EventStream is one subscriber's stream of events.
+type EventStream interface {
+	// Next returns the next event and the time its source saw the fact (for the latency metric; zero
+	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error), or the
+	// subscription ends: the error then says why and ends the client's stream, e.g. a gRPC status
+	// error with codes.ResourceExhausted when the subscriber was evicted for being too slow.
+	Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error)
+	// Close ends the subscription. It is called exactly once, when the client's stream ends.
+	Close()
+}
+
+// Metrics is told about the proxy's work. Implementations must be safe for concurrent use and fast.
+type Metrics interface {
+	// ForwardedCall is called when a forwarded call ends, with the full method name, the code the
+	// client got and how long the call took (for a stream: its whole life).
+	ForwardedCall(method string, code codes.Code, d time.Duration)
+	// EventStreamOpened and EventStreamClosed count the open GetContainerEvents streams; closed gets
+	// the code the stream ended with.
+	EventStreamOpened()
+	EventStreamClosed(code codes.Code)
+	// EventSent is called for each event sent, with the time from its source to the send.
+	EventSent(latency time.Duration)
+	// UpstreamConnectionState is called when the connection to the runtime goes up or down.
+	UpstreamConnectionState(up bool)
+}
+
+// NopMetrics is a Metrics that does nothing.
+type NopMetrics struct{}
+
+var _ Metrics = NopMetrics{}
+
+// ForwardedCall does nothing.
+func (NopMetrics) ForwardedCall(string, codes.Code, time.Duration) {}
+
+// EventStreamOpened does nothing.
+func (NopMetrics) EventStreamOpened() {}
+
+// EventStreamClosed does nothing.
+func (NopMetrics) EventStreamClosed(codes.Code) {}
+
+// EventSent does nothing.
+func (NopMetrics) EventSent(time.Duration) {}
+
+// UpstreamConnectionState does nothing.
+func (NopMetrics) UpstreamConnectionState(bool) {}
+
+// Proxy is the CRI endpoint's gRPC handler. It registers no service: every method, unary or streaming,
+// known to this build or not, goes to one handler that forwards it byte for byte to the runtime, except
+// GetContainerEvents, which is answered from the EventSource.
+type Proxy struct {
+	backend *grpc.ClientConn
+	// events answers GetContainerEvents; nil forwards it to the runtime like any other method.
+	events  EventSource
+	metrics Metrics
+	// now is the clock of the latency and duration metrics.
+	now func() time.Time
+
+	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
+	shutdown     chan struct{}
+	shutdownOnce sync.Once
+}
+
+// ProxyOption configures a Proxy.
+type ProxyOption func(*Proxy)
+
+// WithMetrics sets the metrics hooks (default: NopMetrics).
+func WithMetrics(m Metrics) ProxyOption {
+	return func(p *Proxy) {
+		if m != nil {
+			p.metrics = m
+		}
+	}
+}
+
+// NewProxy returns a Proxy that forwards to backend (see DialCRI) and answers GetContainerEvents from
+// events (nil: forwarded too).
+func NewProxy(backend *grpc.ClientConn, events EventSource, opts ...ProxyOption) *Proxy {
+	p := &Proxy{
+		backend:  backend,
+		events:   events,
+		metrics:  NopMetrics{},
+		now:      time.Now,
+		shutdown: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// ServerOptions returns the options that make a grpc.Server the proxy: the pass-through codec, the
+// unknown-service handler and the kubelet's message size limits. Register no service on that server.
+func (p *Proxy) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(rawCodec{}),
+		grpc.UnknownServiceHandler(p.Handle),
+		grpc.MaxRecvMsgSize(MaxMsgSize),
+		grpc.MaxSendMsgSize(MaxMsgSize),
+	}
+}
+
+// Shutdown ends every open GetContainerEvents stream (with codes.Unavailable) and makes new ones fail, so
+// that a graceful stop of the server does not wait for them. Forwarded calls are not affected.
+func (p *Proxy) Shutdown() {
+	p.shutdownOnce.Do(func() { close(p.shutdown) })
+}
+
+// Handle is the grpc.StreamHandler of every method.
+func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
+	method, ok := grpc.MethodFromServerStream(ss)
+	if !ok {
+		return status.Error(codes.Internal, "no method in stream")
+	}
+	if method == GetContainerEventsMethod && p.events != nil {
+		return p.serveEvents(ss)
+	}
+	start := p.now()
+	err := p.forward(ss, method)
+	p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
+	return err
+}
+
+// streamDesc describes every forwarded call: a bidirectional stream is the general form of all four
+// kinds of gRPC method, and on the wire it is the same.
+var streamDesc = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+
+// forward proxies one call to the backend. The backend's status error is returned unchanged, so the
+// client gets its code, message and details.
+func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
+
+	cs, err := p.backend.NewStream(ctx, streamDesc, method, grpc.ForceCodecV2(rawCodec{}))
+	if err != nil {
+		return err
+	}
+
+	// Client -> backend, in its own goroutine. It ends with the client's half-close (or the end of the
+	// call: ctx is canceled when this handler returns).
+	go func() {
+		for {
+			var f frame
+			if err := ss.RecvMsg(&f); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = cs.CloseSend()
+				}
+				return
+			}
+			if err := cs.SendMsg(&f); err != nil {
+				// The backend ended the call; RecvMsg below returns its status.
+				return
+			}
+		}
+	}()
+
+	// Backend -> client. Headers go as soon as the backend sends them (a trailers-only answer has none).
+	if hdr, err := cs.Header(); err == nil && len(hdr) > 0 {
+		if err := ss.SendHeader(forwardableMD(hdr)); err != nil {
+			return err
+		}
+	}
+	for {
+		var f frame
+		if err := cs.RecvMsg(&f); err != nil {
+			ss.SetTrailer(forwardableMD(cs.Trailer()))
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := ss.SendMsg(&f); err != nil {
+			return err
+		}
+	}
+}
+
+// forwardableMD returns a copy of md without the keys gRPC itself sets on the next hop (pseudo-headers,
+// content type, user agent, encodings, timeout); the deadline is carried by the context.
+func forwardableMD(md metadata.MD) metadata.MD {
+	out := make(metadata.MD, len(md))
+	for k, v := range md {
+		if strings.HasPrefix(k, ":") {
+			continue
+		}
+		switch k {
+		case "content-type", "user-agent", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding",
+			"grpc-message", "grpc-status", "grpc-status-details-bin":
+			continue
+		}
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}
+
+// serveEvents answers GetContainerEvents from the event source: one subscription per stream, every event
+// sent, until the subscription ends (its error is the stream's status), the client goes away or the
+// proxy shuts down.
+func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	logger := log.G(ctx).WithField("method", GetContainerEventsMethod)
+
+	var req runtimeapi.GetEventsRequest
+	if err := ss.RecvMsg(&req); err != nil {
+		return err
+	}
+	select {
+	case <-p.shutdown:
+		return status.Error(codes.Unavailable, "pleg-nri is shutting down")
+	default:
+	}
+
+	stream := p.events.Subscribe()
+	p.metrics.EventStreamOpened()
+	logger.Info("event stream opened")
+	defer func() {
+		stream.Close()
+		code := status.Code(err)
+		p.metrics.EventStreamClosed(code)
+		entry := logger.WithField("code", code)
+		if code == codes.Canceled || code == codes.OK {
+			entry.Info("event stream closed by the client")
+		} else {
+			entry.WithError(err).Warn("event stream ended")
+		}
+	}()
+
+	// End Next when the proxy shuts down; this goroutine ends with ctx at the latest.
+	go func() {
+		select {
+		case <-p.shutdown:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	var f frame
+	for {
+		ev, sourceTime, err := stream.Next(ctx)
+		if err != nil {
+			return p.eventStreamError(ss.Context(), err)
+		}
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			return status.Errorf(codes.Internal, "failed to marshal event: %v", err)
+		}
+		f.data = b
+		if err := ss.SendMsg(&f); err != nil {
+			return err
+		}
+		if !sourceTime.IsZero() {
+			p.metrics.EventSent(p.now().Sub(sourceTime))
+		} else {
+			p.metrics.EventSent(0)
+		}
+	}
+}
+
+// eventStreamError turns the error that ended an event stream into the status the client gets.
+func (p *Proxy) eventStreamError(clientCtx context.Context, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if clientCtx.Err() != nil {
+			return status.FromContextError(clientCtx.Err()).Err()
+		}
+		select {
+		case <-p.shutdown:
+			return status.Error(codes.Unavailable, "pleg-nri is shutting down")
+		default:
+		}
+	}
+	return status.Error(codes.Unknown, fmt.Sprintf("event stream ended: %v", err))
+}
+
+// WatchUpstream reports the state of the connection to the runtime to the metrics until ctx is done: up
+// when it is READY, down when it is in TRANSIENT_FAILURE (other states change nothing). It asks the
+// connection to connect, so that the state is known before the first forwarded call.
+func (p *Proxy) WatchUpstream(ctx context.Context) {
+	p.backend.Connect()
+	var up *bool
+	for {
+		st := p.backend.GetState()
+		var now *bool
+		switch st {
+		case connectivity.Ready:
+			now = new(true)
+		case connectivity.TransientFailure:
+			now = new(false)
+		case connectivity.Shutdown:
+			return
+		case connectivity.Idle:
+			// The connection went idle (no calls for a while, or the runtime closed it): reconnect,
+			// so that a runtime that went away shows as down.
+			p.backend.Connect()
+		}
+		if now != nil && (up == nil || *up != *now) {
+			up = now
+			log.G(ctx).WithField("up", *now).Info("runtime connection state changed")
+			p.metrics.UpstreamConnectionState(*now)
+		}
+		if !p.backend.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
+}

@@ -1,0 +1,565 @@
+package eventbridge
+
+import (
+	"context"
+	"errors"
+	"io"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// fakeSource is an EventSource whose streams get what the test publishes.
+type fakeSource struct {
+	mu      sync.Mutex
+	streams []*fakeStream
+	// opened receives each new stream.
+	opened chan *fakeStream
+}
+
+func newFakeSource() *fakeSource { return &fakeSource{opened: make(chan *fakeStream, 10)} }
+
+func (s *fakeSource) Subscribe() EventStream {
+	st := &fakeStream{ch: make(chan *runtimeapi.ContainerEventResponse, 100), end: make(chan error, 1), closed: make(chan struct{})}
+	s.mu.Lock()
+	s.streams = append(s.streams, st)
+	s.mu.Unlock()
+	s.opened <- st
+	return st
+}
+
+// publish sends ev to every open stream.
+func (s *fakeSource) publish(ev *runtimeapi.ContainerEventResponse) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.streams {
+		select {
+		case <-st.closed:
+		default:
+			st.ch <- ev
+		}
+	}
+}
+
+type fakeStream struct {
+	ch        chan *runtimeapi.ContainerEventResponse
+	end       chan error
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (s *fakeStream) Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error) {
+	select {
+	case ev := <-s.ch:
+		return ev, time.Now().Add(-time.Millisecond), nil
+	case err := <-s.end:
+		return nil, time.Time{}, err
+	case <-ctx.Done():
+		return nil, time.Time{}, ctx.Err()
+	}
+}
+
+func (s *fakeStream) Close() { s.closeOnce.Do(func() { close(s.closed) }) }
+
+// recordingMetrics counts what the proxy reports.
+type recordingMetrics struct {
+	mu        sync.Mutex
+	forwarded map[string][]codes.Code
+	open      int
+	sent      int
+	closed    []codes.Code
+	upstream  []bool
+}
+
+func (m *recordingMetrics) ForwardedCall(method string, code codes.Code, _ time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.forwarded == nil {
+		m.forwarded = map[string][]codes.Code{}
+	}
+	m.forwarded[method] = append(m.forwarded[method], code)
+}
+func (m *recordingMetrics) EventStreamOpened() { m.mu.Lock(); m.open++; m.mu.Unlock() }
+func (m *recordingMetrics) EventStreamClosed(c codes.Code) {
+	m.mu.Lock()
+	m.open--
+	m.closed = append(m.closed, c)
+	m.mu.Unlock()
+}
+func (m *recordingMetrics) EventSent(time.Duration) { m.mu.Lock(); m.sent++; m.mu.Unlock() }
+func (m *recordingMetrics) UpstreamConnectionState(up bool) {
+	m.mu.Lock()
+	m.upstream = append(m.upstream, up)
+	m.mu.Unlock()
+}
+
+// env is a fake backend, the proxy in front of it, and clients of both.
+type env struct {
+	backend *backend
+	source  *fakeSource
+	metrics *recordingMetrics
+	server  *Server
+	// direct and proxied are connections to the backend and to the proxy.
+	direct, proxied *grpc.ClientConn
+}
+
+func newEnv(t testing.TB, containers int) *env {
+	t.Helper()
+	dir := shortTempDir(t)
+	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
+	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
+
+	upstream, err := DialCRI("unix://" + e.backend.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = upstream.Close() })
+	proxy := NewProxy(upstream, e.source, WithMetrics(e.metrics))
+	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.server.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.server.Stop(ctx)
+		if err := <-e.server.Err(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+
+	for _, c := range []struct {
+		conn **grpc.ClientConn
+		path string
+	}{{&e.direct, e.backend.path}, {&e.proxied, e.server.Addr().String()}} {
+		conn, err := DialCRI("unix://" + c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		*c.conn = conn
+	}
+	return e
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// rawCall calls method with the request's bytes and returns the answer's bytes as received.
+func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req proto.Message, opts ...grpc.CallOption) ([]byte, error) {
+	in, err := proto.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	var out frame
+	err = conn.Invoke(ctx, method, &frame{data: in}, &out, append(opts, grpc.ForceCodecV2(rawCodec{}))...)
+	return out.data, err
+}
+
+func TestProxyUnaryByteEqual(t *testing.T) {
+	e := newEnv(t, 20)
+	ctx := testCtx(t)
+	for _, c := range []struct {
+		method string
+		req    proto.Message
+	}{
+		{runtimeapi.RuntimeService_Version_FullMethodName, &runtimeapi.VersionRequest{Version: "v1"}},
+		{runtimeapi.RuntimeService_ListContainers_FullMethodName, &runtimeapi.ListContainersRequest{}},
+		{runtimeapi.RuntimeService_ContainerStatus_FullMethodName, &runtimeapi.ContainerStatusRequest{ContainerId: e.backend.runtime.containers[3].Id}},
+		{runtimeapi.ImageService_ListImages_FullMethodName, &runtimeapi.ListImagesRequest{}},
+		{"/pleg.test.Custom/Echo", wrapperspb.String("hello")},
+	} {
+		t.Run(c.method, func(t *testing.T) {
+			want, err := rawCall(ctx, e.direct, c.method, c.req)
+			if err != nil {
+				t.Fatalf("direct: %v", err)
+			}
+			got, err := rawCall(ctx, e.proxied, c.method, c.req)
+			if err != nil {
+				t.Fatalf("proxied: %v", err)
+			}
+			if len(want) == 0 {
+				t.Fatal("empty answer")
+			}
+			if string(want) != string(got) {
+				t.Errorf("answers differ:\ndirect  %x\nproxied %x", want, got)
+			}
+		})
+	}
+
+	// The generated clients work through the proxy too.
+	rt := runtimeapi.NewRuntimeServiceClient(e.proxied)
+	v, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil || v.RuntimeName != "fake" {
+		t.Fatalf("Version through the proxy: %v, %v", v, err)
+	}
+	imgs, err := runtimeapi.NewImageServiceClient(e.proxied).ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil || len(imgs.Images) != 1 {
+		t.Fatalf("ListImages through the proxy: %v, %v", imgs, err)
+	}
+	var echo wrapperspb.StringValue
+	if err := e.proxied.Invoke(ctx, "/pleg.test.Custom/Echo", wrapperspb.String("x"), &echo); err != nil || echo.Value != "echo:x" {
+		t.Fatalf("unknown method through the proxy: %q, %v", echo.Value, err)
+	}
+
+	e.metrics.mu.Lock()
+	defer e.metrics.mu.Unlock()
+	if got := e.metrics.forwarded[runtimeapi.RuntimeService_Version_FullMethodName]; len(got) != 2 || got[0] != codes.OK {
+		t.Errorf("Version metrics: %v", got)
+	}
+}
+
+func TestProxyMetadataAndErrors(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx := testCtx(t)
+
+	// Metadata goes to the backend; its headers and trailers come back.
+	var hdr, trl metadata.MD
+	octx := metadata.AppendToOutgoingContext(ctx, "x-test", "hello")
+	if _, err := runtimeapi.NewRuntimeServiceClient(e.proxied).Version(octx, &runtimeapi.VersionRequest{}, grpc.Header(&hdr), grpc.Trailer(&trl)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hdr.Get("x-echo"); len(got) != 1 || got[0] != "hello" {
+		t.Errorf("header x-echo = %v, want [hello] (all: %v)", got, hdr)
+	}
+	if got := trl.Get("x-trailer"); len(got) != 1 || got[0] != "t-hello" {
+		t.Errorf("trailer x-trailer = %v, want [t-hello] (all: %v)", got, trl)
+	}
+
+	// Errors: code, message and details as the backend sent them.
+	call := func(conn *grpc.ClientConn) *status.Status {
+		_, err := runtimeapi.NewRuntimeServiceClient(conn).ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "missing"})
+		return status.Convert(err)
+	}
+	want, got := call(e.direct), call(e.proxied)
+	if want.Code() != codes.NotFound {
+		t.Fatalf("direct code %v", want.Code())
+	}
+	if diff := cmp.Diff(want.Proto(), got.Proto(), protocmp.Transform()); diff != "" {
+		t.Errorf("status (-direct +proxied):\n%s", diff)
+	}
+	if len(got.Details()) != 1 {
+		t.Errorf("details = %v", got.Details())
+	}
+
+	// A method the backend does not implement.
+	_, err := runtimeapi.NewRuntimeServiceClient(e.proxied).CheckpointContainer(ctx, &runtimeapi.CheckpointContainerRequest{})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("CheckpointContainer: %v, want Unimplemented", err)
+	}
+	// A method nobody has.
+	err = e.proxied.Invoke(ctx, "/nope.Service/Nope", wrapperspb.String("x"), &wrapperspb.StringValue{})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("unknown service: %v, want Unimplemented", err)
+	}
+}
+
+func TestProxyStreams(t *testing.T) {
+	e := newEnv(t, 5)
+	ctx := testCtx(t)
+
+	// Server streaming.
+	stream, err := runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(ctx, &runtimeapi.StreamContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for {
+		m, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.Containers[0].Id)
+	}
+	if len(ids) != 5 {
+		t.Errorf("got %d containers, want 5", len(ids))
+	}
+
+	// Bidirectional streaming on a method unknown to this build.
+	cs, err := e.proxied.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/pleg.test.Custom/Chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"a", "b", "c"} {
+		if err := cs.SendMsg(wrapperspb.String(s)); err != nil {
+			t.Fatal(err)
+		}
+		var out wrapperspb.StringValue
+		if err := cs.RecvMsg(&out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Value != "re:"+s {
+			t.Errorf("got %q", out.Value)
+		}
+	}
+	if err := cs.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(&wrapperspb.StringValue{}); err != io.EOF {
+		t.Errorf("end of chat: %v, want EOF", err)
+	}
+}
+
+func TestProxyCancellationReachesBackend(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	stream, err := runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(ctx, &runtimeapi.StreamContainersRequest{
+		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"wait": "yes"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case m := <-e.backend.runtime.canceled:
+		if m != "StreamContainers" {
+			t.Fatalf("canceled %s", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend did not see the cancellation")
+	}
+}
+
+func recvEvent(t *testing.T, s grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) *runtimeapi.ContainerEventResponse {
+	t.Helper()
+	type result struct {
+		ev  *runtimeapi.ContainerEventResponse
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		ev, err := s.Recv()
+		ch <- result{ev, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("Recv: %v", r.err)
+		}
+		return r.ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event")
+	}
+	return nil
+}
+
+func event(id string, typ runtimeapi.ContainerEventType) *runtimeapi.ContainerEventResponse {
+	return &runtimeapi.ContainerEventResponse{
+		ContainerId: id, ContainerEventType: typ, CreatedAt: time.Now().UnixNano(),
+		PodSandboxStatus:   &runtimeapi.PodSandboxStatus{Id: "s1", Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Uid: "u", Namespace: "n"}},
+		ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: id, Labels: map[string]string{"a": "b"}}},
+	}
+}
+
+func TestProxyEvents(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := testCtx(t)
+	rt := runtimeapi.NewRuntimeServiceClient(e.proxied)
+
+	// Two subscribers each get every event, none from the backend.
+	s1, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs1 := <-e.source.opened
+	s2, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs2 := <-e.source.opened
+	want := []*runtimeapi.ContainerEventResponse{
+		event("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT),
+		event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
+		event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT),
+	}
+	for _, ev := range want {
+		e.source.publish(ev)
+	}
+	for _, s := range []grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]{s1, s2} {
+		for _, w := range want {
+			if diff := cmp.Diff(w, recvEvent(t, s), protocmp.Transform()); diff != "" {
+				t.Errorf("event (-want +got):\n%s", diff)
+			}
+		}
+	}
+
+	// The core evicts s1: its client gets RESOURCE_EXHAUSTED; s2 goes on.
+	fs1.end <- status.Error(codes.ResourceExhausted, "subscriber too slow, evicted")
+	if _, err := s1.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("evicted stream: %v, want ResourceExhausted", err)
+	}
+	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
+	if got := recvEvent(t, s2); got.ContainerId != "c2" {
+		t.Errorf("s2 got %s", got.ContainerId)
+	}
+	waitClosed(t, fs1)
+
+	// A client that goes away closes its subscription.
+	ctx3, cancel3 := context.WithCancel(ctx)
+	if _, err := rt.GetContainerEvents(ctx3, &runtimeapi.GetEventsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	fs3 := <-e.source.opened
+	cancel3()
+	waitClosed(t, fs3)
+	_ = fs2
+
+	e.metrics.mu.Lock()
+	sent := e.metrics.sent
+	e.metrics.mu.Unlock()
+	if sent != 7 {
+		t.Errorf("events sent = %d, want 7", sent)
+	}
+}
+
+func waitClosed(t *testing.T, s *fakeStream) {
+	t.Helper()
+	select {
+	case <-s.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("subscription not closed")
+	}
+}
+
+// TestProxyBackendRestart: while the backend is down, forwarded calls fail with UNAVAILABLE at once and
+// open event streams go on; when it is back, calls work again.
+func TestProxyBackendRestart(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := testCtx(t)
+	rt := runtimeapi.NewRuntimeServiceClient(e.proxied)
+	if _, err := rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	events, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.source.opened
+
+	e.backend.stop()
+	for i := range 3 {
+		start := time.Now()
+		_, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("call %d with the backend down: %v, want Unavailable", i, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("call %d took %s to fail", i, d)
+		}
+	}
+	e.source.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT))
+	if got := recvEvent(t, events); got.ContainerId != "c1" {
+		t.Errorf("event %s", got.ContainerId)
+	}
+
+	e.backend.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend back, calls still fail: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
+	if got := recvEvent(t, events); got.ContainerId != "c2" {
+		t.Errorf("event %s", got.ContainerId)
+	}
+}
+
+// TestProxyShutdownEndsEventStreams: Stop does not wait for event streams.
+func TestProxyShutdownEndsEventStreams(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := testCtx(t)
+	events, err := runtimeapi.NewRuntimeServiceClient(e.proxied).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := <-e.source.opened
+	start := time.Now()
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	e.server.Stop(stopCtx)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Stop took %s", d)
+	}
+	if _, err := events.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("event stream at shutdown: %v, want Unavailable", err)
+	}
+	waitClosed(t, fs)
+}
+
+func TestCRIClient(t *testing.T) {
+	dir := shortTempDir(t)
+	b := startBackend(t, filepath.Join(dir, "b.sock"), newFakeRuntime(3))
+	c, err := NewCRIClient("unix://" + b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := testCtx(t)
+
+	ctrs, err := c.ListContainers(ctx)
+	if err != nil || len(ctrs) != 3 {
+		t.Fatalf("ListContainers: %d, %v", len(ctrs), err)
+	}
+	sbs, err := c.ListPodSandbox(ctx)
+	if err != nil || len(sbs) != 2 {
+		t.Fatalf("ListPodSandbox: %d, %v", len(sbs), err)
+	}
+	st, err := c.ContainerStatus(ctx, ctrs[1].Id)
+	if err != nil || st.Id != ctrs[1].Id {
+		t.Fatalf("ContainerStatus: %v, %v", st, err)
+	}
+	ps, err := c.PodSandboxStatus(ctx, "s1")
+	if err != nil || ps.Metadata.Uid != "uid-1" {
+		t.Fatalf("PodSandboxStatus: %v, %v", ps, err)
+	}
+
+	for _, err := range []error{
+		func() error { _, err := c.ContainerStatus(ctx, "missing"); return err }(),
+		func() error { _, err := c.PodSandboxStatus(ctx, "missing"); return err }(),
+	} {
+		if !isNotFound(err) {
+			t.Errorf("errdefs.IsNotFound(%v) = false", err)
+		}
+		if status.Code(err) != codes.NotFound {
+			t.Errorf("status.Code(%v) = %v, want NotFound", err, status.Code(err))
+		}
+	}
+
+	b.stop()
+	_, err = c.ListContainers(ctx)
+	if status.Code(err) != codes.Unavailable || !isUnavailable(err) {
+		t.Errorf("backend down: %v (code %v), want Unavailable", err, status.Code(err))
+	}
+	if errors.Is(err, context.Canceled) {
+		t.Errorf("unexpected cancel: %v", err)
+	}
+}

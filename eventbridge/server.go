@@ -1,0 +1,236 @@
+package eventbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"google.golang.org/grpc"
+)
+
+// Permissions of the CRI endpoint's socket and of the directory created for it.
+const (
+	SocketPerm    fs.FileMode = 0o660
+	SocketDirPerm fs.FileMode = 0o750
+)
+
+// liveProbeTimeout bounds the dial that tells a live socket from a stale one.
+const liveProbeTimeout = time.Second
+
+// ParseListenAddress splits a listen address into a network and an address: "unix:///path" and
+// "/path" are unix sockets, "tcp://host:port" is TCP. Nothing else is accepted, so that a TCP listener is
+// only ever opened when asked for explicitly.
+func ParseListenAddress(listen string) (network, address string, err error) {
+	switch {
+	case listen == "":
+		return "", "", errors.New("listen address is empty")
+	case strings.HasPrefix(listen, "unix://"):
+		path := strings.TrimPrefix(listen, "unix://")
+		if !filepath.IsAbs(path) {
+			return "", "", fmt.Errorf("listen address %q: the socket path must be absolute", listen)
+		}
+		return "unix", filepath.Clean(path), nil
+	case filepath.IsAbs(listen):
+		return "unix", filepath.Clean(listen), nil
+	case strings.HasPrefix(listen, "tcp://"):
+		u, err := url.Parse(listen)
+		if err != nil || u.Host == "" || u.Path != "" {
+			return "", "", fmt.Errorf("listen address %q: want tcp://host:port", listen)
+		}
+		return "tcp", u.Host, nil
+	}
+	return "", "", fmt.Errorf("listen address %q: want unix:///path, an absolute path or tcp://host:port", listen)
+}
+
+// Listen opens the listener of the CRI endpoint. For a unix socket it creates the directory (0750) if
+// missing, replaces a stale socket left by a previous run, refuses a path that is not a socket or on
+// which another server answers, and makes the socket 0660.
+func Listen(ctx context.Context, listen string) (net.Listener, error) {
+	network, address, err := ParseListenAddress(listen)
+	if err != nil {
+		return nil, err
+	}
+	if network == "tcp" {
+		l, err := net.Listen("tcp", address)
+		if err != nil {
+			return nil, fmt.Errorf("failed to listen on %s: %w", listen, err)
+		}
+		if host, _, _ := net.SplitHostPort(address); !isLoopback(host) {
+			log.G(ctx).WithField("address", l.Addr().String()).Warn("CRI endpoint listens on a non-loopback TCP address, without authentication")
+		}
+		return l, nil
+	}
+	return listenUnix(ctx, address)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func listenUnix(ctx context.Context, path string) (net.Listener, error) {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, SocketDirPerm); err != nil {
+			return nil, fmt.Errorf("failed to create socket directory %s: %w", dir, err)
+		}
+		// MkdirAll applies the umask: make the directory exactly 0750.
+		if err := os.Chmod(dir, SocketDirPerm); err != nil {
+			return nil, fmt.Errorf("failed to set permissions of socket directory %s: %w", dir, err)
+		}
+		log.G(ctx).WithField("dir", dir).Debug("created socket directory")
+	} else if err != nil {
+		return nil, fmt.Errorf("failed to stat socket directory %s: %w", dir, err)
+	}
+
+	if err := removeStaleSocket(ctx, path); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to listen on %s: %w", path, err)
+	}
+	// NOTE: between bind and chmod the socket has the umask's permissions; the 0750 directory keeps
+	// others out meanwhile when pleg-nri created it.
+	if err := os.Chmod(path, SocketPerm); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("failed to set permissions of socket %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// removeStaleSocket removes a socket file at path that no server answers on. It refuses anything that
+// is not a socket and a socket with a live server.
+func removeStaleSocket(ctx context.Context, path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("failed to stat %s: %w", path, err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("refusing to listen on %s: it exists and is not a socket (%s)", path, fi.Mode().Type())
+	}
+	conn, err := net.DialTimeout("unix", path, liveProbeTimeout)
+	if err == nil {
+		_ = conn.Close()
+		return fmt.Errorf("refusing to listen on %s: another server is listening on it", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("refusing to listen on %s: cannot tell whether a server is listening on it: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("failed to remove stale socket %s: %w", path, err)
+	}
+	log.G(ctx).WithField("socket", path).Info("removed stale socket")
+	return nil
+}
+
+// Server is pleg-nri's CRI endpoint: a gRPC server made of a Proxy, on a listener opened by Listen.
+type Server struct {
+	listen string
+	proxy  *Proxy
+	grpc   *grpc.Server
+	// lis is set by Start.
+	lis net.Listener
+	// errCh receives the result of Serve, once.
+	errCh chan error
+	// stopWatch ends the upstream watcher.
+	stopWatch context.CancelFunc
+	// watchDone is closed when the upstream watcher has returned.
+	watchDone chan struct{}
+}
+
+// NewServer returns a server for the proxy on the listen address (see ParseListenAddress). extra
+// server options are added to the proxy's.
+func NewServer(listen string, proxy *Proxy, extra ...grpc.ServerOption) (*Server, error) {
+	if _, _, err := ParseListenAddress(listen); err != nil {
+		return nil, err
+	}
+	if proxy == nil {
+		return nil, errors.New("nil proxy")
+	}
+	return &Server{
+		listen: listen,
+		proxy:  proxy,
+		grpc:   grpc.NewServer(append(proxy.ServerOptions(), extra...)...),
+		errCh:  make(chan error, 1),
+	}, nil
+}
+
+// Start listens (see Listen) and serves in a goroutine; a serving error is reported on Err. It also
+// starts watching the runtime connection for the metrics.
+func (s *Server) Start(ctx context.Context) error {
+	if s.lis != nil {
+		return errors.New("server already started")
+	}
+	l, err := Listen(ctx, s.listen)
+	if err != nil {
+		return err
+	}
+	s.lis = l
+	watchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopWatch = cancel
+	s.watchDone = make(chan struct{})
+	go func() {
+		defer close(s.watchDone)
+		s.proxy.WatchUpstream(watchCtx)
+	}()
+	go func() {
+		if err := s.grpc.Serve(l); err != nil {
+			s.errCh <- fmt.Errorf("CRI endpoint %s: %w", s.listen, err)
+			return
+		}
+		s.errCh <- nil
+	}()
+	log.G(ctx).WithField("address", l.Addr().String()).Info("CRI endpoint serving")
+	return nil
+}
+
+// Addr returns the listener's address (nil before Start).
+func (s *Server) Addr() net.Addr {
+	if s.lis == nil {
+		return nil
+	}
+	return s.lis.Addr()
+}
+
+// Err delivers the error that ended serving (nil after Stop), once.
+func (s *Server) Err() <-chan error {
+	return s.errCh
+}
+
+// Stop ends open event streams, lets forwarded calls finish until ctx is done, then closes every
+// connection; the socket file is removed. It is safe to call before Start.
+func (s *Server) Stop(ctx context.Context) {
+	s.proxy.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		log.G(ctx).Warn("CRI endpoint: calls still running at the stop deadline, closing them")
+		s.grpc.Stop()
+		<-done
+	}
+	if s.stopWatch != nil {
+		s.stopWatch()
+		<-s.watchDone
+	}
+}

@@ -1,0 +1,201 @@
+package eventbridge
+
+import (
+	"context"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestParseListenAddress(t *testing.T) {
+	for _, tc := range []struct {
+		in            string
+		network, addr string
+		wantErr       bool
+	}{
+		{in: "unix:///run/pleg-nri/cri.sock", network: "unix", addr: "/run/pleg-nri/cri.sock"},
+		{in: "/run/pleg-nri/cri.sock", network: "unix", addr: "/run/pleg-nri/cri.sock"},
+		{in: "/run/pleg-nri/../pleg-nri/cri.sock", network: "unix", addr: "/run/pleg-nri/cri.sock"},
+		{in: "tcp://127.0.0.1:9000", network: "tcp", addr: "127.0.0.1:9000"},
+		{in: "tcp://[::1]:9000", network: "tcp", addr: "[::1]:9000"},
+		{in: "", wantErr: true},
+		{in: "127.0.0.1:9000", wantErr: true},
+		{in: "unix://run/cri.sock", wantErr: true},
+		{in: "relative/cri.sock", wantErr: true},
+		{in: "tcp://", wantErr: true},
+		{in: "tcp://host:1/path", wantErr: true},
+		{in: "http://127.0.0.1:1", wantErr: true},
+	} {
+		network, addr, err := ParseListenAddress(tc.in)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("ParseListenAddress(%q): error %v, want error %v", tc.in, err, tc.wantErr)
+			continue
+		}
+		if network != tc.network || addr != tc.addr {
+			t.Errorf("ParseListenAddress(%q) = %q, %q; want %q, %q", tc.in, network, addr, tc.network, tc.addr)
+		}
+	}
+}
+
+func listenT(t *testing.T, address string) net.Listener {
+	t.Helper()
+	l, err := Listen(context.Background(), address)
+	if err != nil {
+		t.Fatalf("Listen(%s): %v", address, err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func perm(t *testing.T, path string) fs.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+func TestListenCreatesDirectoryAndSocket(t *testing.T) {
+	old := syscall.Umask(0o077) // the modes must not depend on the umask
+	defer syscall.Umask(old)
+
+	dir := filepath.Join(shortTempDir(t), "a", "b")
+	sock := filepath.Join(dir, "cri.sock")
+	l := listenT(t, "unix://"+sock)
+
+	if got := perm(t, dir); got != 0o750 {
+		t.Errorf("directory mode %o, want 750", got)
+	}
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		t.Errorf("%s is not a socket: %s", sock, fi.Mode())
+	}
+	if got := fi.Mode().Perm(); got != 0o660 {
+		t.Errorf("socket mode %o, want 660", got)
+	}
+
+	// It answers.
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+
+	// Closing the listener removes the socket.
+	_ = l.Close()
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket still there after close: %v", err)
+	}
+}
+
+func TestListenLeavesExistingDirectory(t *testing.T) {
+	dir := shortTempDir(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	listenT(t, filepath.Join(dir, "cri.sock"))
+	if got := perm(t, dir); got != 0o755 {
+		t.Errorf("existing directory mode changed to %o", got)
+	}
+}
+
+func TestListenReplacesStaleSocket(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "cri.sock")
+	// A socket file nobody listens on, as a crashed run leaves it.
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul.SetUnlinkOnClose(false)
+	_ = ul.Close()
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("no stale socket: %v", err)
+	}
+
+	listenT(t, sock)
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("new socket does not answer: %v", err)
+	}
+	_ = c.Close()
+	if got := perm(t, sock); got != 0o660 {
+		t.Errorf("socket mode %o, want 660", got)
+	}
+}
+
+func TestListenRefusesLiveSocket(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "cri.sock")
+	other, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	_, err = Listen(context.Background(), sock)
+	if err == nil || !strings.Contains(err.Error(), "another server is listening") {
+		t.Fatalf("Listen on a live socket: %v", err)
+	}
+	// The other server's socket is untouched.
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("other server's socket broken: %v", err)
+	}
+	_ = c.Close()
+}
+
+func TestListenRefusesNonSocket(t *testing.T) {
+	dir := shortTempDir(t)
+	for name, setup := range map[string]func(path string) error{
+		"regular file": func(path string) error { return os.WriteFile(path, []byte("keep me"), 0o600) },
+		"directory":    func(path string) error { return os.Mkdir(path, 0o700) },
+		"symlink":      func(path string) error { return os.Symlink("/dev/null", path) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".sock")
+			if err := setup(path); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.Lstat(path)
+			_, err := Listen(context.Background(), "unix://"+path)
+			if err == nil || !strings.Contains(err.Error(), "is not a socket") || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Listen: %v, want a 'not a socket' error naming the path", err)
+			}
+			after, err := os.Lstat(path)
+			if err != nil || after.Mode() != before.Mode() || after.ModTime() != before.ModTime() {
+				t.Fatalf("path changed: %v", err)
+			}
+			if name == "regular file" {
+				if b, _ := os.ReadFile(path); string(b) != "keep me" {
+					t.Errorf("file content changed: %q", b)
+				}
+			}
+		})
+	}
+}
+
+func TestListenTCP(t *testing.T) {
+	l := listenT(t, "tcp://127.0.0.1:0")
+	if l.Addr().Network() != "tcp" {
+		t.Errorf("network %s", l.Addr().Network())
+	}
+}
+
+func TestServerRefusesSecondInstance(t *testing.T) {
+	e := newEnv(t, 1)
+	s2, err := NewServer(e.server.Addr().String(), NewProxy(e.direct, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "another server") {
+		t.Fatalf("second server started: %v", err)
+	}
+	s2.Stop(context.Background())
+}
