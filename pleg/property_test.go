@@ -1,0 +1,463 @@
+package pleg
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// chooser drives a world: a seeded rand (property test) or the fuzzer's bytes.
+type chooser interface {
+	intn(n int) int
+}
+
+type randChooser struct{ r *rand.Rand }
+
+func (c randChooser) intn(n int) int { return c.r.IntN(n) }
+
+// byteChooser reads choices from the fuzzer's input; once exhausted it always answers 0 (which
+// finishes the world deterministically).
+type byteChooser struct {
+	b []byte
+	i int
+}
+
+func (c *byteChooser) intn(n int) int {
+	if c.i >= len(c.b) {
+		return 0
+	}
+	v := int(c.b[c.i])
+	c.i++
+	return v % n
+}
+
+// world is a containerd model (the fake CRI) whose lifecycle steps feed the NRI and task event inputs.
+// Each input delivers in its own order; inputs interleave arbitrarily, lose observations (lossy
+// worlds), status answers are delayed (they see the CRI at call time and are applied later), relists
+// happen at any point.
+type world struct {
+	h       *harness
+	c       chooser
+	lossy   bool       // inputs miss observations
+	relists bool       // relists run mid-way, possibly ahead of the inputs
+	steps   [][]func() // per pod, the runtime steps left, in order
+	nri     []Observation
+	task    []Observation
+	flight  []fetchResult // status answers not yet applied
+	started map[string]bool
+	exited  map[string]bool
+	sandbox map[string]string // container -> sandbox
+	code    map[string]int32  // container -> exit code
+}
+
+func newWorld(t testing.TB, c chooser, mode int) *world {
+	w := &world{h: newHarness(t), c: c, lossy: mode&1 == 1, relists: mode&2 == 2, started: map[string]bool{}, exited: map[string]bool{}, sandbox: map[string]string{}, code: map[string]int32{}}
+	pods := 1 + c.intn(3)
+	for i := range pods {
+		w.steps = append(w.steps, w.podScript(fmt.Sprintf("p%d", i), 1+c.intn(3)))
+	}
+	return w
+}
+
+func (w *world) now() time.Time { return w.h.clock.Now() }
+
+func (w *world) emit(stream *[]Observation, o Observation) {
+	if w.lossy && w.c.intn(8) == 0 {
+		return // this input missed it
+	}
+	*stream = append(*stream, o)
+}
+
+func (w *world) exit(sb, id string) {
+	cri := w.h.cri
+	if !w.started[id] || cri.container(id) == nil || cri.container(id).State == runtimeapi.ContainerState_CONTAINER_EXITED {
+		return
+	}
+	code := []int32{0, 1, 137}[w.c.intn(3)]
+	w.code[id] = code
+	w.exited[id] = true
+	oom := code == 137 && w.c.intn(2) == 0
+	oomFirst := w.c.intn(2) == 0
+	if oom && oomFirst {
+		cri.oomContainer(id)
+		w.emit(&w.task, taskOOM(id, w.now()))
+	}
+	fin := w.now()
+	cri.exitContainer(id, code, fin)
+	w.emit(&w.task, taskExit(id, code, fin))
+	n := nriExit(id, sb, code, fin, w.now())
+	if oom && oomFirst {
+		n.Reason = reasonOOMKilled
+		n.OOMKilled = true
+	}
+	w.emit(&w.nri, n)
+	if oom && !oomFirst {
+		cri.oomContainer(id)
+		w.emit(&w.task, taskOOM(id, w.now()))
+	}
+}
+
+func (w *world) podScript(sb string, n int) []func() {
+	cri := w.h.cri
+	var ctrs []string
+	for j := range n {
+		ctrs = append(ctrs, fmt.Sprintf("%sc%d", sb, j))
+	}
+	steps := []func(){func() {
+		cri.runSandbox(sb, w.now())
+		w.emit(&w.nri, nriSandbox(sb, PhaseRunning, w.now()))
+	}}
+	for _, id := range ctrs {
+		w.sandbox[id] = sb
+		steps = append(steps, func() {
+			cri.createContainer(id, sb, w.now())
+			w.emit(&w.nri, nriContainer(id, sb, PhaseCreated, w.now()))
+		})
+		if w.c.intn(5) != 0 {
+			steps = append(steps, func() {
+				at := w.now()
+				cri.startContainer(id, at)
+				w.started[id] = true
+				o := nriContainer(id, sb, PhaseRunning, at)
+				o.StartedAt = at
+				w.emit(&w.nri, o)
+				w.emit(&w.task, Observation{Source: SourceTaskEvent, ID: id, Phase: PhaseRunning, StartedAt: at, SourceTime: at})
+			})
+			if w.c.intn(2) == 0 {
+				steps = append(steps, func() { w.exit(sb, id) })
+			}
+		}
+	}
+	if w.c.intn(4) == 0 {
+		return steps // the pod stays up
+	}
+	steps = append(steps, func() {
+		for _, id := range ctrs {
+			w.exit(sb, id)
+		}
+		cri.stopSandbox(sb)
+		w.emit(&w.task, Observation{Source: SourceTaskEvent, ID: sb, Phase: PhaseExited, HasExitCode: true, ExitCode: 137, FinishedAt: w.now(), SourceTime: w.now()})
+		w.emit(&w.nri, nriSandbox(sb, PhaseExited, w.now()))
+	})
+	if w.c.intn(4) == 0 {
+		return steps // stopped, not removed
+	}
+	for _, id := range ctrs {
+		steps = append(steps, func() {
+			cri.removeContainer(id)
+			w.emit(&w.nri, nriContainer(id, sb, PhaseRemoved, w.now()))
+		})
+	}
+	return append(steps, func() {
+		cri.removeSandbox(sb)
+		w.emit(&w.nri, nriSandbox(sb, PhaseRemoved, w.now()))
+	})
+}
+
+// callFetches makes the queued status calls now (in a random order) and keeps the answers in flight.
+func (w *world) callFetches() {
+	w.h.p.drain(w.h.ctx)
+	batch, _ := w.h.p.fetch.take(w.now(), w.c.intn(2) == 0)
+	for len(batch) > 0 {
+		i := w.c.intn(len(batch))
+		w.flight = append(w.flight, w.h.p.callStatus(w.h.ctx, batch[i]))
+		batch = slices.Delete(batch, i, i+1)
+	}
+}
+
+func (w *world) deliver(stream *[]Observation) {
+	if len(*stream) > 0 {
+		w.h.p.Observe((*stream)[0])
+		*stream = (*stream)[1:]
+	}
+}
+
+func (w *world) pendingSteps() bool {
+	for _, s := range w.steps {
+		if len(s) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) run() []Event {
+	h := w.h
+	for range 400 {
+		switch w.c.intn(10) {
+		case 0, 1:
+			var live []int
+			for i, s := range w.steps {
+				if len(s) > 0 {
+					live = append(live, i)
+				}
+			}
+			if len(live) > 0 {
+				i := live[w.c.intn(len(live))]
+				w.steps[i][0]()
+				w.steps[i] = w.steps[i][1:]
+			}
+		case 2:
+			w.deliver(&w.nri)
+		case 3:
+			w.deliver(&w.task)
+		case 4:
+			h.p.drain(h.ctx)
+		case 5:
+			w.callFetches()
+		case 6:
+			if len(w.flight) > 0 {
+				i := w.c.intn(len(w.flight))
+				res := w.flight[i] // a copy: Delete shifts the array
+				h.p.enqueue(input{res: &res})
+				w.flight = slices.Delete(w.flight, i, i+1)
+			}
+		case 7:
+			if w.relists && w.c.intn(3) == 0 {
+				if _, err := h.p.Relist(h.ctx); err != nil {
+					h.t.Fatal(err)
+				}
+			}
+		default:
+			h.clock.Advance(time.Duration(1+w.c.intn(50)) * time.Millisecond)
+		}
+	}
+	// Finish: the runtime completes its scripts, every input delivers, everything settles, and two
+	// relists repair what lossy inputs missed.
+	for w.pendingSteps() {
+		for i := range w.steps {
+			if len(w.steps[i]) > 0 {
+				w.steps[i][0]()
+				w.steps[i] = w.steps[i][1:]
+			}
+		}
+	}
+	for len(w.nri) > 0 || len(w.task) > 0 {
+		w.deliver(&w.nri)
+		w.deliver(&w.task)
+	}
+	for i := range w.flight {
+		h.p.enqueue(input{res: &w.flight[i]})
+	}
+	w.flight = nil
+	for range 2 {
+		h.settle()
+		h.clock.Advance(time.Second)
+		if _, err := h.p.Relist(h.ctx); err != nil {
+			h.t.Fatal(err)
+		}
+		h.settle()
+	}
+	return h.events()
+}
+
+// checkEvents checks the contract on a stream: exactly once per (id, type) except one corrected OOM
+// STOPPED; causal order per object and per pod; created_at strictly increasing per pod; a sandbox status
+// with metadata on every event and the statuses of exactly the live containers; a complete life for
+// every object that appeared (DELETED when the runtime removed it, STOPPED after any STARTED).
+func checkEvents(t testing.TB, w *world, evs []Event) {
+	t.Helper()
+	type life struct {
+		idx     map[runtimeapi.ContainerEventType]int
+		stopped []string // reasons of the STOPPED events
+	}
+	lives := map[string]*life{}
+	lastAt := map[string]int64{}
+	live := map[string]map[string]bool{} // pod -> live containers (CREATED emitted, DELETED not)
+	const (
+		created = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+		deleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
+	)
+	fail := func(i int, format string, args ...any) {
+		t.Helper()
+		t.Fatalf("event %d (%s): %s\nall: %v", i, summary(evs[i : i+1])[0], fmt.Sprintf(format, args...), summary(evs))
+	}
+	for i, ev := range evs {
+		r := ev.Response
+		ps := r.PodSandboxStatus
+		if ps == nil || ps.Metadata == nil || ps.Metadata.Uid == "" {
+			fail(i, "no sandbox status or metadata")
+		}
+		podID := ps.Id
+		if r.CreatedAt <= lastAt[podID] {
+			fail(i, "created_at %d not after %d", r.CreatedAt, lastAt[podID])
+		}
+		lastAt[podID] = r.CreatedAt
+		id, typ := r.ContainerId, r.ContainerEventType
+		isSandbox := id == podID
+		if !isSandbox && w.sandbox[id] != podID {
+			fail(i, "container of sandbox %s carries sandbox %s", w.sandbox[id], podID)
+		}
+		l := lives[id]
+		if l == nil {
+			l = &life{idx: map[runtimeapi.ContainerEventType]int{}}
+			lives[id] = l
+		}
+		if _, dup := l.idx[typ]; dup && typ != stopped {
+			fail(i, "duplicate")
+		}
+		if _, gone := l.idx[deleted]; gone {
+			fail(i, "after DELETED")
+		}
+		if typ != created {
+			if _, ok := l.idx[created]; !ok {
+				fail(i, "before CREATED")
+			}
+		}
+		if typ == stopped {
+			var reason string
+			if isSandbox {
+				if ps.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+					fail(i, "sandbox STOPPED with state %s", ps.State)
+				}
+			} else if st := statusOf(ev, id); st == nil || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+				fail(i, "STOPPED with status %v", st)
+			} else {
+				reason = st.Reason
+			}
+			if len(l.stopped) == 1 && (l.stopped[0] == reasonOOMKilled || reason != reasonOOMKilled) {
+				fail(i, "second STOPPED is not an OOM correction (%v then %s)", l.stopped, reason)
+			}
+			if len(l.stopped) == 2 {
+				fail(i, "third STOPPED")
+			}
+			l.stopped = append(l.stopped, reason)
+		}
+		if _, ok := l.idx[typ]; !ok {
+			l.idx[typ] = i
+		}
+		// Per pod: the sandbox's CREATED first; its DELETED last.
+		if !isSandbox {
+			sl := lives[podID]
+			if sl == nil || func() bool { _, ok := sl.idx[created]; return !ok }() {
+				fail(i, "container event before its sandbox's CREATED")
+			}
+		}
+		if live[podID] == nil {
+			live[podID] = map[string]bool{}
+		}
+		if !isSandbox {
+			switch typ {
+			case created:
+				live[podID][id] = true
+			case deleted:
+				delete(live[podID], id)
+			}
+		}
+		if isSandbox && typ == deleted && len(live[podID]) > 0 {
+			fail(i, "sandbox DELETED with live containers %v", live[podID])
+		}
+		got := map[string]bool{}
+		for _, st := range r.ContainersStatuses {
+			if got[st.Id] {
+				fail(i, "container %s listed twice", st.Id)
+			}
+			got[st.Id] = true
+		}
+		if len(got) != len(live[podID]) {
+			fail(i, "statuses of %v, live containers %v", got, live[podID])
+		}
+		for c := range live[podID] {
+			if !got[c] {
+				fail(i, "live container %s missing from the statuses %v", c, got)
+			}
+		}
+	}
+	for id, l := range lives {
+		if _, ok := l.idx[started]; ok && len(l.stopped) == 0 && w.h.cri.container(id) == nil && w.h.cri.sandbox(id) == nil {
+			t.Errorf("%s: STARTED, removed, never STOPPED: %v", id, summary(evs))
+		}
+		removed := w.h.cri.container(id) == nil && w.h.cri.sandbox(id) == nil
+		if _, ok := l.idx[deleted]; ok != removed {
+			t.Errorf("%s: DELETED emitted %v, removed from the runtime %v: %v", id, ok, removed, summary(evs))
+		}
+		if !w.lossy && !w.relists && w.sandbox[id] != "" {
+			// Every input saw everything, and no relist ran ahead of them (a relist that finds a
+			// container gone while the state only knows it created gives CREATED, DELETED): STARTED
+			// exactly when the container started, STOPPED when it exited.
+			_, s := l.idx[started]
+			if s != w.started[id] || (len(l.stopped) > 0) != w.exited[id] {
+				t.Errorf("%s: started %v exited %v, STARTED %v, STOPPED %v: %v", id, w.started[id], w.exited[id], s, l.stopped, summary(evs))
+			}
+			if i, ok := l.idx[stopped]; ok {
+				if st := statusOf(evs[i], id); st.ExitCode != w.code[id] {
+					t.Errorf("%s: STOPPED with exit code %d, exited with %d", id, st.ExitCode, w.code[id])
+				}
+			}
+		}
+	}
+	// Nothing held for good: what no object claimed expires.
+	if !w.lossy {
+		for id, h := range w.h.p.st.held {
+			t.Errorf("%s held in a world without loss: %v", id, h.obs)
+		}
+	}
+	w.h.clock.Advance(heldTTL + sweepPeriod)
+	w.h.p.drain(w.h.ctx)
+	for id, h := range w.h.p.st.held {
+		t.Errorf("%s still held: %v", id, h.obs)
+	}
+}
+
+func TestPropertyInterleavings(t *testing.T) {
+	iterations := 2000
+	if testing.Short() {
+		iterations = 300
+	}
+	for seed := range iterations {
+		w := newWorld(t, randChooser{rand.New(rand.NewPCG(uint64(seed), 42))}, seed%4)
+		evs := w.run()
+		t.Run("", func(t *testing.T) {
+			if t.Failed() {
+				return
+			}
+		})
+		checkEvents(&seedTB{TB: t, seed: seed}, w, evs)
+		if t.Failed() {
+			t.Fatalf("seed %d failed", seed)
+		}
+	}
+}
+
+// seedTB prefixes failures with the seed.
+type seedTB struct {
+	testing.TB
+	seed int
+}
+
+func (s *seedTB) Fatalf(format string, args ...any) {
+	s.TB.Helper()
+	s.TB.Fatalf("seed %d: "+format, append([]any{s.seed}, args...)...)
+}
+
+func (s *seedTB) Errorf(format string, args ...any) {
+	s.TB.Helper()
+	s.TB.Errorf("seed %d: "+format, append([]any{s.seed}, args...)...)
+}
+
+func FuzzInterleavings(f *testing.F) {
+	f.Add([]byte{0})
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte("the quick brown fox jumps over the lazy dog, twice: the quick brown fox jumps over the lazy dog"))
+	r := rand.New(rand.NewPCG(7, 7))
+	for range 8 {
+		b := make([]byte, 600)
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 {
+			return
+		}
+		w := newWorld(t, &byteChooser{b: b[1:]}, int(b[0]&3))
+		checkEvents(t, w, w.run())
+	})
+}
