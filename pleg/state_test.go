@@ -498,3 +498,34 @@ func TestEmittedStatusesAreNotMutated(t *testing.T) {
 		}
 	}
 }
+
+// TestStartTimeFromVerification: an input that reports a start without its time (NRI before containerd
+// 2.3) gives a STARTED that says RUNNING; the verification call then brings containerd's start time.
+func TestStartTimeFromVerification(t *testing.T) {
+	h := newHarness(t)
+	h.startPod("s1")
+	h.cri.createContainer("c1", "s1", h.clock.Now())
+	h.observe(nriContainer("c1", "s1", PhaseCreated, h.clock.Now()))
+	h.settle()
+	started := h.clock.Now()
+	h.clock.Advance(3 * time.Millisecond)
+	h.cri.startContainer("c1", started)
+	h.observe(nriContainer("c1", "s1", PhaseRunning, time.Time{}))
+	evs := h.events()
+	if d := cmp.Diff([]string{"CREATED c1", "STARTED c1"}, summary(evs)); d != "" {
+		t.Fatalf("events (-want +got):\n%s", d)
+	}
+	if st := statusOf(evs[1], "c1"); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.StartedAt != h.clock.Now().UnixNano() {
+		t.Errorf("STARTED status: %v", st)
+	}
+	h.settle() // the verification
+	h.cri.exitContainer("c1", 0, h.clock.Now())
+	h.observe(taskExit("c1", 0, h.clock.Now()))
+	evs = h.events()
+	if d := diffProto(h.cri.container("c1"), statusOf(evs[0], "c1")); d != "" {
+		t.Errorf("STOPPED status after the verification (-cri +event):\n%s", d)
+	}
+	if h.metrics.mismatch != 1 {
+		t.Errorf("mismatches: %d", h.metrics.mismatch)
+	}
+}

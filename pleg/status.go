@@ -127,7 +127,8 @@ func exitReason(oom bool, recorded string, exitCode int32) string {
 // that phase. base is never modified: a change makes a copy. wantExit says the phase implies the process
 // exited (Exited, or Removed after it started). synth allows building an exit without an exit code (the
 // container vanished, or its status never caught up): exit code 255, reason Unknown, finished at
-// synthAt, like containerd for an exit it did not observe.
+// synthAt, like containerd for an exit it did not observe. synthAt is also the start time of a running
+// container no input gave a start time for.
 func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit bool, f facts, synth bool, synthAt int64) (*runtimeapi.ContainerStatus, bool) {
 	if base == nil {
 		return nil, false
@@ -166,10 +167,13 @@ func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit 
 		if f.message != "" {
 			c.Message = f.message
 		}
-	case phase >= PhaseRunning && base.State == runtimeapi.ContainerState_CONTAINER_CREATED && f.startedAt != 0:
+	case phase == PhaseRunning && base.State == runtimeapi.ContainerState_CONTAINER_CREATED:
 		c := mut()
 		c.State = runtimeapi.ContainerState_CONTAINER_RUNNING
 		c.StartedAt = f.startedAt
+		if c.StartedAt == 0 {
+			c.StartedAt = synthAt // no input knew the start time: the verification call brings it
+		}
 	}
 	// containerd's TaskOOM handler sets Reason in every state, running included.
 	if f.oom && out.Reason != reasonOOMKilled {
