@@ -41,6 +41,16 @@ func runTests(m *testing.M) (code int) {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "harness: containerd %d ready in %s (%s)\n", env.PID, time.Since(start).Round(time.Millisecond), env.Dir)
+	binDir, err := os.MkdirTemp("", "plegnri-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(binDir)
+	if plegNRIBinary, err = buildPlegNRI(binDir); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
 	code = m.Run()
 	if code != 0 {
 		fmt.Fprintln(os.Stderr, env.LogTail(150))

@@ -114,6 +114,11 @@ func (r *eventRecorder) forID(id string) []runtimeapi.ContainerEventType {
 
 func describeEvents(evs []*runtimeapi.ContainerEventResponse) string {
 	var parts []string
+	const most = 40
+	if len(evs) > most {
+		parts = append(parts, fmt.Sprintf("(%d events, the first %d:)", len(evs), most))
+		evs = evs[:most]
+	}
 	for _, ev := range evs {
 		parts = append(parts, fmt.Sprintf("%s:%s", short(ev.ContainerId), strings.TrimSuffix(strings.TrimPrefix(ev.ContainerEventType.String(), "CONTAINER_"), "_EVENT")))
 	}
