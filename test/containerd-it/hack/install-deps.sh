@@ -115,16 +115,28 @@ if [ ! -f "$bb_dir/.done" ]; then
 	mv "$bb_dir.tmp" "$bb_dir"
 fi
 
-# One directory of links for the harness to put first on PATH.
+# One directory of links for the harness to put first on PATH. It is rebuilt only when a link is missing
+# or wrong: a running containerd execs runc and the CNI plugins through it, so a second run (another
+# `make integration` or `make bench` on the machine) must not pull it from under them.
 bin="$CACHE/bin"
-rm -rf "$bin.tmp"
-mkdir -p "$bin.tmp"
-for f in containerd ctr containerd-shim-runc-v2; do ln -s "$CACHE/containerd-$CONTAINERD_VERSION/$f" "$bin.tmp/$f"; done
-ln -s "$CACHE/runc-$RUNC_VERSION/runc" "$bin.tmp/runc"
-ln -s "$CACHE/crictl-$CRICTL_VERSION/crictl" "$bin.tmp/crictl"
-ln -s "$bb_dir/busybox" "$bin.tmp/busybox"
-mkdir -p "$bin.tmp/cni"
-for f in bridge loopback host-local; do ln -s "$CACHE/cni-$CNI_VERSION/$f" "$bin.tmp/cni/$f"; done
-rm -rf "$bin"
-mv "$bin.tmp" "$bin"
+links() {
+	for f in containerd ctr containerd-shim-runc-v2; do echo "$f $CACHE/containerd-$CONTAINERD_VERSION/$f"; done
+	echo "runc $CACHE/runc-$RUNC_VERSION/runc"
+	echo "crictl $CACHE/crictl-$CRICTL_VERSION/crictl"
+	echo "busybox $bb_dir/busybox"
+	for f in bridge loopback host-local; do echo "cni/$f $CACHE/cni-$CNI_VERSION/$f"; done
+}
+links_ok() {
+	local name target
+	while read -r name target; do
+		[ "$(readlink "$bin/$name" 2>/dev/null)" = "$target" ] || return 1
+	done < <(links)
+}
+if ! links_ok; then
+	rm -rf "$bin.tmp"
+	mkdir -p "$bin.tmp/cni"
+	while read -r name target; do ln -s "$target" "$bin.tmp/$name"; done < <(links)
+	rm -rf "$bin"
+	mv "$bin.tmp" "$bin"
+fi
 echo "$CACHE"
