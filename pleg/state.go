@@ -2,29 +2,26 @@ package pleg
 
 // The state machine of one object (sandbox or container), and the events each transition emits:
 //
-//	 observation of phase X for an unknown id
-//	 (KindUnknown, or no sandbox id: held until the object appears, TTL heldTTL)
-//	            |
-//	            v
-//	     +-------------+  status answer   +-------------+
-//	     | NO STATUS   |----------------->| (phase X)   |  every event of the pod waits while an
-//	     | fetching,   |                  |             |  object ahead in its queue has no status
-//	     | NotFound:   |--+ removed, or   +-------------+
-//	     | retry 5s    |  | NotFound 5s:
-//	     +-------------+  +--> dropped, no event (never visible to the CRI)
+//	  observation of an unknown id without kind or sandbox (task events): held until the object
+//	  appears (bounded, TTL heldTTL); for a tombstoned (deleted) id: ignored
 //
-//	     CREATED -------------> RUNNING -------------> EXITED -------------> REMOVED
-//	  emits CREATED          emits STARTED          emits STOPPED          emits DELETED
-//	  (container: the        (sandbox: READY;       (sandbox: NOTREADY;    (sandbox: after the
-//	  status is CREATED)     containerd's           container: exit code,  DELETED of each of
-//	                         CREATED+STARTED pair)  finished_at, reason)   its containers)
-//	      |                      |                        ^     |
-//	      +----------------------|------------------------+     +--> OOM known later (task OOM,
-//	      | started never known  |                              |    verification status):
-//	      +----------------------|---------------------------+  |    one corrected STOPPED
-//	                             +-- vanished while running -+  |    (reason OOMKilled)
-//	                                 STOPPED (synthesized      v
-//	                                 exit 255 Unknown), DELETED
+//	  NO STATUS: the first CRI status answer is needed before any event of the object's pod;
+//	  NotFound is retried (2ms, 4ms, ... 100ms) for 5s.  Removed first, or NotFound for 5s:
+//	  dropped, no event (it never became visible to the CRI).
+//	      |
+//	      | status answer: emits CREATED (arrows: the observed phase, then the event emitted)
+//	      v
+//	  +---------+  Running   +---------+  Exited    +--------+  Removed   +---------+
+//	  | CREATED |----------->| RUNNING |----------->| EXITED |----------->| REMOVED |
+//	  +---------+  STARTED   +---------+  STOPPED   +--------+  DELETED   +---------+
+//	               sandbox:     |         sandbox: NOTREADY  |   ^         sandbox: after the
+//	      |        READY        |         container: exit    +---+         DELETED of each of
+//	      |                     |         code, finished_at,  OOM learnt   its containers
+//	      |                     |         reason              later: one
+//	      |                     |                             corrected STOPPED (OOMKilled)
+//	      |                     +-- Removed (vanished while running): STOPPED (exit 255,
+//	      |                         reason Unknown, as containerd for an unseen exit), DELETED
+//	      +-- Removed, never started: DELETED only
 //
 // Phases only move forward; an observation of an earlier phase is stale and ignored. Observing phase X
 // emits every missing event up to X, in order: STARTED only if the process ever started, STOPPED only if
@@ -34,7 +31,9 @@ package pleg
 //
 // Per pod, events leave in the order their transitions were observed (a FIFO of objects with pending
 // transitions); an object that waits for its first CRI status holds back the events of its pod behind
-// it, never those of other pods. created_at is strictly increasing per pod.
+// it, never those of other pods. created_at is strictly increasing per pod. Every event carries the
+// sandbox's status and the statuses of the containers whose CREATED was emitted and DELETED was not,
+// ordered by created_at then id.
 
 import (
 	"context"
