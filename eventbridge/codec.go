@@ -8,9 +8,28 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// frame is one gRPC message as bytes on the wire, never decoded by the proxy.
+// frame is one gRPC message as bytes on the wire, never decoded by the proxy. A received frame holds
+// the transport's buffers (buf) and hands them on to the next send without copying; a frame built by
+// the proxy holds plain bytes (data).
 type frame struct {
 	data []byte
+	buf  mem.BufferSlice
+}
+
+// bytes returns the frame's content (a copy when it holds buffers).
+func (f *frame) bytes() []byte {
+	if f.buf != nil {
+		return f.buf.Materialize()
+	}
+	return f.data
+}
+
+// free releases the buffers the frame still holds (a frame that was sent holds none).
+func (f *frame) free() {
+	if f.buf != nil {
+		f.buf.Free()
+		f.buf = nil
+	}
 }
 
 // rawCodec passes frames through unchanged. It also marshals and unmarshals proto messages, so that a
@@ -27,6 +46,12 @@ var _ encoding.CodecV2 = rawCodec{}
 func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
 	case *frame:
+		if m.buf != nil {
+			// The frame's reference goes to gRPC, which frees it once written.
+			out := m.buf
+			m.buf = nil
+			return out, nil
+		}
 		return mem.BufferSlice{mem.SliceBuffer(m.data)}, nil
 	case proto.Message:
 		b, err := proto.Marshal(m)
@@ -42,8 +67,10 @@ func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *frame:
-		// data is freed when Unmarshal returns: the frame keeps its own copy.
-		m.data = data.Materialize()
+		// data is freed when Unmarshal returns: the frame takes its own reference.
+		m.free()
+		data.Ref()
+		m.buf, m.data = data, nil
 		return nil
 	case proto.Message:
 		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -127,6 +130,9 @@ func (p *Proxy) ServerOptions() []grpc.ServerOption {
 		grpc.UnknownServiceHandler(p.Handle),
 		grpc.MaxRecvMsgSize(MaxMsgSize),
 		grpc.MaxSendMsgSize(MaxMsgSize),
+		// Handle calls on a pool of goroutines whose stacks have already grown, rather than a new
+		// goroutine per call (gRPC starts one anyway when every worker is busy, e.g. with long streams).
+		grpc.NumStreamWorkers(uint32(max(4, runtime.GOMAXPROCS(0)))),
 	}
 }
 
@@ -146,9 +152,66 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 		return p.serveEvents(ss)
 	}
 	start := p.now()
-	err := p.forward(ss, method)
+	var err error
+	if isUnary(method) {
+		err = p.forwardUnary(ss, method)
+	} else {
+		err = p.forward(ss, method)
+	}
 	p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
 	return err
+}
+
+// unaryMethods caches, per full method name, whether the method is known (from the protobuf registry: the
+// CRI's descriptors are linked in) to be unary. Unknown methods are not unary.
+var unaryMethods sync.Map // string -> bool
+
+// isUnary tells whether method ("/package.Service/Method") is a known unary method.
+func isUnary(method string) bool {
+	if v, ok := unaryMethods.Load(method); ok {
+		return v.(bool)
+	}
+	unary := false
+	if name := strings.TrimPrefix(method, "/"); name != method {
+		if i := strings.LastIndexByte(name, '/'); i > 0 {
+			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name[:i] + "." + name[i+1:]))
+			if md, ok := d.(protoreflect.MethodDescriptor); err == nil && ok {
+				unary = !md.IsStreamingClient() && !md.IsStreamingServer()
+			}
+		}
+	}
+	// The cache is bounded by the methods clients call; unknown names are not cached, so that a client
+	// inventing method names cannot grow it.
+	if unary {
+		unaryMethods.Store(method, true)
+	}
+	return unary
+}
+
+// forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
+// path (no goroutine). On the wire it is the same as forward.
+func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string) error {
+	var req, resp frame
+	defer req.free()
+	defer resp.free()
+	if err := ss.RecvMsg(&req); err != nil {
+		return err
+	}
+	ctx := ss.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
+	var hdr, trl metadata.MD
+	err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
+	if len(hdr) > 0 {
+		if herr := ss.SetHeader(forwardableMD(hdr)); herr != nil {
+			return herr
+		}
+	}
+	ss.SetTrailer(forwardableMD(trl))
+	if err != nil {
+		return err
+	}
+	return ss.SendMsg(&resp)
 }
 
 // streamDesc describes every forwarded call: a bidirectional stream is the general form of all four
@@ -179,7 +242,9 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 				}
 				return
 			}
-			if err := cs.SendMsg(&f); err != nil {
+			err := cs.SendMsg(&f)
+			f.free()
+			if err != nil {
 				// The backend ended the call; RecvMsg below returns its status.
 				return
 			}
@@ -201,7 +266,9 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 			}
 			return err
 		}
-		if err := ss.SendMsg(&f); err != nil {
+		err := ss.SendMsg(&f)
+		f.free()
+		if err != nil {
 			return err
 		}
 	}

@@ -169,8 +169,9 @@ func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req prot
 		return nil, err
 	}
 	var out frame
+	defer out.free()
 	err = conn.Invoke(ctx, method, &frame{data: in}, &out, append(opts, grpc.ForceCodecV2(rawCodec{}))...)
-	return out.data, err
+	return out.bytes(), err
 }
 
 func TestProxyUnaryByteEqual(t *testing.T) {
@@ -561,5 +562,24 @@ func TestCRIClient(t *testing.T) {
 	}
 	if errors.Is(err, context.Canceled) {
 		t.Errorf("unexpected cancel: %v", err)
+	}
+}
+
+func TestIsUnary(t *testing.T) {
+	for method, want := range map[string]bool{
+		runtimeapi.RuntimeService_Version_FullMethodName:            true,
+		runtimeapi.RuntimeService_ListContainers_FullMethodName:     true,
+		runtimeapi.ImageService_PullImage_FullMethodName:            true,
+		runtimeapi.RuntimeService_GetContainerEvents_FullMethodName: false,
+		runtimeapi.RuntimeService_StreamContainers_FullMethodName:   false,
+		"/pleg.test.Custom/Echo":                                    false, // unknown: forwarded as a stream
+		"/runtime.v1.RuntimeService/NoSuchMethod":                   false,
+		"/runtime.v1.RuntimeService":                                false,
+		"":                                                          false,
+		"no-slash":                                                  false,
+	} {
+		if got := isUnary(method); got != want {
+			t.Errorf("isUnary(%q) = %v, want %v", method, got, want)
+		}
 	}
 }
