@@ -45,6 +45,11 @@ type ObserverFunc func(pleg.Observation)
 // Observe calls f(o).
 func (f ObserverFunc) Observe(o pleg.Observation) { f(o) }
 
+var (
+	_ Observer        = ObserverFunc(nil)
+	_ TaskEventsHooks = NopTaskEventsHooks{}
+)
+
 // TaskEventsHooks are told about the state of the subscription.
 type TaskEventsHooks interface {
 	// OnReconnect is called each time a subscription is established, the first one included: whatever
@@ -205,7 +210,7 @@ func NewTaskEvents(address string, obs Observer, opts ...TaskEventsOption) (*Tas
 		return nil, fmt.Errorf("task events: failed to create containerd client for %s: %w", path, err)
 	}
 	t.client = c
-	filter := fmt.Sprintf(`namespace==%q,topic~="^/tasks/"`, t.namespace)
+	filter := taskEventsFilter(t.namespace)
 	t.subscribe = func(ctx context.Context) (<-chan *events.Envelope, <-chan error) {
 		return c.Subscribe(ctx, filter)
 	}
@@ -214,6 +219,11 @@ func NewTaskEvents(address string, obs Observer, opts ...TaskEventsOption) (*Tas
 		return err == nil
 	}
 	return t, nil
+}
+
+// taskEventsFilter is the containerd events filter of every /tasks/ topic in namespace ns.
+func taskEventsFilter(ns string) string {
+	return fmt.Sprintf(`namespace==%q,topic~="^/tasks/"`, ns)
 }
 
 // containerdSocketPath returns the socket path of a containerd address given as a path or a unix:// URL.

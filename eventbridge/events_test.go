@@ -14,6 +14,7 @@ import (
 	eventsapi "github.com/containerd/containerd/api/services/events/v1"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/pkg/filters"
 	"github.com/containerd/typeurl/v2"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
@@ -389,7 +390,7 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 	waitFor(t, hooks.ch, "reconnect")
 	select {
 	case filters := <-fe.filters:
-		if diff := cmp.Diff([]string{`namespace=="k8s.io",topic~="^/tasks/"`}, filters); diff != "" {
+		if diff := cmp.Diff([]string{taskEventsFilter("k8s.io")}, filters); diff != "" {
 			t.Errorf("filters (-want +got):\n%s", diff)
 		}
 	case <-time.After(5 * time.Second):
@@ -425,5 +426,31 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 
 	if got := te.Stats().Subscriptions; got != 2 {
 		t.Errorf("subscriptions = %d, want 2", got)
+	}
+}
+
+// TestTaskEventsFilter checks the filter with containerd's own filter parser and matcher.
+func TestTaskEventsFilter(t *testing.T) {
+	f, err := filters.ParseAll(taskEventsFilter("k8s.io"))
+	if err != nil {
+		t.Fatalf("containerd cannot parse the filter: %v", err)
+	}
+	for _, tc := range []struct {
+		ns, topic string
+		want      bool
+	}{
+		{"k8s.io", "/tasks/exit", true},
+		{"k8s.io", "/tasks/oom", true},
+		{"k8s.io", "/tasks/start", true},
+		{"k8s.io", "/tasks/exec-started", true},
+		{"k8s.io", "/containers/create", false},
+		{"k8s.io", "/snapshot/tasks/x", false},
+		{"default", "/tasks/exit", false},
+		{"moby", "/tasks/exit", false},
+	} {
+		env := &events.Envelope{Namespace: tc.ns, Topic: tc.topic}
+		if got := f.Match(env); got != tc.want {
+			t.Errorf("filter matches %s %s = %v, want %v", tc.ns, tc.topic, got, tc.want)
+		}
 	}
 }

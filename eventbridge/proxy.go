@@ -61,7 +61,10 @@ type Metrics interface {
 // NopMetrics is a Metrics that does nothing.
 type NopMetrics struct{}
 
-var _ Metrics = NopMetrics{}
+var (
+	_ Metrics            = NopMetrics{}
+	_ grpc.StreamHandler = (*Proxy)(nil).Handle
+)
 
 // ForwardedCall does nothing.
 func (NopMetrics) ForwardedCall(string, codes.Code, time.Duration) {}

@@ -342,6 +342,29 @@ func TestProxyCancellationReachesBackend(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the backend did not see the cancellation")
 	}
+
+	// A deadline reaches the backend too.
+	dctx, dcancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	defer dcancel()
+	stream, err = runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(dctx, &runtimeapi.StreamContainersRequest{
+		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"wait": "yes"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err = stream.Recv(); err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("stream past its deadline: %v, want DeadlineExceeded", err)
+	}
+	select {
+	case <-e.backend.runtime.canceled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend did not see the deadline")
+	}
 }
 
 func recvEvent(t *testing.T, s grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) *runtimeapi.ContainerEventResponse {
@@ -491,6 +514,21 @@ func TestProxyBackendRestart(t *testing.T) {
 	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
 	if got := recvEvent(t, events); got.ContainerId != "c2" {
 		t.Errorf("event %s", got.ContainerId)
+	}
+
+	// The upstream state went up, down and up again.
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		e.metrics.mu.Lock()
+		states := append([]bool(nil), e.metrics.upstream...)
+		e.metrics.mu.Unlock()
+		if cmp.Equal(states, []bool{true, false, true}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("upstream states %v, want [true false true]", states)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
