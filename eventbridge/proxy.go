@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -359,7 +360,8 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	}
 }
 
-// eventStreamError turns the error that ended an event stream into the status the client gets.
+// eventStreamError turns the error that ended an event stream into the status the client gets: a gRPC
+// status error as it is, the client's own cancellation as Canceled, the proxy's shutdown as Unavailable.
 func (p *Proxy) eventStreamError(clientCtx context.Context, err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
@@ -374,7 +376,8 @@ func (p *Proxy) eventStreamError(clientCtx context.Context, err error) error {
 		default:
 		}
 	}
-	return status.Error(codes.Unknown, fmt.Sprintf("event stream ended: %v", err))
+	// An errdefs error (e.g. errdefs.ErrResourceExhausted) gets its gRPC code; anything else is Unknown.
+	return errgrpc.ToGRPC(fmt.Errorf("event stream ended: %w", err))
 }
 
 // WatchUpstream reports the state of the connection to the runtime to the metrics until ctx is done: up

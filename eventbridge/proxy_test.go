@@ -3,12 +3,14 @@ package eventbridge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -440,6 +442,18 @@ func TestProxyEvents(t *testing.T) {
 		t.Errorf("s2 got %s", got.ContainerId)
 	}
 	waitClosed(t, fs1)
+
+	// An errdefs error from the core gets its gRPC code.
+	s4, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs4 := <-e.source.opened
+	fs4.end <- fmt.Errorf("queue full: %w", errdefs.ErrResourceExhausted)
+	if _, err := s4.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("errdefs eviction: %v, want ResourceExhausted", err)
+	}
+	waitClosed(t, fs4)
 
 	// A client that goes away closes its subscription.
 	ctx3, cancel3 := context.WithCancel(ctx)
