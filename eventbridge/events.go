@@ -30,6 +30,8 @@ const (
 	// stableAfter is how long a subscription must last before the backoff starts over: a containerd
 	// that accepts the subscription and drops it at once must not be hammered every minBackoff.
 	stableAfter = time.Second
+	// socketPollMax is the longest wait between two looks for a missing containerd socket.
+	socketPollMax = 500 * time.Millisecond
 )
 
 // Observer receives the observations made from containerd's task events. Observe is called from the one
@@ -392,7 +394,9 @@ func (t *TaskEvents) waitSocket(ctx context.Context) error {
 		if err := t.sleep(ctx, delay); err != nil {
 			return err
 		}
-		delay = min(delay*2, t.maxBackoff)
+		// A stat is cheap: poll at most every socketPollMax, so that the subscription (and the relist
+		// after it) follows a restarted containerd within that time, however long it was gone.
+		delay = min(delay*2, t.maxBackoff, socketPollMax)
 	}
 	log.G(ctx).WithField("address", t.address).Info("containerd socket appeared")
 	return nil

@@ -259,7 +259,7 @@ func TestTaskEventsWaitsForSocket(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		checks++
-		return checks > 4
+		return checks > 6
 	}
 	te.sleep = func(ctx context.Context, d time.Duration) error {
 		mu.Lock()
@@ -281,10 +281,11 @@ func TestTaskEventsWaitsForSocket(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if checks != 5 {
-		t.Errorf("socket checked %d times, want 5", checks)
+	if checks != 7 {
+		t.Errorf("socket checked %d times, want 7", checks)
 	}
-	if diff := cmp.Diff([]time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, delays); diff != "" {
+	ms := time.Millisecond
+	if diff := cmp.Diff([]time.Duration{100 * ms, 200 * ms, 400 * ms, 500 * ms, 500 * ms}, delays); diff != "" {
 		t.Errorf("wait delays (-want +got):\n%s", diff)
 	}
 }
