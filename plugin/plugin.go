@@ -84,8 +84,6 @@ type Plugin struct {
 	metrics           Metrics
 	now               func() time.Time
 
-	// getenv reads the environment (NRI_PLUGIN_SOCKET/_NAME/_IDX); tests replace it.
-	getenv func(string) string
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
 	// dialTimeout bounds one dial of the NRI socket.
@@ -111,7 +109,6 @@ func New(opts Options, observer Observer, options ...Option) (*Plugin, error) {
 		observer: observer,
 		metrics:  NopMetrics{},
 		now:      time.Now,
-		getenv:   os.Getenv,
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -176,10 +173,13 @@ func (p *Plugin) Run(ctx context.Context) error {
 // takePreconnected returns the connection a runtime that launched the plugin passed in NRI_PLUGIN_SOCKET, or
 // nil. The file descriptor is consumed: later connections dial SocketPath.
 func (p *Plugin) takePreconnected(ctx context.Context) net.Conn {
-	env := p.getenv(api.PluginSocketEnvVar)
+	env := os.Getenv(api.PluginSocketEnvVar)
 	if env == "" {
 		return nil
 	}
+	// The descriptor is consumed below (or unusable): its number must not be used again, by this plugin
+	// or another one in the process.
+	os.Unsetenv(api.PluginSocketEnvVar)
 	fd, err := strconv.Atoi(env)
 	if err == nil {
 		var conn net.Conn
@@ -293,10 +293,10 @@ func (p *Plugin) stubOptions(conn net.Conn, onClose func()) []stub.Option {
 	}
 	// A runtime that launched the plugin named it in the environment, which the stub reads; the stub refuses
 	// a second index.
-	if p.getenv(api.PluginIdxEnvVar) == "" {
+	if os.Getenv(api.PluginIdxEnvVar) == "" {
 		opts = append(opts, stub.WithPluginIdx(p.opts.PluginIdx))
 	}
-	if p.getenv(api.PluginNameEnvVar) == "" {
+	if os.Getenv(api.PluginNameEnvVar) == "" {
 		opts = append(opts, stub.WithPluginName(p.opts.PluginName))
 	}
 	return opts

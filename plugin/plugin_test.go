@@ -1,0 +1,634 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/pleg-nri/pleg-nri/pleg"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// An abandoned stub (TestStuckRegistration) keeps these two goroutines: see (*Plugin).unstick.
+		goleak.IgnoreAnyFunction("github.com/containerd/nri/pkg/stub.(*stub).Start"),
+		goleak.IgnoreAnyFunction("github.com/containerd/nri/pkg/stub.(*stub).connClosed"),
+	)
+}
+
+const waitFor = 10 * time.Second
+
+// recorder is an Observer that keeps every observation.
+type recorder struct {
+	mu  sync.Mutex
+	obs []pleg.Observation
+}
+
+func (r *recorder) Observe(o pleg.Observation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.obs = append(r.obs, o)
+}
+
+// take returns the observations recorded since the last take.
+func (r *recorder) take() []pleg.Observation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.obs
+	r.obs = nil
+	return out
+}
+
+// recMetrics is a Metrics that keeps the hook durations and counts.
+type recMetrics struct {
+	mu          sync.Mutex
+	durations   map[Callback][]time.Duration
+	obs         map[Callback]int
+	states      []bool
+	reconnected int
+}
+
+func newRecMetrics() *recMetrics {
+	return &recMetrics{durations: map[Callback][]time.Duration{}, obs: map[Callback]int{}}
+}
+
+func (m *recMetrics) HookDuration(cb Callback, d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.durations[cb] = append(m.durations[cb], d)
+}
+
+func (m *recMetrics) Observations(cb Callback, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.obs[cb] += n
+}
+
+func (m *recMetrics) ConnectionState(up bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.states = append(m.states, up)
+}
+
+func (m *recMetrics) Reconnected() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reconnected++
+}
+
+// fakeRuntime is NRI's real runtime side (the adaptation containerd embeds) behind a unix socket proxy, so that
+// stopping it closes the plugin's connection the way a runtime restart does (Adaptation.Stop leaves external
+// plugins connected).
+type fakeRuntime struct {
+	t     *testing.T
+	dir   string
+	inner string // the adaptation's socket
+	Outer string // the socket plugins dial
+
+	mu    sync.Mutex // guards the fields below
+	pods  []*api.PodSandbox
+	ctrs  []*api.Container
+	nri   *adaptation.Adaptation
+	ln    net.Listener
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newFakeRuntime(t *testing.T) *fakeRuntime {
+	dir := t.TempDir()
+	r := &fakeRuntime{t: t, dir: dir, inner: filepath.Join(dir, "nri-inner.sock"), Outer: filepath.Join(dir, "run", "nri.sock")}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// SetState sets what the next Synchronize reports.
+func (r *fakeRuntime) SetState(pods []*api.PodSandbox, ctrs []*api.Container) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pods, r.ctrs = pods, ctrs
+}
+
+func (r *fakeRuntime) Start() {
+	r.t.Helper()
+	sync := func(ctx context.Context, cb adaptation.SyncCB) error {
+		r.mu.Lock()
+		pods, ctrs := r.pods, r.ctrs
+		r.mu.Unlock()
+		_, err := cb(ctx, pods, ctrs)
+		return err
+	}
+	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
+	nri, err := adaptation.New("fake-runtime", "v0.0.1", sync, update,
+		adaptation.WithPluginPath(filepath.Join(r.dir, "plugins")),
+		adaptation.WithPluginConfigPath(filepath.Join(r.dir, "conf.d")),
+		adaptation.WithSocketPath(r.inner))
+	if err != nil {
+		r.t.Fatalf("adaptation.New: %v", err)
+	}
+	if err := nri.Start(); err != nil {
+		r.t.Fatalf("adaptation.Start: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(r.Outer), 0o750); err != nil {
+		r.t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", r.Outer)
+	if err != nil {
+		r.t.Fatalf("listen: %v", err)
+	}
+	r.mu.Lock()
+	r.nri, r.ln = nri, ln
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", r.inner)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.conns = append(r.conns, c, up)
+			r.mu.Unlock()
+			r.wg.Add(2)
+			go func() { defer r.wg.Done(); io.Copy(up, c); up.Close(); c.Close() }()
+			go func() { defer r.wg.Done(); io.Copy(c, up); up.Close(); c.Close() }()
+		}
+	}()
+}
+
+// Stop closes the socket and every plugin connection, and stops the adaptation.
+func (r *fakeRuntime) Stop() {
+	r.mu.Lock()
+	nri, ln, conns := r.nri, r.ln, r.conns
+	r.nri, r.ln, r.conns = nil, nil, nil
+	r.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	r.wg.Wait()
+	if nri != nil {
+		nri.Stop()
+	}
+}
+
+// NRI returns the running adaptation.
+func (r *fakeRuntime) NRI() *adaptation.Adaptation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nri
+}
+
+// harness runs a Plugin against a fakeRuntime.
+type harness struct {
+	t       *testing.T
+	rec     *recorder
+	metrics *recMetrics
+	synced  chan struct{}
+	state   chan bool
+	plugin  *Plugin
+	done    chan error
+	cancel  context.CancelFunc
+}
+
+func startPlugin(t *testing.T, socket string, mod func(*Plugin)) *harness {
+	t.Helper()
+	h := &harness{t: t, rec: &recorder{}, metrics: newRecMetrics(), synced: make(chan struct{}, 10),
+		state: make(chan bool, 10), done: make(chan error, 1)}
+	p, err := New(Options{SocketPath: socket, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, h.rec,
+		WithOnSynchronized(func() { h.synced <- struct{}{} }),
+		WithOnConnectionState(func(up bool) { h.state <- up }),
+		WithMetrics(h.metrics))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if mod != nil {
+		mod(p)
+	}
+	h.plugin = p
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- p.Run(ctx) }()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) stop() {
+	h.cancel()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			h.t.Errorf("Run returned %v", err)
+		}
+		h.done <- nil // for a second stop
+	case <-time.After(waitFor):
+		h.t.Error("Run did not return after cancel")
+	}
+}
+
+func (h *harness) waitSynced() {
+	h.t.Helper()
+	select {
+	case <-h.synced:
+	case <-time.After(waitFor):
+		h.t.Fatal("no Synchronize")
+	}
+}
+
+func (h *harness) waitState(want bool) {
+	h.t.Helper()
+	select {
+	case got := <-h.state:
+		if got != want {
+			h.t.Fatalf("connection state %v, want %v", got, want)
+		}
+	case <-time.After(waitFor):
+		h.t.Fatalf("no connection state %v", want)
+	}
+}
+
+// diffObs compares observations, checking that SourceTime is set and ignoring it.
+func diffObs(t *testing.T, want, got []pleg.Observation) {
+	t.Helper()
+	for i, o := range got {
+		if o.SourceTime.IsZero() {
+			t.Errorf("observation %d (%s) has no SourceTime", i, o)
+		}
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(pleg.Observation{}, "SourceTime"), cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("observations (-want +got):\n%s", diff)
+	}
+}
+
+func sandboxObs(src pleg.Source, id string, ph pleg.Phase) pleg.Observation {
+	return pleg.Observation{Source: src, Kind: pleg.KindSandbox, ID: id, SandboxID: id, Phase: ph}
+}
+
+func TestLifecycleAndReconnect(t *testing.T) {
+	rt := newFakeRuntime(t)
+	existingPod := &api.PodSandbox{Id: "sb0", Name: "old", Uid: "u0", Namespace: "ns", Pid: 7}
+	existingCtr := &api.Container{Id: "c0", PodSandboxId: "sb0", Name: "app", State: api.ContainerState_CONTAINER_RUNNING,
+		CreatedAt: created, StartedAt: started, Pid: 8}
+	rt.SetState([]*api.PodSandbox{existingPod}, []*api.Container{existingCtr})
+	rt.Start()
+
+	h := startPlugin(t, rt.Outer, nil)
+	h.waitState(true)
+	h.waitSynced()
+	diffObs(t, []pleg.Observation{
+		sandboxObs(pleg.SourceNRISync, "sb0", pleg.PhaseRunning),
+		{Source: pleg.SourceNRISync, Kind: pleg.KindContainer, ID: "c0", SandboxID: "sb0", Phase: pleg.PhaseRunning,
+			CreatedAt: time.Unix(0, created), StartedAt: time.Unix(0, started)},
+	}, h.rec.take())
+
+	// A pod and a container through their lifecycle, in containerd's order.
+	ctx := context.Background()
+	nri := rt.NRI()
+	pod := &api.PodSandbox{Id: "sb1", Name: "web", Uid: "u1", Namespace: "ns", Pid: 100, Ips: []string{"10.0.0.2"}}
+	ctr := &api.Container{Id: "c1", PodSandboxId: "sb1", Name: "app", State: api.ContainerState_CONTAINER_CREATED,
+		Labels: map[string]string{"io.kubernetes.container.name": "app"}, Args: []string{"sleep", "inf"}}
+	snapshot := func(mod func(*api.Container)) *api.Container {
+		c := proto.Clone(ctr).(*api.Container)
+		mod(c)
+		return c
+	}
+	createdC := snapshot(func(c *api.Container) { c.CreatedAt = created })
+	runningC := snapshot(func(c *api.Container) {
+		c.State, c.CreatedAt, c.StartedAt, c.Pid = api.ContainerState_CONTAINER_RUNNING, created, started, 101
+	})
+	exitedC := snapshot(func(c *api.Container) {
+		c.State, c.CreatedAt, c.StartedAt, c.FinishedAt, c.ExitCode = api.ContainerState_CONTAINER_STOPPED, created, started, finished, 137
+		c.StatusReason = "OOMKilled"
+	})
+
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: runtime got error %v", what, err)
+		}
+	}
+	// As containerd does, hold plugin synchronization off while a request is relayed: the adaptation adds a
+	// plugin to the ones it calls only once its Synchronize is over.
+	b := nri.BlockPluginSync()
+	defer b.Unblock()
+	must("RunPodSandbox", nri.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod}))
+	crsp, err := nri.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: proto.Clone(ctr).(*api.Container)})
+	must("CreateContainer", err)
+	// What the runtime gets must be what it gets with no plugin at all.
+	bare := newFakeRuntime(t)
+	bare.Start()
+	brsp, err := bare.NRI().CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: proto.Clone(ctr).(*api.Container)})
+	must("CreateContainer without plugins", err)
+	if !proto.Equal(crsp.GetAdjust(), brsp.GetAdjust()) {
+		t.Errorf("CreateContainer adjustment %v, want %v (none from the plugin)", crsp.GetAdjust(), brsp.GetAdjust())
+	}
+	if len(crsp.GetUpdate()) != 0 || len(crsp.GetEvict()) != 0 {
+		t.Errorf("CreateContainer updates %v, evictions %v, want none", crsp.GetUpdate(), crsp.GetEvict())
+	}
+	must("PostCreateContainer", nri.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: pod, Container: createdC}))
+	must("StartContainer", nri.StartContainer(ctx, &api.StartContainerRequest{Pod: pod, Container: createdC}))
+	must("PostStartContainer", nri.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: runningC}))
+	srsp, err := nri.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: exitedC})
+	must("StopContainer", err)
+	if len(srsp.GetUpdate()) != 0 {
+		t.Errorf("StopContainer updates %v, want none", srsp.GetUpdate())
+	}
+	must("RemoveContainer", nri.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: exitedC}))
+	must("StopPodSandbox", nri.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod}))
+	must("RemovePodSandbox", nri.RemovePodSandbox(ctx, &api.RemovePodSandboxRequest{Pod: pod}))
+	// Not subscribed: must pass through untouched.
+	ursp, err := nri.UpdateContainer(ctx, &api.UpdateContainerRequest{Pod: pod, Container: runningC, LinuxResources: &api.LinuxResources{}})
+	must("UpdateContainer", err)
+	for _, u := range ursp.GetUpdate() {
+		if u != nil && u.GetContainerId() != "c1" {
+			t.Errorf("UpdateContainer update %v from the plugin", u)
+		}
+	}
+
+	cObs := func(ph pleg.Phase, mod ...func(*pleg.Observation)) pleg.Observation {
+		o := pleg.Observation{Source: pleg.SourceNRI, Kind: pleg.KindContainer, ID: "c1", SandboxID: "sb1", Phase: ph,
+			CreatedAt: time.Unix(0, created)}
+		for _, m := range mod {
+			m(&o)
+		}
+		return o
+	}
+	withStart := func(o *pleg.Observation) { o.StartedAt = time.Unix(0, started) }
+	diffObs(t, []pleg.Observation{
+		sandboxObs(pleg.SourceNRI, "sb1", pleg.PhaseRunning),
+		cObs(pleg.PhaseCreated),
+		cObs(pleg.PhaseRunning, withStart),
+		cObs(pleg.PhaseExited, withStart, func(o *pleg.Observation) {
+			o.FinishedAt, o.ExitCode, o.HasExitCode = time.Unix(0, finished), 137, true
+			o.Reason, o.OOMKilled = "OOMKilled", true
+		}),
+		cObs(pleg.PhaseRemoved, withStart),
+		sandboxObs(pleg.SourceNRI, "sb1", pleg.PhaseExited),
+		sandboxObs(pleg.SourceNRI, "sb1", pleg.PhaseRemoved),
+	}, h.rec.take())
+
+	// containerd restarts: the plugin reconnects by itself and synchronizes again.
+	b.Unblock()
+	rt.Stop()
+	h.waitState(false)
+	rt.SetState([]*api.PodSandbox{{Id: "sb2", Pid: 9}, {Id: "sb3"}}, []*api.Container{
+		{Id: "c2", PodSandboxId: "sb2", State: api.ContainerState_CONTAINER_CREATED, CreatedAt: created},
+	})
+	rt.Start()
+	h.waitState(true)
+	h.waitSynced()
+	diffObs(t, []pleg.Observation{
+		sandboxObs(pleg.SourceNRISync, "sb2", pleg.PhaseRunning),
+		sandboxObs(pleg.SourceNRISync, "sb3", pleg.PhaseNone),
+		{Source: pleg.SourceNRISync, Kind: pleg.KindContainer, ID: "c2", SandboxID: "sb2", Phase: pleg.PhaseCreated,
+			CreatedAt: time.Unix(0, created)},
+	}, h.rec.take())
+
+	// Still served after the reconnect.
+	b = rt.NRI().BlockPluginSync()
+	must("RunPodSandbox", rt.NRI().RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: &api.PodSandbox{Id: "sb4"}}))
+	b.Unblock()
+	diffObs(t, []pleg.Observation{sandboxObs(pleg.SourceNRI, "sb4", pleg.PhaseRunning)}, h.rec.take())
+
+	h.stop()
+	h.metrics.mu.Lock()
+	defer h.metrics.mu.Unlock()
+	if h.metrics.reconnected != 1 {
+		t.Errorf("reconnects = %d, want 1", h.metrics.reconnected)
+	}
+	if want := []bool{true, false, true, false}; !slices.Equal(h.metrics.states, want) {
+		t.Errorf("connection states %v, want %v", h.metrics.states, want)
+	}
+	wantObs := map[Callback]int{CallbackSynchronize: 5, CallbackRunPodSandbox: 2, CallbackStopPodSandbox: 1,
+		CallbackRemovePodSandbox: 1, CallbackPostCreateContainer: 1, CallbackPostStartContainer: 1,
+		CallbackStopContainer: 1, CallbackRemoveContainer: 1}
+	if diff := cmp.Diff(wantObs, h.metrics.obs); diff != "" {
+		t.Errorf("observation counts (-want +got):\n%s", diff)
+	}
+	var all []time.Duration
+	for cb, ds := range h.metrics.durations {
+		if cb != CallbackSynchronize {
+			all = append(all, ds...)
+		}
+	}
+	logPercentiles(t, "hook duration over the adaptation test", all)
+}
+
+// logPercentiles logs p50 and p99 of ds.
+func logPercentiles(t *testing.T, what string, ds []time.Duration) {
+	t.Helper()
+	if len(ds) == 0 {
+		return
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+	t.Logf("%s: n=%d p50=%s p99=%s max=%s", what, len(ds), p(0.50), p(0.99), ds[len(ds)-1])
+}
+
+func TestSocketAbsentAtStart(t *testing.T) {
+	rt := newFakeRuntime(t)
+	h := startPlugin(t, rt.Outer, nil)
+	select {
+	case <-h.synced:
+		t.Fatal("synchronized without a runtime")
+	case up := <-h.state:
+		t.Fatalf("connection state %v without a runtime", up)
+	case <-time.After(300 * time.Millisecond):
+	}
+	rt.Start()
+	h.waitState(true)
+	h.waitSynced()
+}
+
+func TestPreconnectedSocket(t *testing.T) {
+	rt := newFakeRuntime(t)
+	rt.Start()
+
+	// The runtime's end of a pre-connected socket: a connection accepted on its socket, passed as a bare fd.
+	c, err := net.Dial("unix", rt.Outer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	c.Close()
+	// What a runtime sets for a plugin it launches.
+	t.Setenv(api.PluginSocketEnvVar, strconv.Itoa(fd))
+	t.Setenv(api.PluginNameEnvVar, "pleg-nri")
+	t.Setenv(api.PluginIdxEnvVar, "20")
+
+	// SocketPath is wrong on purpose: the plugin must use the fd.
+	h := startPlugin(t, filepath.Join(t.TempDir(), "absent.sock"), nil)
+	h.waitState(true)
+	h.waitSynced()
+
+	if v, ok := os.LookupEnv(api.PluginSocketEnvVar); ok {
+		t.Errorf("%s=%q left in the environment", api.PluginSocketEnvVar, v)
+	}
+
+	// Launched with name and index in the environment, the plugin also dials.
+	h.stop()
+	h2 := startPlugin(t, rt.Outer, nil)
+	h2.waitState(true)
+	h2.waitSynced()
+	rt.Stop()
+	h2.waitState(false)
+	rt.Start()
+	h2.waitState(true)
+	h2.waitSynced()
+}
+
+func TestPreconnectedFallsBackToSocket(t *testing.T) {
+	rt := newFakeRuntime(t)
+	rt.Start()
+	c, err := net.Dial("unix", rt.Outer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	c.Close()
+	t.Setenv(api.PluginSocketEnvVar, strconv.Itoa(fd))
+	h := startPlugin(t, rt.Outer, nil)
+	h.waitState(true)
+	h.waitSynced()
+	rt.Stop()
+	h.waitState(false)
+	rt.Start()
+	h.waitState(true)
+	h.waitSynced()
+}
+
+func TestConfigure(t *testing.T) {
+	var got []string
+	p, err := New(Options{}, &recorder{}, WithConfigure(func(b []byte) error {
+		got = append(got, string(b))
+		if string(b) == "bad" {
+			return errors.New("unknown key \"bad\"")
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []string{"relist_period: 5s", "bad", ""} {
+		mask, err := p.Configure(context.Background(), cfg, "containerd", "v2.4.2")
+		if mask != 0 || err != nil {
+			t.Errorf("Configure(%q) = %v, %v; want 0, nil", cfg, mask, err)
+		}
+	}
+	if want := []string{"relist_period: 5s", "bad"}; !slices.Equal(got, want) {
+		t.Errorf("configure got %q, want %q", got, want)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	for _, o := range []Options{
+		{PluginName: "bad name"},
+		{PluginIdx: "1"},
+		{MinBackoff: time.Second, MaxBackoff: time.Millisecond},
+	} {
+		if _, err := New(o, &recorder{}); err == nil {
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+	if _, err := New(Options{}, nil); err == nil {
+		t.Error("New with a nil observer succeeded")
+	}
+	p, err := New(Options{}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Options{PluginName: "pleg-nri", PluginIdx: "10", SocketPath: "/var/run/nri/nri.sock",
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second}
+	if p.opts != want {
+		t.Errorf("defaults %+v, want %+v", p.opts, want)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	b := newBackoff(100*time.Millisecond, time.Second)
+	var got []time.Duration
+	for range 6 {
+		got = append(got, b.delay())
+	}
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("delays %v, want %v", got, want)
+	}
+	b.reset()
+	if d := b.delay(); d != 100*time.Millisecond {
+		t.Errorf("after reset %v", d)
+	}
+}
+
+func TestRunTwice(t *testing.T) {
+	h := startPlugin(t, filepath.Join(t.TempDir(), "absent.sock"), nil)
+	for !h.plugin.running.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := h.plugin.Run(ctx); err == nil {
+		t.Error("second Run succeeded")
+	}
+}
+
+// panicker is an Observer that panics.
+type panicker struct{}
+
+func (panicker) Observe(pleg.Observation) { panic("observer bug") }
+
+func TestHookSurvivesObserverPanic(t *testing.T) {
+	p, err := New(Options{}, panicker{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RunPodSandbox(context.Background(), &api.PodSandbox{Id: "sb"}); err != nil {
+		t.Errorf("RunPodSandbox = %v", err)
+	}
+	if u, err := p.StopContainer(context.Background(), nil, &api.Container{Id: "c", State: api.ContainerState_CONTAINER_STOPPED}); u != nil || err != nil {
+		t.Errorf("StopContainer = %v, %v", u, err)
+	}
+}
