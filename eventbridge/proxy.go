@@ -166,8 +166,9 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	return err
 }
 
-// unaryMethods caches, per full method name, whether the method is known (from the protobuf registry: the
-// CRI's descriptors are linked in) to be unary. Unknown methods are not unary.
+// unaryMethods caches, per full method name found in the protobuf registry (the CRI's descriptors are
+// linked in), whether the method is unary. Names not in the registry are not cached, so that a client
+// inventing method names cannot grow it; they are forwarded as streams.
 var unaryMethods sync.Map // string -> bool
 
 // isUnary tells whether method ("/package.Service/Method") is a known unary method.
@@ -175,20 +176,18 @@ func isUnary(method string) bool {
 	if v, ok := unaryMethods.Load(method); ok {
 		return v.(bool)
 	}
-	unary := false
-	if name := strings.TrimPrefix(method, "/"); name != method {
-		if i := strings.LastIndexByte(name, '/'); i > 0 {
-			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name[:i] + "." + name[i+1:]))
-			if md, ok := d.(protoreflect.MethodDescriptor); err == nil && ok {
-				unary = !md.IsStreamingClient() && !md.IsStreamingServer()
-			}
-		}
+	name := strings.TrimPrefix(method, "/")
+	i := strings.LastIndexByte(name, '/')
+	if name == method || i <= 0 {
+		return false
 	}
-	// The cache is bounded by the methods clients call; unknown names are not cached, so that a client
-	// inventing method names cannot grow it.
-	if unary {
-		unaryMethods.Store(method, true)
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name[:i] + "." + name[i+1:]))
+	md, ok := d.(protoreflect.MethodDescriptor)
+	if err != nil || !ok {
+		return false
 	}
+	unary := !md.IsStreamingClient() && !md.IsStreamingServer()
+	unaryMethods.Store(method, unary)
 	return unary
 }
 
