@@ -399,7 +399,7 @@ func (s *state) ensureFetch(o *object) {
 	if o.fetching || o.dropped || o.phase == PhaseRemoved {
 		return
 	}
-	need := !o.hasStatus() || (o.kind == KindContainer && o.phase >= PhaseExited && !o.complete && !o.fetchGaveUp)
+	need := !o.hasStatus() || (o.kind == KindContainer && o.phase >= PhaseRunning && !o.complete && !o.fetchGaveUp)
 	if !need {
 		return
 	}
@@ -449,8 +449,9 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	switch {
 	case r.err == nil:
 		s.update(ctx, o, statusObs(o, r))
-		if o.kind == KindContainer && o.phase >= PhaseExited && o.phase < PhaseRemoved && !o.complete {
-			// The CRI has not caught up with the exit an input reported without an exit code.
+		if o.kind == KindContainer && o.phase >= PhaseRunning && o.phase < PhaseRemoved && !o.complete {
+			// The CRI has not caught up with the start or the exit an input reported (containerd's
+			// start time, an exit code).
 			if windowOver {
 				o.fetchGaveUp = true
 				s.refresh(ctx, o)

@@ -501,7 +501,10 @@ func TestEmittedStatusesAreNotMutated(t *testing.T) {
 
 // TestStartTimeFromVerification: an input that reports a start without its time (NRI before containerd
 // 2.3) gives a STARTED that says RUNNING; the verification call then brings containerd's start time.
-func TestStartTimeFromVerification(t *testing.T) {
+// TestStartTimeOnlyContainerds: a Running observation without containerd's own start time (a
+// /tasks/start event, whose timestamp is not the StartedAt containerd records) does not emit STARTED
+// with a guessed time: the event waits for a status answer and carries containerd's start time.
+func TestStartTimeOnlyContainerds(t *testing.T) {
 	h := newHarness(t)
 	h.startPod("s1")
 	h.cri.createContainer("c1", "s1", h.clock.Now())
@@ -510,22 +513,44 @@ func TestStartTimeFromVerification(t *testing.T) {
 	started := h.clock.Now()
 	h.clock.Advance(3 * time.Millisecond)
 	h.cri.startContainer("c1", started)
-	h.observe(nriContainer("c1", "s1", PhaseRunning, time.Time{}))
+	h.observe(Observation{Source: SourceTaskEvent, ID: "c1", Phase: PhaseRunning, StartedAt: h.clock.Now(), SourceTime: h.clock.Now()})
+	if d := cmp.Diff([]string{"CREATED c1"}, summary(h.events())); d != "" {
+		t.Fatalf("events before containerd's start time is known (-want +got):\n%s", d)
+	}
+	h.settle() // the status call
 	evs := h.events()
-	if d := cmp.Diff([]string{"CREATED c1", "STARTED c1"}, summary(evs)); d != "" {
+	if d := cmp.Diff([]string{"STARTED c1"}, summary(evs)); d != "" {
 		t.Fatalf("events (-want +got):\n%s", d)
 	}
-	if st := statusOf(evs[1], "c1"); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.StartedAt != h.clock.Now().UnixNano() {
-		t.Errorf("STARTED status: %v", st)
+	if st := statusOf(evs[0], "c1"); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.StartedAt != started.UnixNano() {
+		t.Errorf("STARTED status: %v, want RUNNING started at %d", st, started.UnixNano())
 	}
-	h.settle() // the verification
 	h.cri.exitContainer("c1", 0, h.clock.Now())
 	h.observe(taskExit("c1", 0, h.clock.Now()))
 	evs = h.events()
 	if d := diffProto(h.cri.container("c1"), statusOf(evs[0], "c1")); d != "" {
-		t.Errorf("STOPPED status after the verification (-cri +event):\n%s", d)
+		t.Errorf("STOPPED status (-cri +event):\n%s", d)
 	}
-	if h.metrics.mismatch != 1 {
-		t.Errorf("mismatches: %d", h.metrics.mismatch)
+}
+
+// TestStartTimeFromNRI: NRI's start time is containerd's own: it wins over the task event's, and
+// STARTED goes out at once.
+func TestStartTimeFromNRI(t *testing.T) {
+	h := newHarness(t)
+	h.startPod("s1")
+	h.cri.createContainer("c1", "s1", h.clock.Now())
+	h.observe(nriContainer("c1", "s1", PhaseCreated, h.clock.Now()))
+	h.settle()
+	started := h.clock.Now().Add(time.Millisecond)
+	h.observe(Observation{Source: SourceTaskEvent, ID: "c1", Phase: PhaseRunning, StartedAt: h.clock.Now(), SourceTime: h.clock.Now()})
+	ob := nriContainer("c1", "s1", PhaseRunning, time.Time{})
+	ob.StartedAt = started
+	h.observe(ob)
+	evs := h.events()
+	if d := cmp.Diff([]string{"CREATED c1", "STARTED c1"}, summary(evs)); d != "" {
+		t.Fatalf("events (-want +got):\n%s", d)
+	}
+	if st := statusOf(evs[1], "c1"); st.StartedAt != started.UnixNano() {
+		t.Errorf("STARTED started_at %d, want NRI's %d", st.StartedAt, started.UnixNano())
 	}
 }

@@ -31,7 +31,11 @@ const (
 // facts are what the fast inputs (NRI, task events, relist) told about a container's process, applied
 // on top of the last CRI status answer so an event never waits on a status call.
 type facts struct {
-	startedAt  int64 // ns; 0: unknown
+	startedAt int64 // ns; 0: unknown
+	// startExact says startedAt is containerd's own start time (from NRI, which copies the CRI status,
+	// or from a status answer). containerd stamps StartedAt itself after task.Start returns, so the
+	// /tasks/start event's timestamp is only an approximation that an event must not carry.
+	startExact bool
 	finishedAt int64 // ns; 0: unknown
 	exitCode   int32
 	hasExit    bool // exitCode (and finishedAt) are known
@@ -43,7 +47,11 @@ type facts struct {
 // merge adds what ob knows to f. The first exit wins, as in containerd's handleContainerExit (it sets
 // the exit code and time only while FinishedAt is still 0).
 func (f *facts) merge(ob Observation) {
-	if f.startedAt == 0 && !ob.StartedAt.IsZero() {
+	switch {
+	case !ob.StartedAt.IsZero() && ob.Source != SourceTaskEvent && !f.startExact:
+		f.startedAt = ob.StartedAt.UnixNano()
+		f.startExact = true
+	case f.startedAt == 0 && !ob.StartedAt.IsZero():
 		f.startedAt = ob.StartedAt.UnixNano()
 	}
 	if ob.Phase == PhaseRunning && f.startedAt == 0 && !ob.SourceTime.IsZero() {
@@ -147,6 +155,11 @@ func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit 
 			complete = false
 			break
 		}
+		if base.StartedAt == 0 && !f.startExact && !synth {
+			// Only containerd's own start time may go out: wait for NRI's or a status answer.
+			complete = false
+			break
+		}
 		c := mut()
 		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
 		if c.StartedAt == 0 {
@@ -168,6 +181,12 @@ func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit 
 			c.Message = f.message
 		}
 	case phase == PhaseRunning && base.State == runtimeapi.ContainerState_CONTAINER_CREATED:
+		if !f.startExact && !synth {
+			// Only containerd's own start time may go out: wait for NRI's PostStartContainer or a
+			// status answer (ensureFetch asks for one).
+			complete = false
+			break
+		}
 		c := mut()
 		c.State = runtimeapi.ContainerState_CONTAINER_RUNNING
 		c.StartedAt = f.startedAt
