@@ -29,9 +29,8 @@ help: ## Show this help.
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: ## Bring up the isolated containerd of the integration harness (pleg-nri's demo comes with the daemon).
-	@echo "pleg-nri's daemon is not wired yet: bringing up the harness's containerd instead (make it-down removes it)."
-	@$(MAKE) -s it-up
+run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its stream next to containerd's; leaves nothing behind.
+	@bash hack/demo.sh
 
 .PHONY: test
 test: verify unit integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, integration tests.
@@ -83,6 +82,15 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+
+.PHONY: bench
+bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
+	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
+	if $(GO) test -list '^BenchmarkHook' ./plugin/ | grep -q '^BenchmarkHook'; then \
+	  $(GO) test -run '^$$' -bench '^BenchmarkHook' -benchmem ./plugin/ | tee $$out/plugin.txt; hook="-hook-bench $$out/plugin.txt"; \
+	else echo "bench: ./plugin/ has no BenchmarkHook yet, skipped"; fi; \
+	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \
+	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
 
 .PHONY: it-up
 it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.
