@@ -25,11 +25,16 @@ type Results struct {
 	Date string `json:"date"`
 	// Machine describes where it ran (CPUs, kernel, containerd version).
 	Machine string `json:"machine,omitempty"`
+	// Load is the machine's load average (1, 5, 15 min) when each benchmark ended, by benchmark.
+	Load map[string]string `json:"load,omitempty"`
 
 	ExitLatency *ExitLatency `json:"exit_latency,omitempty"`
 	Hook        *Hook        `json:"nri_hook,omitempty"`
-	Proxy       *Proxy       `json:"proxy,omitempty"`
-	PodStart    *PodStart    `json:"pod_start,omitempty"`
+	// Internals are pleg-nri's own latency histograms after the exit workload, by metric name (summed
+	// over every series; ByCallback counts by the metric's main label): where its exit latency goes.
+	Internals map[string]*Hook `json:"internals,omitempty"`
+	Proxy     *Proxy           `json:"proxy,omitempty"`
+	PodStart  *PodStart        `json:"pod_start,omitempty"`
 	// HookBench is the plugin's in-process hook benchmark (go test -bench BenchmarkHook ./plugin/), when it
 	// exists; filled by the report from that benchmark's text output.
 	HookBench []GoBench `json:"hook_bench,omitempty"`
@@ -40,6 +45,8 @@ type Results struct {
 type ExitLatency struct {
 	Pods    int `json:"pods"`
 	Batches int `json:"batches"`
+	// SpacingMs is the mean time between two exits of a batch.
+	SpacingMs float64 `json:"spacing_ms"`
 	// Exits holds one entry per container exit.
 	Exits []Exit `json:"exits"`
 }

@@ -1,0 +1,668 @@
+package containerdit
+
+// The side-by-side benchmarks of docs/design.md section 7, against the harness's real containerd: task
+// exit -> subscriber latency on containerd's stream and on pleg-nri's, the plugin's NRI callback time,
+// forwarded unary calls direct vs proxied, and pod start with and without pleg-nri. `make bench` runs
+// them once each:
+//
+//	PLEG_NRI_BENCH_RESULTS=/tmp/r.json go test -run '^$' -bench . -benchtime=1x ./test/containerd-it/
+//
+// Each benchmark runs one fixed workload whatever b.N is, reports its key figures with b.ReportMetric,
+// and merges its raw samples into the JSON results file (PLEG_NRI_BENCH_RESULTS, default
+// $TMPDIR/pleg-nri-bench.json) that cmd/bench-report turns into docs/benchmarks.md. They assert no
+// timing: the machine is shared and noisy; the report compares medians and ratios.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+)
+
+const (
+	// Exit latency workload: exitPods pods, each running exitPerPod short-lived containers per batch.
+	exitPods, exitPerPod, exitBatches = 6, 4, 10
+	// exitSpacing is the mean time between two exits of a batch.
+	exitSpacing = 60 * time.Millisecond
+	// Forwarded unary calls per method and side, after proxyWarmup of each.
+	proxyCalls, proxyWarmup = 2000, 200
+	// Pod start: podRounds rounds of two phases (ABBA order) of podsPerPhase timed pods each.
+	podRounds, podsPerPhase = 6, 6
+)
+
+// BenchmarkExitLatency measures task exit -> STOPPED event received on containerd's own stream and on
+// pleg-nri's, both subscribed during the same workload, then reads the plugin's NRI callback time
+// histogram that the same workload filled.
+func BenchmarkExitLatency(b *testing.B) {
+	p := startBenchPleg(b)
+	cd := subscribeStamped(b, env.Address)
+	pn := subscribeStamped(b, p.socket)
+	rt := benchRuntime(b, env.Address)
+
+	type pod struct {
+		id  string
+		cfg *runtimeapi.PodSandboxConfig
+	}
+	var pods []pod
+	for i := range exitPods {
+		id, cfg := benchRunPod(b, rt, fmt.Sprintf("bench-exit-%d", i))
+		pods = append(pods, pod{id, cfg})
+	}
+	// Each container blocks reading its own FIFO in a host directory mounted at /trigger, and exits when
+	// the benchmark writes to it: the exits are paced (exitSpacing apart, jittered) and happen after the
+	// batch's creates and starts, so what is measured is the exit's path to the subscribers, not a queue
+	// behind this benchmark's own container starts.
+	trigger, err := os.MkdirTemp("", "plegnri-bench-exit-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(trigger) })
+	if err := os.Chmod(trigger, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	res := &benchreport.ExitLatency{Pods: exitPods, Batches: exitBatches, SpacingMs: float64(exitSpacing.Milliseconds())}
+	for batch := range exitBatches {
+		type job struct {
+			pod  pod
+			name string
+			fifo string
+		}
+		var jobs []job
+		for _, pd := range pods {
+			for j := range exitPerPod {
+				name := fmt.Sprintf("exit-%d-%d", batch, j)
+				fifo := fmt.Sprintf("%s-%d", name, len(jobs))
+				if err := syscall.Mkfifo(filepath.Join(trigger, fifo), 0o666); err != nil {
+					b.Fatal(err)
+				}
+				jobs = append(jobs, job{pd, name, fifo})
+			}
+		}
+		ids := make([]string, len(jobs))
+		parallel(b, len(jobs), 4, func(i int) error {
+			jb := jobs[i]
+			c := harness.ContainerConfig(jb.name, fmt.Sprintf("read x < /trigger/%s; exit %d", jb.fifo, (batch+i)%2))
+			c.Mounts = append(c.Mounts, &runtimeapi.Mount{ContainerPath: "/trigger", HostPath: trigger})
+			resp, err := rt.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: jb.pod.id, Config: c, SandboxConfig: jb.pod.cfg})
+			if err != nil {
+				return fmt.Errorf("CreateContainer %s: %w", jb.name, err)
+			}
+			ids[i] = resp.ContainerId
+			if _, err := rt.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: ids[i]}); err != nil {
+				return fmt.Errorf("StartContainer %s: %w", jb.name, err)
+			}
+			return nil
+		})
+		for _, i := range rand.Perm(len(jobs)) {
+			releaseFIFO(b, filepath.Join(trigger, jobs[i].fifo))
+			time.Sleep(exitSpacing/2 + rand.N(exitSpacing))
+		}
+		// Wait until both streams delivered every STOPPED event (or give up on a stream after 20 s).
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			all := true
+			for _, id := range ids {
+				_, ok1 := cd.at(id, evStopped)
+				_, ok2 := pn.at(id, evStopped)
+				all = all && ok1 && ok2
+			}
+			if all {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		missed := 0
+		for _, id := range ids {
+			st, err := rt.ContainerStatus(b.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+			if err != nil {
+				b.Fatalf("ContainerStatus %s: %v", short(id), err)
+			}
+			if st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.Status.FinishedAt == 0 {
+				b.Fatalf("container %s is %s (finished_at %d) after its STOPPED wait", short(id), st.Status.State, st.Status.FinishedAt)
+			}
+			fin := st.Status.FinishedAt
+			x := benchreport.Exit{ID: id, ExitCode: st.Status.ExitCode, FinishedAt: fin, ContainerdMs: -1, PlegNRIMs: -1}
+			if at, ok := cd.at(id, evStopped); ok {
+				x.ContainerdMs = float64(at.UnixNano()-fin) / 1e6
+			}
+			if at, ok := pn.at(id, evStopped); ok {
+				x.PlegNRIMs = float64(at.UnixNano()-fin) / 1e6
+			} else {
+				missed++
+			}
+			res.Exits = append(res.Exits, x)
+		}
+		if missed > 0 {
+			b.Logf("batch %d: pleg-nri's stream missed %d STOPPED events", batch, missed)
+		}
+		parallel(b, len(ids), 4, func(i int) error {
+			if _, err := rt.RemoveContainer(b.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: ids[i]}); err != nil {
+				return fmt.Errorf("RemoveContainer %s: %w", short(ids[i]), err)
+			}
+			return nil
+		})
+	}
+	if err := cd.Err(); err != nil {
+		b.Errorf("containerd's stream ended: %v", err)
+	}
+	if err := pn.Err(); err != nil {
+		b.Errorf("pleg-nri's stream ended: %v", err)
+	}
+
+	// The NRI callback time histogram, filled by this workload, and where pleg-nri's latency goes.
+	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		b.Fatalf("metrics: %v", err)
+	}
+	text, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		b.Fatalf("metrics: %v", err)
+	}
+	hook, err := benchreport.ParseHistogram(bytes.NewReader(text), "pleg_nri_nri_hook_duration_seconds", "callback",
+		func(labels string) bool { return strings.Contains(labels, `callback="Synchronize"`) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	internals := map[string]*benchreport.Hook{}
+	for name, by := range map[string]string{
+		"pleg_nri_event_emit_latency_seconds":   "source",
+		"pleg_nri_event_send_latency_seconds":   "source",
+		"pleg_nri_status_call_duration_seconds": "kind",
+	} {
+		if h, err := benchreport.ParseHistogram(bytes.NewReader(text), name, by, nil); err == nil {
+			internals[name] = h
+		} else {
+			b.Logf("pleg-nri's metrics: %v", err)
+		}
+	}
+
+	cdMs, cdMiss := res.Latencies(false)
+	pnMs, pnMiss := res.Latencies(true)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(len(res.Exits)), "exits")
+	b.ReportMetric(benchreport.Median(cdMs), "containerd-p50-ms")
+	b.ReportMetric(benchreport.Quantile(cdMs, .99), "containerd-p99-ms")
+	b.ReportMetric(benchreport.Median(pnMs), "plegnri-p50-ms")
+	b.ReportMetric(benchreport.Quantile(pnMs, .99), "plegnri-p99-ms")
+	b.ReportMetric(float64(pnMiss), "plegnri-missed")
+	b.ReportMetric(benchreport.HistogramQuantile(hook.Buckets, .99)*1e6, "hook-p99-us")
+	b.Logf("%d exits: containerd p50 %.2f ms p99 %.2f ms (missed %d); pleg-nri p50 %.2f ms p99 %.2f ms (missed %d); hook p50 %.1f µs p99 %.1f µs over %.0f callbacks",
+		len(res.Exits), benchreport.Median(cdMs), benchreport.Quantile(cdMs, .99), cdMiss,
+		benchreport.Median(pnMs), benchreport.Quantile(pnMs, .99), pnMiss,
+		benchreport.HistogramQuantile(hook.Buckets, .5)*1e6, benchreport.HistogramQuantile(hook.Buckets, .99)*1e6, hook.Count)
+	saveBench(b, func(r *benchreport.Results) { r.ExitLatency, r.Hook, r.Internals = res, hook, internals })
+}
+
+// BenchmarkProxyUnary measures forwarded unary calls (Version, ListContainers) direct to containerd and
+// through pleg-nri, alternating A/B per iteration.
+func BenchmarkProxyUnary(b *testing.B) {
+	p := startBenchPleg(b)
+	direct := benchRuntime(b, env.Address)
+	proxied := benchRuntime(b, p.socket)
+	// Something to list: a few pods with sleeping containers.
+	for i := range 4 {
+		id, cfg := benchRunPod(b, direct, fmt.Sprintf("bench-proxy-%d", i))
+		for j := range 3 {
+			c := harness.ContainerConfig(fmt.Sprintf("sleeper-%d", j), "sleep 3600")
+			resp, err := direct.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: c, SandboxConfig: cfg})
+			if err != nil {
+				b.Fatalf("CreateContainer: %v", err)
+			}
+			if _, err := direct.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+				b.Fatalf("StartContainer: %v", err)
+			}
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // let the events of the setup settle
+
+	methods := []struct {
+		name string
+		call func(rt runtimeapi.RuntimeServiceClient) (int, error)
+	}{
+		{"Version", func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+			_, err := rt.Version(b.Context(), &runtimeapi.VersionRequest{})
+			return 0, err
+		}},
+		{"ListContainers", func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+			resp, err := rt.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{})
+			return len(resp.GetContainers()), err
+		}},
+	}
+	res := &benchreport.Proxy{}
+	for _, m := range methods {
+		pm := benchreport.ProxyMethod{Method: m.name}
+		timed := func(rt runtimeapi.RuntimeServiceClient) float64 {
+			start := time.Now()
+			n, err := m.call(rt)
+			d := time.Since(start)
+			if err != nil {
+				b.Fatalf("%s: %v", m.name, err)
+			}
+			pm.Items = n
+			return float64(d.Nanoseconds()) / 1e3
+		}
+		for range proxyWarmup {
+			timed(direct)
+			timed(proxied)
+		}
+		for i := range proxyCalls {
+			if i%2 == 0 {
+				pm.DirectUs = append(pm.DirectUs, timed(direct))
+				pm.ProxiedUs = append(pm.ProxiedUs, timed(proxied))
+			} else {
+				pm.ProxiedUs = append(pm.ProxiedUs, timed(proxied))
+				pm.DirectUs = append(pm.DirectUs, timed(direct))
+			}
+		}
+		d50, p50 := benchreport.Median(pm.DirectUs), benchreport.Median(pm.ProxiedUs)
+		b.ReportMetric(d50, m.name+"-direct-p50-us")
+		b.ReportMetric(p50, m.name+"-proxied-p50-us")
+		b.ReportMetric(p50-d50, m.name+"-added-p50-us")
+		b.Logf("%s (%d calls each): direct p50 %.0f µs p90 %.0f µs, proxied p50 %.0f µs p90 %.0f µs, added p50 %.0f µs",
+			m.name, proxyCalls, d50, benchreport.Quantile(pm.DirectUs, .9), p50, benchreport.Quantile(pm.ProxiedUs, .9), p50-d50)
+		res.Methods = append(res.Methods, pm)
+	}
+	b.ReportMetric(0, "ns/op")
+	saveBench(b, func(r *benchreport.Results) { r.Proxy = res })
+}
+
+// BenchmarkPodStart measures RunPodSandbox + CreateContainer + StartContainer with pleg-nri connected
+// and not, in alternating phases (ABBA), one pod at a time.
+func BenchmarkPodStart(b *testing.B) {
+	rt := benchRuntime(b, env.Address)
+	// A kubelet's subscriber on containerd's own stream, in both phases.
+	subscribeStamped(b, env.Address)
+	res := &benchreport.PodStart{Rounds: podRounds}
+	n := 0
+	phase := func(with bool) {
+		var p *benchPleg
+		if with {
+			p = startBenchPleg(b)
+			sub := subscribeStamped(b, p.socket)
+			defer sub.close()
+			defer p.stop()
+			time.Sleep(300 * time.Millisecond)
+		}
+		for i := -1; i < podsPerPhase; i++ { // pod -1 warms the phase up, untimed
+			n++
+			cfg := env.PodConfig(fmt.Sprintf("bench-start-%d", n))
+			start := time.Now()
+			run, err := rt.RunPodSandbox(b.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+			if err != nil {
+				b.Fatalf("RunPodSandbox: %v", err)
+			}
+			c, err := rt.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: run.PodSandboxId,
+				Config: harness.ContainerConfig("sleeper", "sleep 3600"), SandboxConfig: cfg})
+			if err != nil {
+				b.Fatalf("CreateContainer: %v", err)
+			}
+			if _, err := rt.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: c.ContainerId}); err != nil {
+				b.Fatalf("StartContainer: %v", err)
+			}
+			d := float64(time.Since(start).Microseconds()) / 1e3
+			if _, err := rt.StopPodSandbox(b.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: run.PodSandboxId}); err != nil {
+				b.Fatalf("StopPodSandbox: %v", err)
+			}
+			if _, err := rt.RemovePodSandbox(b.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: run.PodSandboxId}); err != nil {
+				b.Fatalf("RemovePodSandbox: %v", err)
+			}
+			if i < 0 {
+				continue
+			}
+			if with {
+				res.WithMs = append(res.WithMs, d)
+			} else {
+				res.WithoutMs = append(res.WithoutMs, d)
+			}
+		}
+	}
+	for r := range podRounds {
+		phase(r%2 == 0)
+		phase(r%2 != 0)
+	}
+	with, without := benchreport.Median(res.WithMs), benchreport.Median(res.WithoutMs)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(without, "without-p50-ms")
+	b.ReportMetric(with, "with-p50-ms")
+	b.ReportMetric((with-without)/without*100, "overhead-%")
+	b.Logf("pod start, %d pods each: without pleg-nri p50 %.1f ms, with %.1f ms (%+.1f%%)",
+		len(res.WithMs), without, with, (with-without)/without*100)
+	saveBench(b, func(r *benchreport.Results) { r.PodStart = res })
+}
+
+// releaseFIFO writes a line to the FIFO a container is blocked reading, which lets it exit. The container
+// may not have opened it yet: the open (non-blocking, so that it fails while there is no reader) is
+// retried for 20 s.
+func releaseFIFO(tb testing.TB, path string) {
+	tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			_, err = f.WriteString("go\n")
+			f.Close()
+			if err != nil {
+				tb.Fatalf("write %s: %v", path, err)
+			}
+			return
+		}
+		if !errors.Is(err, syscall.ENXIO) || time.Now().After(deadline) {
+			tb.Fatalf("open %s: %v", path, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// saveBench merges a benchmark's results into the results file.
+func saveBench(b *testing.B, fn func(*benchreport.Results)) {
+	b.Helper()
+	path := os.Getenv("PLEG_NRI_BENCH_RESULTS")
+	if path == "" {
+		path = filepath.Join(os.TempDir(), "pleg-nri-bench.json")
+	}
+	err := benchreport.Update(path, func(r *benchreport.Results) {
+		if r.Date == "" {
+			r.Date = time.Now().UTC().Format(time.RFC3339)
+		}
+		if r.Machine == "" {
+			r.Machine = benchMachine()
+		}
+		if avg, err := os.ReadFile("/proc/loadavg"); err == nil {
+			if r.Load == nil {
+				r.Load = map[string]string{}
+			}
+			r.Load[strings.TrimSuffix(b.Name(), fmt.Sprintf("-%d", runtime.GOMAXPROCS(0)))] = strings.Join(strings.Fields(string(avg))[:3], " ")
+		}
+		fn(r)
+	})
+	if err != nil {
+		b.Fatalf("results: %v", err)
+	}
+	b.Logf("results merged into %s", path)
+}
+
+// benchMachine describes the machine and the containerd the benchmarks ran on.
+func benchMachine() string {
+	parts := []string{fmt.Sprintf("%d CPUs", runtime.NumCPU())}
+	if rel, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		parts = append(parts, "Linux "+strings.TrimSpace(string(rel)))
+	}
+	if conn, err := harness.DialUnix(env.Address); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if v, err := runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{}); err == nil {
+			parts = append(parts, "containerd "+v.RuntimeVersion)
+		}
+		conn.Close()
+	}
+	parts = append(parts, runtime.Version())
+	return strings.Join(parts, ", ")
+}
+
+// benchRuntime dials a CRI runtime client for the benchmark.
+func benchRuntime(tb testing.TB, socket string) runtimeapi.RuntimeServiceClient {
+	tb.Helper()
+	conn, err := harness.DialUnix(socket)
+	if err != nil {
+		tb.Fatalf("dial %s: %v", socket, err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+// benchRunPod runs a pod that is stopped and removed when the benchmark ends.
+func benchRunPod(tb testing.TB, rt runtimeapi.RuntimeServiceClient, name string) (string, *runtimeapi.PodSandboxConfig) {
+	tb.Helper()
+	cfg := env.PodConfig(name)
+	resp, err := rt.RunPodSandbox(tb.Context(), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	if err != nil {
+		tb.Fatalf("RunPodSandbox %s: %v", name, err)
+	}
+	id := resp.PodSandboxId
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+		_, _ = rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id})
+	})
+	return id, cfg
+}
+
+// parallel runs fn(0..n-1) on workers goroutines and fails the benchmark on the first error.
+func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
+	tb.Helper()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	next := make(chan int)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		tb.Fatal(first)
+	}
+}
+
+// stampedStream records when each (container, event type) was first received on a CRI event stream.
+type stampedStream struct {
+	mu     sync.Mutex
+	first  map[stampKey]time.Time
+	err    error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type stampKey struct {
+	id  string
+	typ runtimeapi.ContainerEventType
+}
+
+// subscribeStamped subscribes to the event stream of the CRI endpoint at socket until the benchmark ends.
+func subscribeStamped(tb testing.TB, socket string) *stampedStream {
+	tb.Helper()
+	conn, err := harness.DialUnix(socket)
+	if err != nil {
+		tb.Fatalf("dial %s: %v", socket, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		cancel()
+		conn.Close()
+		tb.Fatalf("GetContainerEvents on %s: %v", socket, err)
+	}
+	s := &stampedStream{first: map[stampKey]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		defer conn.Close()
+		for {
+			ev, err := stream.Recv()
+			now := time.Now()
+			if err != nil {
+				if status.Code(err) != codes.Canceled {
+					s.mu.Lock()
+					s.err = err
+					s.mu.Unlock()
+				}
+				return
+			}
+			k := stampKey{ev.ContainerId, ev.ContainerEventType}
+			s.mu.Lock()
+			if _, ok := s.first[k]; !ok {
+				s.first[k] = now
+			}
+			s.mu.Unlock()
+		}
+	}()
+	tb.Cleanup(s.close)
+	return s
+}
+
+// at returns when the first event of type typ for id was received.
+func (s *stampedStream) at(id string, typ runtimeapi.ContainerEventType) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.first[stampKey{id, typ}]
+	return t, ok
+}
+
+// Err returns the error that ended the stream, if it ended.
+func (s *stampedStream) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *stampedStream) close() {
+	s.cancel()
+	<-s.done
+}
+
+// benchPleg is a pleg-nri daemon run for a benchmark: like startPlegNRI, but for a testing.TB, logging
+// at info level (debug logging would bill pleg-nri for log lines) and keeping only its log's tail.
+type benchPleg struct {
+	socket, metrics string
+	cmd             *exec.Cmd
+	exited          chan struct{}
+	mu              sync.Mutex
+	tail            []string
+}
+
+// startBenchPleg starts pleg-nri against the harness's containerd and waits for /readyz; it is stopped
+// when the benchmark ends (or earlier with stop).
+func startBenchPleg(tb testing.TB) *benchPleg {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "plegnri-bench-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	p := &benchPleg{socket: filepath.Join(dir, "run", "cri.sock"), metrics: freeLoopbackAddrTB(tb), exited: make(chan struct{})}
+	p.cmd = exec.Command(plegNRIBinary,
+		"--nri-socket", env.NRISocket,
+		"--containerd-address", env.Address,
+		"--runtime-endpoint", "unix://"+env.Address,
+		"--listen", "unix://"+p.socket,
+		"--metrics-address", p.metrics,
+		"--plugin-name", "pleg-nri-bench",
+		"--log-level", "info",
+	)
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatalf("start pleg-nri: %v", err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.tail = append(p.tail, sc.Text())
+			if len(p.tail) > 200 {
+				p.tail = p.tail[len(p.tail)-100:]
+			}
+			p.mu.Unlock()
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	go func() {
+		_ = p.cmd.Wait()
+		pw.Close()
+		close(p.exited)
+	}()
+	tb.Cleanup(func() {
+		p.stop()
+		if tb.Failed() {
+			tb.Logf("pleg-nri log tail:\n%s", p.logTail())
+		}
+	})
+	err = harness.WaitFor(context.Background(), 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
+		select {
+		case <-p.exited:
+			return false, fmt.Errorf("pleg-nri exited")
+		default:
+		}
+		resp, err := http.Get("http://" + p.metrics + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		tb.Fatalf("%v\npleg-nri log tail:\n%s", err, p.logTail())
+	}
+	return p
+}
+
+// stop stops pleg-nri with SIGTERM (SIGKILL after 10 s) and waits for it; stopping twice is fine.
+func (p *benchPleg) stop() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func (p *benchPleg) logTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+func freeLoopbackAddrTB(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
