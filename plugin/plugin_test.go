@@ -27,8 +27,10 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
-		// An abandoned stub (TestStuckRegistration) keeps these two goroutines: see (*Plugin).unstick.
+		// The stub TestStuckRegistration abandons keeps these goroutines (see (*Plugin).unstick): Start,
+		// its ttrpc server and its ttrpc client's close handler, both blocked behind Start.
 		goleak.IgnoreAnyFunction("github.com/containerd/nri/pkg/stub.(*stub).Start"),
+		goleak.IgnoreAnyFunction("github.com/containerd/nri/pkg/stub.(*stub).Start.func6"),
 		goleak.IgnoreAnyFunction("github.com/containerd/nri/pkg/stub.(*stub).connClosed"),
 	)
 }
@@ -109,6 +111,19 @@ type fakeRuntime struct {
 	ln    net.Listener
 	conns []net.Conn
 	wg    sync.WaitGroup
+	// latency is the round trip of each request to a plugin, as the adaptation measures it.
+	latency []time.Duration
+}
+
+// The adaptation's metrics: only the latency is kept.
+func (r *fakeRuntime) RecordPluginInvocation(string, string, error) {}
+func (r *fakeRuntime) RecordPluginAdjustments(string, string, *api.ContainerAdjustment, int, int) {
+}
+func (r *fakeRuntime) UpdatePluginCount(int) {}
+func (r *fakeRuntime) RecordPluginLatency(_, _ string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.latency = append(r.latency, d)
 }
 
 func newFakeRuntime(t *testing.T) *fakeRuntime {
@@ -138,7 +153,8 @@ func (r *fakeRuntime) Start() {
 	nri, err := adaptation.New("fake-runtime", "v0.0.1", sync, update,
 		adaptation.WithPluginPath(filepath.Join(r.dir, "plugins")),
 		adaptation.WithPluginConfigPath(filepath.Join(r.dir, "conf.d")),
-		adaptation.WithSocketPath(r.inner))
+		adaptation.WithSocketPath(r.inner),
+		adaptation.WithMetrics(r))
 	if err != nil {
 		r.t.Fatalf("adaptation.New: %v", err)
 	}

@@ -1,0 +1,179 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/pleg-nri/pleg-nri/pleg"
+)
+
+// nopObserver drops every observation.
+type nopObserver struct{}
+
+func (nopObserver) Observe(pleg.Observation) {}
+
+// realisticPod and realisticContainer are about what containerd sends for a kubelet pod.
+func realisticPod() *api.PodSandbox {
+	return &api.PodSandbox{
+		Id: "3f2b6c0a9d5e4b7c8a1f0e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5f4a3", Name: "web-7d9f8c6b5-x2k4p",
+		Uid: "6b0c8a1e-3f4d-4e5a-9b8c-7d6e5f4a3b2c", Namespace: "default", Pid: 4242, RuntimeHandler: "",
+		Labels: map[string]string{"app": "web", "pod-template-hash": "7d9f8c6b5",
+			"io.kubernetes.pod.name": "web-7d9f8c6b5-x2k4p", "io.kubernetes.pod.namespace": "default"},
+		Annotations: map[string]string{"kubernetes.io/config.seen": "2026-11-21T13:00:00Z", "kubernetes.io/config.source": "api"},
+		Ips:         []string{"10.244.1.17"},
+		Linux:       &api.LinuxPodSandbox{CgroupParent: "/kubepods/besteffort/pod6b0c8a1e", CgroupsPath: "/kubepods/besteffort/pod6b0c8a1e/3f2b6c0a"},
+	}
+}
+
+func realisticContainer(state api.ContainerState) *api.Container {
+	return &api.Container{
+		Id: "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b", PodSandboxId: "3f2b6c0a9d5e4b7c8a1f0e2d3c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5f4a3",
+		Name: "web", State: state, Pid: 4300,
+		Labels: map[string]string{"io.kubernetes.container.name": "web", "io.kubernetes.pod.name": "web-7d9f8c6b5-x2k4p",
+			"io.kubernetes.pod.namespace": "default", "io.kubernetes.pod.uid": "6b0c8a1e-3f4d-4e5a-9b8c-7d6e5f4a3b2c"},
+		Annotations: map[string]string{"io.kubernetes.container.hash": "1b2c3d4e", "io.kubernetes.container.restartCount": "0",
+			"io.kubernetes.container.terminationMessagePath": "/dev/termination-log"},
+		Args:      []string{"nginx", "-g", "daemon off;"},
+		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOSTNAME=web-7d9f8c6b5-x2k4p"},
+		Mounts:    []*api.Mount{{Destination: "/etc/hosts", Source: "/var/lib/kubelet/pods/6b0c/etc-hosts", Type: "bind"}},
+		CreatedAt: created, StartedAt: started, FinishedAt: finished, ExitCode: 0,
+		Linux: &api.LinuxContainer{CgroupsPath: "/kubepods/besteffort/pod6b0c8a1e/9a8b7c6d"},
+	}
+}
+
+// BenchmarkHook measures one callback's handling (conversion, observer call, metrics) with a no-op observer.
+func BenchmarkHook(b *testing.B) {
+	p, err := New(Options{}, nopObserver{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	pod := realisticPod()
+	running := realisticContainer(api.ContainerState_CONTAINER_RUNNING)
+	stopped := realisticContainer(api.ContainerState_CONTAINER_STOPPED)
+	for _, bc := range []struct {
+		name string
+		call func()
+	}{
+		{"RunPodSandbox", func() { _ = p.RunPodSandbox(ctx, pod) }},
+		{"PostCreateContainer", func() { _ = p.PostCreateContainer(ctx, pod, running) }},
+		{"PostStartContainer", func() { _ = p.PostStartContainer(ctx, pod, running) }},
+		{"StopContainer", func() { _, _ = p.StopContainer(ctx, pod, stopped) }},
+		{"RemoveContainer", func() { _ = p.RemoveContainer(ctx, pod, stopped) }},
+		{"StopPodSandbox", func() { _ = p.StopPodSandbox(ctx, pod) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.call()
+			}
+		})
+	}
+}
+
+// BenchmarkHookSynchronize measures Synchronize with 100 pods of 3 containers each.
+func BenchmarkHookSynchronize(b *testing.B) {
+	p, err := New(Options{}, nopObserver{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var pods []*api.PodSandbox
+	var ctrs []*api.Container
+	for i := range 100 {
+		pod := realisticPod()
+		pod.Id = fmt.Sprintf("pod-%03d", i)
+		pods = append(pods, pod)
+		for j := range 3 {
+			c := realisticContainer(api.ContainerState_CONTAINER_RUNNING)
+			c.Id, c.PodSandboxId = fmt.Sprintf("ctr-%03d-%d", i, j), pod.Id
+			ctrs = append(ctrs, c)
+		}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = p.Synchronize(ctx, pods, ctrs)
+	}
+}
+
+// TestHookPercentiles measures p50/p99 of the hook handling time over many calls of each lifecycle callback.
+func TestHookPercentiles(t *testing.T) {
+	m := newRecMetrics()
+	p, err := New(Options{}, nopObserver{}, WithMetrics(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pod := realisticPod()
+	running := realisticContainer(api.ContainerState_CONTAINER_RUNNING)
+	stopped := realisticContainer(api.ContainerState_CONTAINER_STOPPED)
+	for range 20000 {
+		_ = p.RunPodSandbox(ctx, pod)
+		_ = p.PostCreateContainer(ctx, pod, running)
+		_ = p.PostStartContainer(ctx, pod, running)
+		_, _ = p.StopContainer(ctx, pod, stopped)
+		_ = p.RemoveContainer(ctx, pod, stopped)
+		_ = p.StopPodSandbox(ctx, pod)
+	}
+	var all []time.Duration
+	for _, ds := range m.durations {
+		all = append(all, ds...)
+	}
+	logPercentiles(t, "hook duration, direct calls", all)
+	if testing.Short() || raceEnabled {
+		return
+	}
+	p99 := all[len(all)*99/100]
+	if p99 > 50*time.Microsecond {
+		t.Errorf("hook p99 = %s, want < 50µs", p99)
+	}
+}
+
+// TestRoundTripPercentiles drives many lifecycles through NRI's adaptation and logs p50/p99 of the plugin's
+// handling time and of the runtime-to-plugin round trip (ttrpc included).
+func TestRoundTripPercentiles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	rt := newFakeRuntime(t)
+	rt.Start()
+	h := startPlugin(t, rt.Outer, nil)
+	h.waitSynced()
+	nri := rt.NRI()
+	b := nri.BlockPluginSync()
+	defer b.Unblock()
+	rt.mu.Lock()
+	rt.latency = nil
+	rt.mu.Unlock()
+	ctx := context.Background()
+	pod := realisticPod()
+	running := realisticContainer(api.ContainerState_CONTAINER_RUNNING)
+	stopped := realisticContainer(api.ContainerState_CONTAINER_STOPPED)
+	for range 500 {
+		_ = nri.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod})
+		_ = nri.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: pod, Container: running})
+		_ = nri.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: running})
+		_, _ = nri.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: stopped})
+		_ = nri.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: stopped})
+		_ = nri.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod})
+		_ = nri.RemovePodSandbox(ctx, &api.RemovePodSandboxRequest{Pod: pod})
+	}
+	h.metrics.mu.Lock()
+	var hooks []time.Duration
+	for cb, ds := range h.metrics.durations {
+		if cb != CallbackSynchronize {
+			hooks = append(hooks, ds...)
+		}
+	}
+	h.metrics.mu.Unlock()
+	logPercentiles(t, "hook duration via the adaptation", hooks)
+	rt.mu.Lock()
+	rtt := slices.Clone(rt.latency)
+	rt.mu.Unlock()
+	logPercentiles(t, "runtime-to-plugin round trip (ttrpc)", rtt)
+}
