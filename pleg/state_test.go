@@ -43,16 +43,6 @@ func statusOf(ev Event, id string) *runtimeapi.ContainerStatus {
 	return nil
 }
 
-func eventsOf(evs []Event, id string, t runtimeapi.ContainerEventType) []Event {
-	var out []Event
-	for _, ev := range evs {
-		if ev.Response.ContainerId == id && ev.Response.ContainerEventType == t {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 func diffProto(want, got any) string { return cmp.Diff(want, got, protocmp.Transform()) }
 
 func TestStartPod(t *testing.T) {

@@ -324,13 +324,6 @@ func (f *fetcher) take(now time.Time, force bool) ([]fetchReq, time.Time) {
 	return out, next
 }
 
-// pending returns the number of queued requests.
-func (f *fetcher) pending() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.ready) + f.delayed.Len()
-}
-
 type fetchHeap []fetchReq
 
 func (h fetchHeap) Len() int           { return len(h) }

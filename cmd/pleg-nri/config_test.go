@@ -118,3 +118,18 @@ func TestToEventLine(t *testing.T) {
 		t.Errorf("sandbox event line = %+v", l)
 	}
 }
+
+func TestMethodLabel(t *testing.T) {
+	for method, want := range map[string]string{
+		"/runtime.v1.RuntimeService/Version":            "/runtime.v1.RuntimeService/Version",
+		"/runtime.v1.ImageService/PullImage":            "/runtime.v1.ImageService/PullImage",
+		"/runtime.v1.RuntimeService/NoSuchMethod":       "unknown",
+		"/made.up.Service/Anything":                     "unknown",
+		"garbage":                                       "unknown",
+		"/runtime.v1.RuntimeService/GetContainerEvents": "/runtime.v1.RuntimeService/GetContainerEvents",
+	} {
+		if got := methodLabel(method); got != want {
+			t.Errorf("methodLabel(%q) = %q, want %q", method, got, want)
+		}
+	}
+}

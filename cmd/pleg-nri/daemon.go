@@ -39,15 +39,23 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	m := newMetrics(reg)
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
-	// starts; an external one has it from its flags and --config file already.
+	// starts; an external one has it from its flags and --config file already. Either way the core is
+	// built from the final configuration, and the plugin's callbacks wait for it (only at startup:
+	// containerd sends Configure first, then Synchronize).
 	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
 	configured := make(chan []byte, 1)
+	coreReady := make(chan struct{})
 	var core *pleg.PLEG
 	nri, err := plugin.New(plugin.Options{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket},
-		observerFunc(func(o pleg.Observation) { core.Observe(o) }),
+		observerFunc(func(o pleg.Observation) {
+			<-coreReady
+			core.Observe(o)
+		}),
 		plugin.WithMetrics(m),
-		plugin.WithOnConnectionState(m.ConnectionState),
-		plugin.WithOnSynchronized(func() { core.TriggerRelist() }),
+		plugin.WithOnSynchronized(func() {
+			<-coreReady
+			core.TriggerRelist()
+		}),
 		plugin.WithConfigure(func(data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
 			if err != nil {
@@ -55,6 +63,11 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 			}
 			select {
 			case configured <- data:
+				// The first configuration: hold registration until the core is built from it.
+				select {
+				case <-coreReady:
+				case <-time.After(preRegisteredConfigWait):
+				}
 			default:
 				if changed := changedKeys(cfg, newCfg); len(changed) > 0 {
 					log.G(ctx).WithField("keys", changed).Warn("configuration from NRI changed keys that need a restart of pleg-nri to take effect")
@@ -62,18 +75,6 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 			}
 			return nil
 		}))
-	if err != nil {
-		return err
-	}
-
-	// The core observes before the plugin connects: a callback may arrive as soon as it registers.
-	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
-	if err != nil {
-		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
-	}
-	defer cri.Close()
-	core, err = pleg.New(pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
-		RelistPeriod: time.Duration(cfg.RelistPeriod)})
 	if err != nil {
 		return err
 	}
@@ -92,9 +93,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 			errc <- err
 		}()
 	}
-	goRun("NRI plugin", nri.Run)
-
 	if preRegistered {
+		goRun("NRI plugin", nri.Run)
 		select {
 		case data := <-configured:
 			if cfg, err = ParseConfig(data, cfg); err != nil {
@@ -104,7 +104,23 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		case <-time.After(preRegisteredConfigWait):
 			log.G(ctx).Warn("no configuration from NRI: starting with the defaults and flags")
 		case <-ctx.Done():
+			return nil
 		}
+	}
+
+	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
+	if err != nil {
+		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+	}
+	defer cri.Close()
+	core, err = pleg.New(pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
+		RelistPeriod: time.Duration(cfg.RelistPeriod)})
+	if err != nil {
+		return err
+	}
+	close(coreReady)
+	if !preRegistered {
+		goRun("NRI plugin", nri.Run)
 	}
 
 	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)

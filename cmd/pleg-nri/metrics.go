@@ -3,11 +3,14 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
@@ -202,7 +205,25 @@ func (m *metrics) Reconnected() { m.reconnects.WithLabelValues("nri").Inc() }
 // eventbridge.Metrics
 
 func (m *metrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
-	m.forwarded.WithLabelValues(method, code.String()).Observe(d.Seconds())
+	m.forwarded.WithLabelValues(methodLabel(method), code.String()).Observe(d.Seconds())
+}
+
+// methodLabel returns method when this build knows it (a method of a service in the protobuf
+// registry: every CRI method) and "unknown" otherwise, so a client inventing method names cannot grow
+// the metric without bound.
+func methodLabel(method string) string {
+	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	if !ok {
+		return "unknown"
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return "unknown"
+	}
+	if sd, ok := d.(protoreflect.ServiceDescriptor); !ok || sd.Methods().ByName(protoreflect.Name(name)) == nil {
+		return "unknown"
+	}
+	return method
 }
 
 func (m *metrics) EventStreamOpened() { m.streams.Inc() }

@@ -3,7 +3,6 @@ package containerdit
 import (
 	"context"
 	"fmt"
-	"sort"
 	"testing"
 	"time"
 
@@ -235,14 +234,5 @@ func keys(id string, types ...runtimeapi.ContainerEventType) []eventKey {
 	for _, typ := range types {
 		out = append(out, eventKey{id, typ})
 	}
-	return out
-}
-
-func sortedIDs(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }
