@@ -72,6 +72,19 @@ func TestCompareThreeContainers(t *testing.T) {
 	s.compare()
 }
 
+// endPod stops and removes a pod through pleg-nri's endpoint and waits until both streams have the
+// DELETED events of its containers and of the sandbox.
+func (s *sideBySide) endPod(podID string, ctrs ...string) {
+	s.t.Helper()
+	s.c.stopPod(podID)
+	s.c.removePod(podID)
+	var want []eventKey
+	for _, id := range ctrs {
+		want = append(want, keys(id, evDeleted)...)
+	}
+	s.waitBoth(append(want, keys(podID, evDeleted)...)...)
+}
+
 // containerPid returns the pid of a running container's process, from the verbose CRI status.
 func containerPid(t *testing.T, id string) int {
 	t.Helper()
@@ -103,9 +116,7 @@ func TestCompareHostSIGKILL(t *testing.T) {
 	if st := lastStatus(s.ours.Events(), ctr); st.GetExitCode() != 137 || st.GetReason() != "Error" {
 		t.Errorf("killed container: exit %d reason %q, want 137 Error", st.GetExitCode(), st.GetReason())
 	}
-	s.c.stopPod(podID)
-	s.c.removePod(podID)
-	s.waitBoth(append(keys(ctr, evDeleted), keys(podID, evDeleted)...)...)
+	s.endPod(podID, ctr)
 	s.compare()
 }
 
@@ -127,9 +138,7 @@ func TestCompareOOMKill(t *testing.T) {
 		return lastStatus(s.ours.Events(), ctr).GetReason() == "OOMKilled", nil
 	})
 	s.assertStatusesMatch(ctr)
-	s.c.stopPod(podID)
-	s.c.removePod(podID)
-	s.waitBoth(append(keys(ctr, evDeleted), keys(podID, evDeleted)...)...)
+	s.endPod(podID, ctr)
 	var extras []extra
 	if n := len(slices.DeleteFunc(s.ours.forID(ctr), func(e runtimeapi.ContainerEventType) bool { return e != evStopped })); n == 2 {
 		extras = append(extras, extra{eventKey{ctr, evStopped}, "corrected STOPPED: the OOM was known only after the first STOPPED"})
@@ -164,9 +173,7 @@ func TestCompareExecAndUpdate(t *testing.T) {
 	if got := s.ours.Events()[ours:]; len(got) != 0 {
 		t.Errorf("pleg-nri sent events for exec/update: %s", describeEvents(got))
 	}
-	s.c.stopPod(podID)
-	s.c.removePod(podID)
-	s.waitBoth(append(keys(ctr, evDeleted), keys(podID, evDeleted)...)...)
+	s.endPod(podID, ctr)
 	s.compare()
 }
 
