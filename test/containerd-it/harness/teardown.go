@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -246,14 +247,27 @@ func linkExists(name string) bool {
 	return err == nil
 }
 
-// cniState lists libcni's and host-local's state entries of the environment's network.
+// cniState lists libcni's and host-local's state entries of the environment: its network's, and the
+// cached results of containerd's loopback network ("cni-loopback-<sandbox>-lo"), which carry no
+// network name of ours but record a network namespace under the environment's directory.
 func (e *Env) cniState() []string {
 	var out []string
 	if _, err := os.Stat(filepath.Join(cniStateDir, "networks", e.NetName)); err == nil {
 		out = append(out, filepath.Join(cniStateDir, "networks", e.NetName))
 	}
 	matches, _ := filepath.Glob(filepath.Join(cniStateDir, "results", e.NetName+"-*"))
-	return append(out, matches...)
+	out = append(out, matches...)
+	loopbacks, _ := filepath.Glob(filepath.Join(cniStateDir, "results", "cni-loopback-*"))
+	for _, f := range loopbacks {
+		var cached struct {
+			Netns string `json:"netns"`
+		}
+		if data, err := os.ReadFile(f); err == nil && json.Unmarshal(data, &cached) == nil &&
+			strings.HasPrefix(cached.Netns, e.Dir+"/") {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Leftovers lists what of the environment still exists: processes, mounts, cgroups, the bridge, CNI
