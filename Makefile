@@ -86,10 +86,11 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 .PHONY: bench
 bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
 	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
-	if $(GO) test -list '^BenchmarkHook' ./plugin/ | grep -q '^BenchmarkHook'; then \
-	  if $(GO) test -run '^$$' -bench '^BenchmarkHook' -benchmem ./plugin/ 2>&1 | grep -v '^time=' | tee $$out/plugin.txt; \
-	  then hook="-hook-bench $$out/plugin.txt"; else echo "bench: the plugin's BenchmarkHook failed, left out of the report"; fi; \
-	else echo "bench: ./plugin/ has no BenchmarkHook yet, skipped"; fi; \
+	if ! list=$$($(GO) test -list '^BenchmarkHook' ./plugin/ 2>&1); then echo "$$list"; echo "bench: ./plugin/ does not build: its BenchmarkHook is left out"; \
+	elif ! grep -q '^BenchmarkHook' <<<"$$list"; then echo "bench: ./plugin/ has no BenchmarkHook, skipped"; \
+	elif $(GO) test -run '^$$' -bench '^BenchmarkHook' -benchmem ./plugin/ 2>&1 | grep -v '^time=' | tee $$out/plugin.txt; then \
+	  hook="-hook-bench $$out/plugin.txt"; \
+	else echo "bench: the plugin's BenchmarkHook failed: left out of the report"; fi; \
 	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
 

@@ -49,7 +49,7 @@ const (
 	// Forwarded unary calls per method and side, after proxyWarmup of each.
 	proxyCalls, proxyWarmup = 2000, 200
 	// Pod start: podRounds rounds of two phases (ABBA order) of podsPerPhase timed pods each.
-	podRounds, podsPerPhase = 6, 6
+	podRounds, podsPerPhase = 10, 6
 )
 
 // BenchmarkExitLatency measures task exit -> STOPPED event received on containerd's own stream and on

@@ -97,7 +97,7 @@ func Markdown(r *Results, svgName string) string {
 		a, p := Median(s.WithoutMs), Median(s.WithMs)
 		pct := (p - a) / a * 100
 		row(fmt.Sprintf("pod start (run pod + create + start), median (%d pods each)", min(len(s.WithMs), len(s.WithoutMs))),
-			ms(a), ms(p), fmt.Sprintf("%+.1f%%", pct), fmt.Sprintf("< %g%%", GoalPodStartPct), yesNo(pct < GoalPodStartPct))
+			ms(a), ms(p), fmt.Sprintf("%+.2f%%", pct), fmt.Sprintf("< %g%%", GoalPodStartPct), yesNo(pct < GoalPodStartPct))
 		a90, p90 := Quantile(s.WithoutMs, .9), Quantile(s.WithMs, .9)
 		row("pod start, p90", ms(a90), ms(p90), fmt.Sprintf("%+.1f%%", (p90-a90)/a90*100), "", "")
 	}
@@ -139,7 +139,8 @@ func Markdown(r *Results, svgName string) string {
 		w("\n")
 	}
 	if len(r.HookBench) == 0 {
-		w("`plugin` has no `BenchmarkHook` yet (`go test -list Bench ./plugin/`): when it has, `%s` adds it here.\n\n", Command)
+		w("The plugin's in-process `BenchmarkHook` (`go test -bench BenchmarkHook ./plugin/`) is not part of this run: it was\n")
+		w("absent, or ./plugin/ did not build, when `%s` ran (its output says which).\n\n", Command)
 	}
 	if p := r.Proxy; p != nil {
 		w("## Forwarded unary calls\n\n")

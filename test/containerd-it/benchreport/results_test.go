@@ -96,7 +96,7 @@ func TestReport(t *testing.T) {
 		t.Fatalf("Update lost a section: %+v", r)
 	}
 	md := Markdown(r, "exit-latency.svg")
-	for _, want := range []string{"make bench", "2026-01-01", "| STOPPED events never received | 0 | 1 |", "+50 µs", "+1.0%", "**no**"} {
+	for _, want := range []string{"make bench", "2026-01-01", "| STOPPED events never received | 0 | 1 |", "+50 µs", "+1.00%", "**no**"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
