@@ -13,17 +13,14 @@ package containerdit
 // timing: the machine is shared and noisy; the report compares medians and ratios.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -56,9 +53,9 @@ const (
 // pleg-nri's, both subscribed during the same workload, then reads the plugin's NRI callback time
 // histogram that the same workload filled.
 func BenchmarkExitLatency(b *testing.B) {
-	p := startBenchPleg(b)
+	p := startPlegNRI(b, benchPlegFlags...)
 	cd := subscribeStamped(b, env.Address)
-	pn := subscribeStamped(b, p.socket)
+	pn := subscribeStamped(b, p.Socket)
 	rt := benchRuntime(b, env.Address)
 
 	type pod struct {
@@ -172,7 +169,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	}
 
 	// The NRI callback time histogram, filled by this workload, and where pleg-nri's latency goes.
-	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	resp, err := http.Get("http://" + p.MetricsAddr + "/metrics")
 	if err != nil {
 		b.Fatalf("metrics: %v", err)
 	}
@@ -219,9 +216,9 @@ func BenchmarkExitLatency(b *testing.B) {
 // BenchmarkProxyUnary measures forwarded unary calls (Version, ListContainers) direct to containerd and
 // through pleg-nri, alternating A/B per iteration.
 func BenchmarkProxyUnary(b *testing.B) {
-	p := startBenchPleg(b)
+	p := startPlegNRI(b, benchPlegFlags...)
 	direct := benchRuntime(b, env.Address)
-	proxied := benchRuntime(b, p.socket)
+	proxied := benchRuntime(b, p.Socket)
 	// Something to list: a few pods with sleeping containers.
 	for i := range 4 {
 		id, cfg := benchRunPod(b, direct, fmt.Sprintf("bench-proxy-%d", i))
@@ -298,10 +295,10 @@ func BenchmarkPodStart(b *testing.B) {
 	res := &benchreport.PodStart{Rounds: podRounds}
 	n := 0
 	phase := func(with bool) {
-		var p *benchPleg
+		var p *plegNRI
 		if with {
-			p = startBenchPleg(b)
-			sub := subscribeStamped(b, p.socket)
+			p = startPlegNRI(b, benchPlegFlags...)
+			sub := subscribeStamped(b, p.Socket)
 			defer sub.close()
 			defer p.stop()
 			time.Sleep(300 * time.Millisecond)
@@ -558,111 +555,5 @@ func (s *stampedStream) close() {
 	<-s.done
 }
 
-// benchPleg is a pleg-nri daemon run for a benchmark: like startPlegNRI, but for a testing.TB, logging
-// at info level (debug logging would bill pleg-nri for log lines) and keeping only its log's tail.
-type benchPleg struct {
-	socket, metrics string
-	cmd             *exec.Cmd
-	exited          chan struct{}
-	mu              sync.Mutex
-	tail            []string
-}
-
-// startBenchPleg starts pleg-nri against the harness's containerd and waits for /readyz; it is stopped
-// when the benchmark ends (or earlier with stop).
-func startBenchPleg(tb testing.TB) *benchPleg {
-	tb.Helper()
-	dir, err := os.MkdirTemp("", "plegnri-bench-")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	p := &benchPleg{socket: filepath.Join(dir, "run", "cri.sock"), metrics: freeLoopbackAddrTB(tb), exited: make(chan struct{})}
-	p.cmd = exec.Command(plegNRIBinary,
-		"--nri-socket", env.NRISocket,
-		"--containerd-address", env.Address,
-		"--runtime-endpoint", "unix://"+env.Address,
-		"--listen", "unix://"+p.socket,
-		"--metrics-address", p.metrics,
-		"--plugin-name", "pleg-nri-bench",
-		"--log-level", "info",
-	)
-	pr, pw := io.Pipe()
-	p.cmd.Stdout, p.cmd.Stderr = pw, pw
-	if err := p.cmd.Start(); err != nil {
-		tb.Fatalf("start pleg-nri: %v", err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.tail = append(p.tail, sc.Text())
-			if len(p.tail) > 200 {
-				p.tail = p.tail[len(p.tail)-100:]
-			}
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	go func() {
-		_ = p.cmd.Wait()
-		pw.Close()
-		close(p.exited)
-	}()
-	tb.Cleanup(func() {
-		p.stop()
-		if tb.Failed() {
-			tb.Logf("pleg-nri log tail:\n%s", p.logTail())
-		}
-	})
-	err = harness.WaitFor(context.Background(), 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
-		select {
-		case <-p.exited:
-			return false, fmt.Errorf("pleg-nri exited")
-		default:
-		}
-		resp, err := http.Get("http://" + p.metrics + "/readyz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		tb.Fatalf("%v\npleg-nri log tail:\n%s", err, p.logTail())
-	}
-	return p
-}
-
-// stop stops pleg-nri with SIGTERM (SIGKILL after 10 s) and waits for it; stopping twice is fine.
-func (p *benchPleg) stop() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *benchPleg) logTail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.tail, "\n")
-}
-
-func freeLoopbackAddrTB(tb testing.TB) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// benchPlegFlags run pleg-nri at info level for benchmarks: debug logging would bill it for log lines.
+var benchPlegFlags = []string{"--plugin-name", "pleg-nri-bench", "--log-level", "info"}

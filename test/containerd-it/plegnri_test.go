@@ -38,16 +38,20 @@ type plegNRI struct {
 	// Socket is its CRI endpoint; MetricsAddr its metrics address.
 	Socket, MetricsAddr string
 	cmd                 *exec.Cmd
-	mu                  sync.Mutex
-	log                 strings.Builder
 	exited              chan struct{}
 	args                []string
+	// mu guards tail, the last logTailLines lines pleg-nri logged.
+	mu   sync.Mutex
+	tail []string
 }
+
+// logTailLines bounds the log kept for a failure report.
+const logTailLines = 2000
 
 // startPlegNRI starts pleg-nri as an external NRI plugin of the test containerd and waits until it is
 // ready (NRI registered, events subscribed, one relist done). It is stopped when the test ends, and
-// its log is printed if the test failed.
-func startPlegNRI(t *testing.T, extra ...string) *plegNRI {
+// its log is printed if the test failed. extra flags come last, so they override the defaults.
+func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "plegnri-")
 	if err != nil {
@@ -73,7 +77,7 @@ func startPlegNRI(t *testing.T, extra ...string) *plegNRI {
 	return p
 }
 
-func (p *plegNRI) start(t *testing.T) {
+func (p *plegNRI) start(t testing.TB) {
 	t.Helper()
 	p.cmd = exec.Command(plegNRIBinary, p.args...)
 	pr, pw := io.Pipe()
@@ -87,7 +91,10 @@ func (p *plegNRI) start(t *testing.T) {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			p.mu.Lock()
-			p.log.WriteString(sc.Text() + "\n")
+			p.tail = append(p.tail, sc.Text())
+			if len(p.tail) > 2*logTailLines {
+				p.tail = append(p.tail[:0], p.tail[len(p.tail)-logTailLines:]...)
+			}
 			p.mu.Unlock()
 		}
 	}()
@@ -100,7 +107,7 @@ func (p *plegNRI) start(t *testing.T) {
 }
 
 // waitReady waits for /readyz.
-func (p *plegNRI) waitReady(t *testing.T) {
+func (p *plegNRI) waitReady(t testing.TB) {
 	t.Helper()
 	err := harness.WaitFor(context.Background(), 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
 		select {
@@ -139,15 +146,19 @@ func (p *plegNRI) stop() {
 	p.cmd = nil
 }
 
-// Log returns what pleg-nri logged so far.
+// Log returns the last lines pleg-nri logged.
 func (p *plegNRI) Log() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.log.String()
+	tail := p.tail
+	if len(tail) > logTailLines {
+		tail = tail[len(tail)-logTailLines:]
+	}
+	return strings.Join(tail, "\n")
 }
 
 // metric returns the sum of a metric's samples whose line contains every filter.
-func (p *plegNRI) metric(t *testing.T, name string, filters ...string) float64 {
+func (p *plegNRI) metric(t testing.TB, name string, filters ...string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + p.MetricsAddr + "/metrics")
 	if err != nil {
@@ -176,7 +187,7 @@ lines:
 	return sum
 }
 
-func freeLoopbackAddr(t *testing.T) string {
+func freeLoopbackAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
