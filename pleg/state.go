@@ -629,8 +629,12 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				continue
 			}
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, c)
-			if o.kind == KindContainer && target == PhaseRunning && o.cbase.State == runtimeapi.ContainerState_CONTAINER_CREATED {
-				s.verify(o) // the start time came from a fast input
+			if o.kind == KindContainer && target == PhaseRunning && o.cbase.State == runtimeapi.ContainerState_CONTAINER_CREATED &&
+				!o.facts.startExact {
+				// The start time is not containerd's own (none was known): the verification brings it.
+				// NRI's start time is containerd's, and nothing else in the status changes at a start,
+				// so that STARTED needs no second status call.
+				s.verify(o)
 			}
 		case PhaseExited:
 			if !o.exited && !o.started {
