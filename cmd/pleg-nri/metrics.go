@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "objects_dropped_total",
 			Help: "Objects forgotten without any event, by kind and reason."}, []string{"kind", "reason"}),
 		emitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_emit_latency_seconds",
-			Help: "Time from the input's observation to the event's emission.", Buckets: latencyBuckets}, []string{"source"}),
+			Help: "Time from the input's observation to the event's emission, by event type and source.", Buckets: latencyBuckets}, []string{"type", "source"}),
 		sendLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_send_latency_seconds",
 			Help: "Time from the input's observation to the event's send to a subscriber.", Buckets: latencyBuckets}, []string{"source"}),
 		statusCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "status_call_duration_seconds",
@@ -136,7 +136,7 @@ func (m *metrics) ObservationSuppressed(src pleg.Source, reason string) {
 
 func (m *metrics) EventEmitted(t runtimeapi.ContainerEventType, kind pleg.Kind, src pleg.Source, latency time.Duration) {
 	m.emitted.WithLabelValues(eventType(t), kind.String(), src.String()).Inc()
-	m.emitLatency.WithLabelValues(src.String()).Observe(latency.Seconds())
+	m.emitLatency.WithLabelValues(eventType(t), src.String()).Observe(latency.Seconds())
 }
 
 func (m *metrics) EventCorrected(kind pleg.Kind, src pleg.Source) {

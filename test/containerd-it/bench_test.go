@@ -34,6 +34,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
@@ -56,6 +58,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	p := startPlegNRI(b, benchPlegFlags...)
 	cd := subscribeStamped(b, env.Address)
 	pn := subscribeStamped(b, p.Socket)
+	te := watchTaskExits(b, env.Address)
 	rt := benchRuntime(b, env.Address)
 
 	type pod struct {
@@ -140,7 +143,15 @@ func BenchmarkExitLatency(b *testing.B) {
 				b.Fatalf("container %s is %s (finished_at %d) after its STOPPED wait", short(id), st.Status.State, st.Status.FinishedAt)
 			}
 			fin := st.Status.FinishedAt
-			x := benchreport.Exit{ID: id, ExitCode: st.Status.ExitCode, FinishedAt: fin, ContainerdMs: -1, PlegNRIMs: -1}
+			x := benchreport.Exit{ID: id, ExitCode: st.Status.ExitCode, FinishedAt: fin, ContainerdMs: -1, PlegNRIMs: -1,
+				PublishedMs: -1, TaskEventMs: -1, EmittedMs: -1}
+			if pub, got, ok := te.at(id); ok {
+				x.PublishedMs = float64(pub.UnixNano()-fin) / 1e6
+				x.TaskEventMs = float64(got.UnixNano()-fin) / 1e6
+			}
+			if c := pn.createdAt(id, evStopped); c != 0 {
+				x.EmittedMs = float64(c-fin) / 1e6
+			}
 			if at, ok := cd.at(id, evStopped); ok {
 				x.ContainerdMs = float64(at.UnixNano()-fin) / 1e6
 			}
@@ -184,6 +195,12 @@ func BenchmarkExitLatency(b *testing.B) {
 		b.Fatal(err)
 	}
 	internals := map[string]*benchreport.Hook{}
+	if h, err := benchreport.ParseHistogram(bytes.NewReader(text), "pleg_nri_event_emit_latency_seconds", "source",
+		func(labels string) bool { return !strings.Contains(labels, `type="stopped"`) }); err == nil {
+		internals[`pleg_nri_event_emit_latency_seconds{type="stopped"}`] = h
+	} else {
+		b.Logf("pleg-nri's metrics: %v", err)
+	}
 	for name, by := range map[string]string{
 		"pleg_nri_event_emit_latency_seconds":   "source",
 		"pleg_nri_event_send_latency_seconds":   "source",
@@ -210,6 +227,23 @@ func BenchmarkExitLatency(b *testing.B) {
 		len(res.Exits), benchreport.Median(cdMs), benchreport.Quantile(cdMs, .99), cdMiss,
 		benchreport.Median(pnMs), benchreport.Quantile(pnMs, .99), pnMiss,
 		benchreport.HistogramQuantile(hook.Buckets, .5)*1e6, benchreport.HistogramQuantile(hook.Buckets, .99)*1e6, hook.Count)
+	for _, st := range []struct {
+		name string
+		f    func(benchreport.Exit) float64
+	}{
+		{"published", func(x benchreport.Exit) float64 { return x.PublishedMs }},
+		{"task event received", func(x benchreport.Exit) float64 { return x.TaskEventMs }},
+		{"pleg-nri emitted", func(x benchreport.Exit) float64 { return x.EmittedMs }},
+		{"pleg-nri received", func(x benchreport.Exit) float64 { return x.PlegNRIMs }},
+	} {
+		v := res.Stage(st.f)
+		b.Logf("exit -> %s: n %d p50 %.2f ms p90 %.2f ms p99 %.2f ms", st.name, len(v),
+			benchreport.Median(v), benchreport.Quantile(v, .9), benchreport.Quantile(v, .99))
+	}
+	for name, h := range internals {
+		b.Logf("%s: count %.0f p50 %.2f ms p99 %.2f ms %v", name, h.Count, benchreport.HistogramQuantile(h.Buckets, .5)*1e3,
+			benchreport.HistogramQuantile(h.Buckets, .99)*1e3, h.ByCallback)
+	}
 	saveBench(b, func(r *benchreport.Results) { r.ExitLatency, r.Hook, r.Internals = res, hook, internals })
 }
 
@@ -482,11 +516,12 @@ func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 
 // stampedStream records when each (container, event type) was first received on a CRI event stream.
 type stampedStream struct {
-	mu     sync.Mutex
-	first  map[stampKey]time.Time
-	err    error
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu      sync.Mutex
+	first   map[stampKey]time.Time
+	created map[stampKey]int64 // the created_at of that first event
+	err     error
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 type stampKey struct {
@@ -508,7 +543,7 @@ func subscribeStamped(tb testing.TB, socket string) *stampedStream {
 		conn.Close()
 		tb.Fatalf("GetContainerEvents on %s: %v", socket, err)
 	}
-	s := &stampedStream{first: map[stampKey]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	s := &stampedStream{first: map[stampKey]time.Time{}, created: map[stampKey]int64{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		defer conn.Close()
@@ -527,6 +562,7 @@ func subscribeStamped(tb testing.TB, socket string) *stampedStream {
 			s.mu.Lock()
 			if _, ok := s.first[k]; !ok {
 				s.first[k] = now
+				s.created[k] = ev.CreatedAt
 			}
 			s.mu.Unlock()
 		}
@@ -543,6 +579,13 @@ func (s *stampedStream) at(id string, typ runtimeapi.ContainerEventType) (time.T
 	return t, ok
 }
 
+// createdAt returns the created_at of the first event of type typ for id (0 when none).
+func (s *stampedStream) createdAt(id string, typ runtimeapi.ContainerEventType) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.created[stampKey{id, typ}]
+}
+
 // Err returns the error that ended the stream, if it ended.
 func (s *stampedStream) Err() error {
 	s.mu.Lock()
@@ -553,6 +596,52 @@ func (s *stampedStream) Err() error {
 func (s *stampedStream) close() {
 	s.cancel()
 	<-s.done
+}
+
+// taskExits records, per container, the timestamp of containerd's /tasks/exit envelope and when this
+// process received it, through a subscription of its own (the same code as pleg-nri's).
+type taskExits struct {
+	mu   sync.Mutex
+	seen map[string][2]time.Time
+}
+
+func watchTaskExits(tb testing.TB, address string) *taskExits {
+	tb.Helper()
+	t := &taskExits{seen: map[string][2]time.Time{}}
+	sub, err := eventbridge.NewTaskEvents(address, eventbridge.ObserverFunc(func(o pleg.Observation) {
+		if o.Phase != pleg.PhaseExited {
+			return
+		}
+		now := time.Now()
+		t.mu.Lock()
+		if _, ok := t.seen[o.ID]; !ok {
+			t.seen[o.ID] = [2]time.Time{o.SourceTime, now}
+		}
+		t.mu.Unlock()
+	}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = sub.Run(ctx)
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+		sub.Close()
+	})
+	return t
+}
+
+// at returns the envelope's timestamp and the receipt time of id's /tasks/exit.
+func (t *taskExits) at(id string) (published, received time.Time, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.seen[id]
+	return v[0], v[1], ok
 }
 
 // benchPlegFlags run pleg-nri at info level for benchmarks: debug logging would bill it for log lines.

@@ -113,6 +113,26 @@ func Markdown(r *Results, svgName string) string {
 		w("latency is the receipt time of the container's first STOPPED event minus the `finished_at` of its CRI\n")
 		w("`ContainerStatus` (the exit time containerd recorded from the shim). Both subscribers run in the same\n")
 		w("process on the same host clock.\n\n")
+		stages := []struct {
+			name string
+			f    func(Exit) float64
+		}{
+			{"containerd stamps its `/tasks/exit` envelope", func(x Exit) float64 { return x.PublishedMs }},
+			{"a task-event subscriber (the benchmark's own) receives it", func(x Exit) float64 { return x.TaskEventMs }},
+			{"pleg-nri emits STOPPED (its `created_at`)", func(x Exit) float64 { return x.EmittedMs }},
+			{"pleg-nri's subscriber receives STOPPED", func(x Exit) float64 { return x.PlegNRIMs }},
+			{"containerd's subscriber receives STOPPED", func(x Exit) float64 { return x.ContainerdMs }},
+		}
+		if len(e.Stage(stages[0].f)) > 0 {
+			w("Where the time goes: each stage of the exit's path, in ms after the exit (`finished_at`):\n\n")
+			w("| stage | n | p50 | p90 | p99 | max |\n| --- | --- | --- | --- | --- | --- |\n")
+			for _, st := range stages {
+				v := e.Stage(st.f)
+				w("| %s | %d | %s | %s | %s | %s |\n", st.name, len(v), ms(Quantile(v, .5)), ms(Quantile(v, .9)),
+					ms(Quantile(v, .99)), ms(Quantile(v, 1)))
+			}
+			w("\n")
+		}
 	}
 	if h := r.Hook; h != nil {
 		w("## NRI callback handling\n\n")

@@ -61,6 +61,24 @@ type Exit struct {
 	// negative means that stream never delivered it (missed).
 	ContainerdMs float64 `json:"containerd_ms"`
 	PlegNRIMs    float64 `json:"pleg_nri_ms"`
+	// The stages of the exit's path, each in ms from FinishedAt (negative: not seen). PublishedMs is the
+	// timestamp containerd put on its /tasks/exit envelope; TaskEventMs is when a task-event subscriber of
+	// the benchmark (a second one, beside pleg-nri's) received that envelope; EmittedMs is the created_at
+	// of pleg-nri's STOPPED event (the moment its core emitted it).
+	PublishedMs float64 `json:"published_ms"`
+	TaskEventMs float64 `json:"task_event_ms"`
+	EmittedMs   float64 `json:"emitted_ms"`
+}
+
+// Stage returns the delivered values of one stage of the exit path (f picks it from an Exit).
+func (e *ExitLatency) Stage(f func(Exit) float64) []float64 {
+	var out []float64
+	for _, x := range e.Exits {
+		if v := f(x); v >= 0 {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Latencies returns the delivered latencies of one side (containerd if !plegNRI) and how many were missed.
