@@ -25,6 +25,11 @@ type fanout struct {
 	// mu guards the writes of subs and nextID.
 	mu     sync.Mutex
 	nextID uint64
+
+	// seq numbers the events published; only publish (under PLEG.mu) writes it.
+	seq uint64
+	// replay keeps the events since the start for subscribers that come soon after (replay.go).
+	replay startupReplay
 }
 
 func newFanout(limit int, m Metrics) *fanout {
@@ -39,13 +44,15 @@ type Subscription struct {
 	id uint64
 	f  *fanout
 
-	// mu guards buf, head, n, err and closed.
+	// mu guards buf, head, n, err, closed and stats.
 	mu     sync.Mutex
 	buf    []Event // ring of len == limit
 	head   int     // index of the oldest queued event
 	n      int     // number of queued events
 	err    error   // set on eviction
 	closed bool
+	// stats counts what became of every event offered to the subscription (Queued is n).
+	stats SubscriptionStats
 
 	notify chan struct{} // capacity 1: wakes Next after a push, an eviction or Close
 }
@@ -53,11 +60,47 @@ type Subscription struct {
 // ID is the subscriber's id, as used in logs and metrics.
 func (s *Subscription) ID() uint64 { return s.id }
 
+// SubscriptionStats accounts for every event offered to one subscription, exactly:
+//
+//	Offered == Delivered + Coalesced + Dropped + Queued
+//
+// An event is offered when it is published while the subscription is open and not evicted; after an
+// eviction or Close nothing more is offered.
+type SubscriptionStats struct {
+	// Offered is the number of events published to the subscription.
+	Offered uint64
+	// Delivered is the number of events Next returned.
+	Delivered uint64
+	// Coalesced is the number of queued events replaced by a newer event of the same pod in a full
+	// queue (the newer one carries the whole pod status).
+	Coalesced uint64
+	// Dropped is the number of events discarded undelivered: at eviction, the queue and the event that
+	// did not fit; at Close, the queue.
+	Dropped uint64
+	// Queued is the number of events waiting for Next.
+	Queued int
+	// Evicted is set once the subscription was evicted with RESOURCE_EXHAUSTED.
+	Evicted bool
+}
+
+// Stats returns the subscription's counters.
+func (s *Subscription) Stats() SubscriptionStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Queued = s.n
+	st.Evicted = s.err != nil
+	return st
+}
+
 func (f *fanout) subscribe() *Subscription {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nextID++
 	s := &Subscription{id: f.nextID, f: f, buf: make([]Event, f.limit), notify: make(chan struct{}, 1)}
+	if f.replay.open.Load() {
+		f.replaySubscribe(context.Background(), s)
+	}
 	old := *f.subs.Load()
 	subs := make([]*Subscription, len(old), len(old)+1)
 	copy(subs, old)
@@ -94,10 +137,19 @@ func (f *fanout) count() int { return len(*f.subs.Load()) }
 
 // publish queues ev for every subscriber; it never blocks.
 func (f *fanout) publish(ctx context.Context, ev Event) {
-	for _, s := range *f.subs.Load() {
+	f.seq++
+	ev.seq = f.seq
+	subs := *f.subs.Load()
+	if f.replay.open.Load() {
+		subs = f.replayPublish(ctx, ev)
+	}
+	for _, s := range subs {
 		if s.push(ev) {
 			f.metrics.SubscriberEvicted(s.id)
+			st := s.Stats()
 			log.G(ctx).WithField("subscriber", s.id).WithField("queue", f.limit).
+				WithField("offered", st.Offered).WithField("delivered", st.Delivered).
+				WithField("coalesced", st.Coalesced).WithField("dropped", st.Dropped).
 				Warn("event subscriber cannot keep up: evicted with RESOURCE_EXHAUSTED")
 			f.remove(s)
 		}
@@ -111,11 +163,14 @@ func (s *Subscription) push(ev Event) bool {
 		s.mu.Unlock()
 		return false
 	}
+	s.stats.Offered++
 	if s.n == len(s.buf) {
 		if removed := s.coalesceLocked(podKey(ev)); removed > 0 {
+			s.stats.Coalesced += uint64(removed)
 			s.f.metrics.EventsCoalesced(removed)
 		}
 		if s.n == len(s.buf) {
+			s.stats.Dropped += uint64(s.n) + 1
 			s.err = status.Errorf(codes.ResourceExhausted,
 				"event subscriber %d evicted: its queue of %d events is full of distinct pods", s.id, len(s.buf))
 			s.clearLocked()
@@ -211,6 +266,7 @@ func (s *Subscription) Next(ctx context.Context) (Event, error) {
 			s.buf[s.head] = Event{}
 			s.head = (s.head + 1) % len(s.buf)
 			s.n--
+			s.stats.Delivered++
 			depth := s.n
 			s.mu.Unlock()
 			s.f.metrics.SubscriberQueueDepth(s.id, depth)
@@ -244,6 +300,7 @@ func (s *Subscription) Close() {
 		return
 	}
 	s.closed = true
+	s.stats.Dropped += uint64(s.n) // none after an eviction: the queue was cleared then
 	s.clearLocked()
 	s.mu.Unlock()
 	s.f.remove(s)
