@@ -26,6 +26,11 @@ const (
 // liveProbeTimeout bounds the dial that tells a live socket from a stale one.
 const liveProbeTimeout = time.Second
 
+// HandshakeTimeout bounds the HTTP/2 handshake of a new connection to the CRI endpoint: a client that
+// connects and sends nothing (or garbage too slowly) is disconnected after it rather than gRPC's default
+// of 2 minutes. A CRI client on the node completes it in well under a millisecond.
+const HandshakeTimeout = 5 * time.Second
+
 // ParseListenAddress splits a listen address into a network and an address: "unix:///path" and
 // "/path" are unix sockets, "tcp://host:port" is TCP. Nothing else is accepted, so that a TCP listener is
 // only ever opened when asked for explicitly.
@@ -51,9 +56,10 @@ func ParseListenAddress(listen string) (network, address string, err error) {
 	return "", "", fmt.Errorf("listen address %q: want unix:///path, an absolute path or tcp://host:port", listen)
 }
 
-// Listen opens the listener of the CRI endpoint. For a unix socket it creates the directory (0750) if
-// missing, replaces a stale socket left by a previous run, refuses a path that is not a socket or on
-// which another server answers, and makes the socket 0660.
+// Listen opens the listener of the CRI endpoint. For a unix socket it creates the socket's directory
+// (0750) if it is missing but its parent exists, replaces a stale socket left by a previous run,
+// refuses a path that is not a socket or on which another server answers, and makes the socket 0660.
+// Closing the listener removes the socket file, unless something else has replaced it meanwhile.
 func Listen(ctx context.Context, listen string) (net.Listener, error) {
 	network, address, err := ParseListenAddress(listen)
 	if err != nil {
@@ -80,35 +86,75 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func listenUnix(ctx context.Context, path string) (net.Listener, error) {
+func listenUnix(ctx context.Context, path string) (_ net.Listener, err error) {
 	dir := filepath.Dir(path)
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, SocketDirPerm); err != nil {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Only the socket's own directory is created: a missing parent is rather a wrong path, which
+		// must not leave a trail of directories behind.
+		if err := os.Mkdir(dir, SocketDirPerm); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("cannot create socket directory %s: its parent %s does not exist", dir, filepath.Dir(dir))
+			}
 			return nil, fmt.Errorf("failed to create socket directory %s: %w", dir, err)
 		}
-		// MkdirAll applies the umask: make the directory exactly 0750.
+		// A directory made here and left empty by a failure below is removed again.
+		defer func() {
+			if err != nil {
+				_ = os.Remove(dir)
+			}
+		}()
+		// Mkdir applies the umask: make the directory exactly 0750.
 		if err := os.Chmod(dir, SocketDirPerm); err != nil {
 			return nil, fmt.Errorf("failed to set permissions of socket directory %s: %w", dir, err)
 		}
 		log.G(ctx).WithField("dir", dir).Debug("created socket directory")
-	} else if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("failed to stat socket directory %s: %w", dir, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("socket directory %s is not a directory", dir)
 	}
 
 	if err := removeStaleSocket(ctx, path); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("unix", path)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen on %s: %w", path, err)
+	}
+	// Closing removes the socket file only if it is still this one (see unixListener.Close).
+	l.SetUnlinkOnClose(false)
+	ul := &unixListener{UnixListener: l, path: path}
+	if ul.file, err = os.Lstat(path); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("failed to stat socket %s: %w", path, err)
 	}
 	// NOTE: between bind and chmod the socket has the umask's permissions; the 0750 directory keeps
 	// others out meanwhile when pleg-nri created it.
 	if err := os.Chmod(path, SocketPerm); err != nil {
-		_ = l.Close()
+		_ = ul.Close()
 		return nil, fmt.Errorf("failed to set permissions of socket %s: %w", path, err)
 	}
-	return l, nil
+	return ul, nil
+}
+
+// unixListener removes its socket file when it is closed, but only if the path still names the socket
+// it created: a file put in its place meanwhile (another server's socket, anything) is left alone.
+type unixListener struct {
+	*net.UnixListener
+	path string
+	// file is the socket file as created.
+	file fs.FileInfo
+}
+
+// Close closes the listener and removes its socket file if it is still there.
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.file) {
+		_ = os.Remove(l.path)
+	}
+	return err
 }
 
 // removeStaleSocket removes a socket file at path that no server answers on. It refuses anything that
@@ -155,7 +201,7 @@ type Server struct {
 }
 
 // NewServer returns a server for the proxy on the listen address (see ParseListenAddress). extra
-// server options are added to the proxy's.
+// server options are added to the proxy's and to a HandshakeTimeout.
 func NewServer(listen string, proxy *Proxy, extra ...grpc.ServerOption) (*Server, error) {
 	if _, _, err := ParseListenAddress(listen); err != nil {
 		return nil, err
@@ -166,7 +212,7 @@ func NewServer(listen string, proxy *Proxy, extra ...grpc.ServerOption) (*Server
 	return &Server{
 		listen: listen,
 		proxy:  proxy,
-		grpc:   grpc.NewServer(append(proxy.ServerOptions(), extra...)...),
+		grpc:   grpc.NewServer(append(append(proxy.ServerOptions(), grpc.ConnectionTimeout(HandshakeTimeout)), extra...)...),
 		errCh:  make(chan error, 1),
 	}, nil
 }

@@ -64,7 +64,7 @@ func TestListenCreatesDirectoryAndSocket(t *testing.T) {
 	old := syscall.Umask(0o077) // the modes must not depend on the umask
 	defer syscall.Umask(old)
 
-	dir := filepath.Join(shortTempDir(t), "a", "b")
+	dir := filepath.Join(shortTempDir(t), "run")
 	sock := filepath.Join(dir, "cri.sock")
 	l := listenT(t, "unix://"+sock)
 
@@ -93,6 +93,61 @@ func TestListenCreatesDirectoryAndSocket(t *testing.T) {
 	_ = l.Close()
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket still there after close: %v", err)
+	}
+}
+
+// TestListenUnusableDirectory: a socket directory whose parent is missing, that is a file, or in which
+// the socket cannot be made gives an error naming the path, and leaves nothing behind.
+func TestListenUnusableDirectory(t *testing.T) {
+	root := shortTempDir(t)
+	file := filepath.Join(root, "file")
+	if err := os.WriteFile(file, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	long := filepath.Join(root, "run", strings.Repeat("x", 120)+".sock") // longer than sun_path
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"missing parent", filepath.Join(root, "missing", "run", "cri.sock"), "its parent " + filepath.Join(root, "missing") + " does not exist"},
+		{"directory is a file", filepath.Join(file, "cri.sock"), file + " is not a directory"},
+		{"path too long", long, "failed to listen on " + long},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := Listen(context.Background(), "unix://"+tc.path)
+			if err == nil {
+				_ = l.Close()
+				t.Fatal("Listen succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+			entries, _ := os.ReadDir(root)
+			if len(entries) != 1 || entries[0].Name() != "file" {
+				t.Errorf("left in %s: %v, want only the file", root, entries)
+			}
+			if b, _ := os.ReadFile(file); string(b) != "keep me" {
+				t.Errorf("file changed: %q", b)
+			}
+		})
+	}
+}
+
+// TestListenCloseLeavesReplacedSocket: closing the listener removes its socket, but not a file that took
+// its place.
+func TestListenCloseLeavesReplacedSocket(t *testing.T) {
+	dir := shortTempDir(t)
+	sock := filepath.Join(dir, "cri.sock")
+	l := listenT(t, sock)
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("not yours"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, sock); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close()
+	if b, err := os.ReadFile(sock); err != nil || string(b) != "not yours" {
+		t.Errorf("the file that replaced the socket: %q, %v", b, err)
 	}
 }
 
