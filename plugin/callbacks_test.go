@@ -165,7 +165,7 @@ func TestEveryCallbackReturnsNothing(t *testing.T) {
 		{"empty objects", callbackArgs{pod: &api.PodSandbox{}, ctr: &api.Container{}, pods: []*api.PodSandbox{nil, {}},
 			ctrs: []*api.Container{nil, {}}, res: &api.LinuxResources{}, adjust: &api.ValidateContainerAdjustmentRequest{}}},
 		{"real objects", callbackArgs{pod: pod, ctr: ctr, pods: []*api.PodSandbox{pod}, ctrs: []*api.Container{ctr},
-			res: &api.LinuxResources{Cpu: &api.LinuxCPU{Shares: api.UInt64(512)}},
+			res:    &api.LinuxResources{Cpu: &api.LinuxCPU{Shares: api.UInt64(512)}},
 			adjust: &api.ValidateContainerAdjustmentRequest{Pod: pod, Container: ctr}, str: "relist-period: 5s"}},
 		{"garbage", callbackArgs{
 			pod: &api.PodSandbox{Id: "\x00\xff", Pid: 1<<32 - 1},
