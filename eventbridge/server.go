@@ -168,7 +168,7 @@ func removeStaleSocket(ctx context.Context, path string) error {
 		return fmt.Errorf("failed to stat %s: %w", path, err)
 	}
 	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("refusing to listen on %s: it exists and is not a socket (%s)", path, fi.Mode().Type())
+		return fmt.Errorf("refusing to listen on %s: it exists and is not a socket but %s", path, fileKind(fi.Mode()))
 	}
 	conn, err := net.DialTimeout("unix", path, liveProbeTimeout)
 	if err == nil {
@@ -183,6 +183,24 @@ func removeStaleSocket(ctx context.Context, path string) error {
 	}
 	log.G(ctx).WithField("socket", path).Info("removed stale socket")
 	return nil
+}
+
+// fileKind names the type of a file for an error message.
+func fileKind(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t == 0:
+		return "a regular file"
+	case t&fs.ModeDir != 0:
+		return "a directory"
+	case t&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case t&fs.ModeDevice != 0:
+		return "a device"
+	default:
+		return "a file of type " + t.String()
+	}
 }
 
 // Server is pleg-nri's CRI endpoint: a gRPC server made of a Proxy, on a listener opened by Listen.
