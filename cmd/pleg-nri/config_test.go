@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"sigs.k8s.io/yaml"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -132,4 +133,44 @@ func TestMethodLabel(t *testing.T) {
 			t.Errorf("methodLabel(%q) = %q, want %q", method, got, want)
 		}
 	}
+}
+
+// FuzzParseConfig: whatever the data, ParseConfig does not panic; an error says what is wrong in one of
+// its forms (naming the key when a key is at fault); an accepted configuration is valid and reads back
+// the same once written out.
+func FuzzParseConfig(f *testing.F) {
+	if example, err := os.ReadFile("../../nri.conf.example"); err == nil {
+		f.Add(example)
+	}
+	for _, s := range []string{"", "relist-period: 3s\nsubscriber-queue: 10\n", "relist_period: 3s\n", "relist-period: -1s\n",
+		"subscriber-queue: -5\n", "subscriber-queue: 1e3\n", "log-level: [a]\n", "listen: tcp://[::1]:1\n", "{\"listen\": 5}",
+		"a: &x [1]\nb: *x\n", "- 1\n", "plugin-idx: 07\n", "metrics-address: ':'\n", "relist-period: 99999999999h\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig(data, DefaultConfig())
+		if err != nil {
+			msg := err.Error()
+			for _, prefix := range []string{"config key \"", "unknown config key \"", "invalid config"} {
+				if strings.HasPrefix(msg, prefix) {
+					return
+				}
+			}
+			t.Fatalf("error %q names no key", msg)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("accepted an invalid configuration: %v", err)
+		}
+		out, err := yaml.Marshal(cfg)
+		if err != nil {
+			t.Fatalf("marshal %+v: %v", cfg, err)
+		}
+		back, err := ParseConfig(out, Config{})
+		if err != nil {
+			t.Fatalf("the configuration written out does not read back: %v\n%s", err, out)
+		}
+		if diff := cmp.Diff(cfg, back); diff != "" {
+			t.Fatalf("read back differently (-accepted +read back):\n%s", diff)
+		}
+	})
 }

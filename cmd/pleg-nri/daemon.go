@@ -199,6 +199,9 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, m 
 	if err != nil {
 		return nil, err
 	}
+	if ip := l.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+		log.G(ctx).WithField("address", l.Addr().String()).Warn("metrics server listens on a non-loopback address, without authentication")
+	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {

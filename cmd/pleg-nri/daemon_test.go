@@ -1,0 +1,551 @@
+package main
+
+// The daemon as its users run it: the real binary with bad flags, bad config files and unusable listen
+// paths (a clear error naming what is wrong, exit status 2, nothing touched that pleg-nri did not
+// create), and the socket it serves (0660 in a 0750 directory, nothing else listening but loopback).
+// None of these needs containerd: pleg-nri waits for containerd's sockets and gets as far as serving.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// shortTemp is a temp dir with a short path (unix socket paths are limited to 108 bytes).
+func shortTemp(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pn-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// absentUpstreams are flags that point pleg-nri at containerd sockets that do not exist (it waits for
+// them) under dir, and disable the metrics server.
+func absentUpstreams(dir string) []string {
+	return []string{
+		"--nri-socket", filepath.Join(dir, "absent-nri.sock"),
+		"--containerd-address", filepath.Join(dir, "absent-containerd.sock"),
+		"--runtime-endpoint", "unix://" + filepath.Join(dir, "absent-containerd.sock"),
+		"--metrics-address", "",
+	}
+}
+
+// runToExit runs the daemon with args and returns its exit status and stderr; it fails the test if the
+// daemon is still running after 30s.
+func runToExit(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(daemonBinary(t), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.Stdout = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), stderr.String()
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("pleg-nri %v is still running after 30s; output:\n%s", args, stderr.String())
+		return 0, ""
+	}
+}
+
+// lastLine is the error line the daemon prints before exiting.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
+}
+
+// snapshot records every path under root with its mode, size, time and content, to tell whether
+// anything was created, deleted or changed.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		desc := fmt.Sprintf("%s %d %d", fi.Mode(), fi.Size(), fi.ModTime().UnixNano())
+		if fi.Mode().IsRegular() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			desc += " " + string(b)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			target, _ := os.Readlink(path)
+			desc += " -> " + target
+		}
+		out[path] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestDaemonBadConfiguration(t *testing.T) {
+	dir := shortTemp(t)
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	listen := []string{"--listen", "unix://" + filepath.Join(dir, "run", "cri.sock")}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string // in the last line of the output
+	}{
+		{"unknown config key", []string{"--config", write("unknown.yaml", "relist_period: 5s\n")},
+			[]string{"unknown.yaml", `unknown config key "relist_period"`}},
+		{"bad duration in the file", []string{"--config", write("dur.yaml", "relist-period: often\n")},
+			[]string{`config key "relist-period"`, "often"}},
+		{"negative size in the file", []string{"--config", write("size.yaml", "subscriber-queue: -1\n")},
+			[]string{`config key "subscriber-queue"`, "must be at least 1"}},
+		{"negative size flag", []string{"--subscriber-queue", "-5"}, []string{`config key "subscriber-queue"`, "-5"}},
+		{"bad duration flag", []string{"--relist-period", "soon"}, []string{"-relist-period", `"soon"`}},
+		{"negative duration flag", []string{"--relist-period", "-3s"}, []string{`config key "relist-period"`, "-3s"}},
+		{"unknown flag", []string{"--relist_period", "5s"}, []string{"flag provided but not defined", "-relist_period"}},
+		{"missing config file", []string{"--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml", "no such file"}},
+		{"config file is a directory", []string{"--config", dir}, []string{dir, "is a directory"}},
+		{"not YAML", []string{"--config", write("bad.yaml", "a: [\n")}, []string{"bad.yaml", "invalid config"}},
+		{"bad listen scheme", []string{"--listen", "http://127.0.0.1:1"}, []string{`config key "listen"`}},
+		{"relative listen path", []string{"--listen", "run/cri.sock"}, []string{"listen", "run/cri.sock"}},
+		{"bad metrics address", []string{"--metrics-address", "9810"}, []string{`config key "metrics-address"`}},
+		{"extra argument", []string{"serve"}, []string{`unexpected argument "serve"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append(absentUpstreams(dir), listen...), tc.args...)
+			code, out := runToExit(t, args...)
+			if code != 2 {
+				t.Errorf("exit status %d, want 2; output:\n%s", code, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(lastLine(out), w) {
+					t.Errorf("last line %q does not say %q", lastLine(out), w)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(dir, "run")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a bad configuration still created the socket directory: %v", err)
+			}
+		})
+	}
+}
+
+// roDir returns a read-only directory: a read-only tmpfs when running as root (whom permission bits do
+// not stop), else a 0555 directory.
+func roDir(t *testing.T, parent string) string {
+	t.Helper()
+	dir := filepath.Join(parent, "ro")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(dir, 0o555); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod(dir, 0o755) })
+		return dir
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_RDONLY|syscall.MS_NOSUID|syscall.MS_NODEV, "size=64k"); err != nil {
+		t.Skipf("cannot mount a read-only tmpfs for the read-only directory case: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// TestDaemonUnusableListenPaths: every unusable --listen path gives exit status 2 and an error naming
+// the flag and the path; nothing under the test directory is created, deleted or changed.
+func TestDaemonUnusableListenPaths(t *testing.T) {
+	dir := shortTemp(t)
+	mk := func(name string, fn func(p string) error) string {
+		p := filepath.Join(dir, name)
+		if err := fn(p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	file := mk("file.sock", func(p string) error { return os.WriteFile(p, []byte("keep me"), 0o640) })
+	notDir := mk("notdir", func(p string) error { return os.WriteFile(p, []byte("a file"), 0o600) })
+	isDir := mk("dir.sock", func(p string) error {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(p, "inside"), []byte("keep me too"), 0o600)
+	})
+	link := mk("link.sock", func(p string) error { return os.Symlink(file, p) })
+	dangling := mk("dangling.sock", func(p string) error { return os.Symlink(filepath.Join(dir, "nowhere"), p) })
+	live := filepath.Join(dir, "live.sock")
+	other, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	go func() {
+		for {
+			c, err := other.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	ro := roDir(t, dir)
+
+	cases := []struct {
+		name, path string
+		want       []string
+	}{
+		{"missing parent directory", filepath.Join(dir, "missing", "run", "cri.sock"), []string{filepath.Join(dir, "missing"), "does not exist"}},
+		{"read-only directory", filepath.Join(ro, "cri.sock"), []string{filepath.Join(ro, "cri.sock")}},
+		{"socket directory in a read-only directory", filepath.Join(ro, "run", "cri.sock"), []string{filepath.Join(ro, "run")}},
+		{"regular file", file, []string{file, "not a socket"}},
+		{"directory", isDir, []string{isDir, "not a socket"}},
+		{"symlink to a file", link, []string{link, "not a socket"}},
+		{"dangling symlink", dangling, []string{dangling, "not a socket"}},
+		{"socket directory is a file", filepath.Join(notDir, "cri.sock"), []string{notDir, "not a directory"}},
+		{"socket of a live server", live, []string{live, "another server is listening"}},
+		{"path longer than a socket address", filepath.Join(dir, strings.Repeat("x", 120)+".sock"), []string{"failed to listen"}},
+	}
+	before := snapshot(t, dir)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runToExit(t, append(absentUpstreams(dir), "--listen", "unix://"+tc.path)...)
+			if code != 2 {
+				t.Errorf("exit status %d, want 2; output:\n%s", code, out)
+			}
+			line := lastLine(out)
+			for _, w := range append([]string{`config key "listen"`}, tc.want...) {
+				if !strings.Contains(line, w) {
+					t.Errorf("last line %q does not say %q", line, w)
+				}
+			}
+			after := snapshot(t, dir)
+			for p, d := range before {
+				if after[p] != d {
+					t.Errorf("%s changed: %q -> %q", p, d, after[p])
+				}
+			}
+			for p := range after {
+				if _, ok := before[p]; !ok {
+					t.Errorf("%s was created", p)
+				}
+			}
+		})
+	}
+	if c, err := net.Dial("unix", live); err != nil {
+		t.Errorf("the live server's socket was broken: %v", err)
+	} else {
+		_ = c.Close()
+	}
+}
+
+// daemon is a pleg-nri process started for a test.
+type daemon struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and readers.
+type syncBuffer struct {
+	mu  chan struct{}
+	buf bytes.Buffer
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{mu: make(chan struct{}, 1)} }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu <- struct{}{}
+	defer func() { <-b.mu }()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu <- struct{}{}
+	defer func() { <-b.mu }()
+	return b.buf.String()
+}
+
+// startDaemon starts pleg-nri with args under umask mask and waits until its socket answers.
+func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon {
+	t.Helper()
+	// The socket and directory modes must not depend on the umask pleg-nri is started with.
+	cmd := exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf("umask %03o && exec \"$0\" \"$@\"", mask), daemonBinary(t)}, args...)...)
+	d := &daemon{cmd: cmd, out: newSyncBuffer(), done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d.out, d.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(d.done) }()
+	t.Cleanup(func() {
+		d.stop(t)
+		if t.Failed() {
+			t.Logf("pleg-nri output:\n%s", d.out.String())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("unix", socket); err == nil {
+			_ = c.Close()
+			return d
+		}
+		select {
+		case <-d.done:
+			t.Fatalf("pleg-nri exited: %s", d.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pleg-nri does not serve %s after 30s: %s", socket, d.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM and waits; it returns the exit status.
+func (d *daemon) stop(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-d.done:
+		return d.cmd.ProcessState.ExitCode()
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(20 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		t.Errorf("pleg-nri did not stop within 20s of SIGTERM")
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+// listeners returns the listening sockets of process pid: TCP ones as "tcp host:port", unix ones as
+// "unix path".
+func listeners(t *testing.T, pid int) []string {
+	t.Helper()
+	inodes := map[string]bool{}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(target, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
+		}
+	}
+	var out []string
+	for _, proto := range []string{"tcp", "tcp6", "udp", "udp6"} {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, proto))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Scan() // header
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			if len(fields) < 10 || !inodes[fields[9]] {
+				continue
+			}
+			if strings.HasPrefix(proto, "tcp") && fields[3] != "0A" { // LISTEN
+				continue
+			}
+			out = append(out, proto+" "+hexAddr(t, fields[1]))
+		}
+		_ = f.Close()
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Scan()
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode Path
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 7 && inodes[fields[6]] && fields[3] == "00010000" { // __SO_ACCEPTCON: listening
+			path := ""
+			if len(fields) >= 8 {
+				path = fields[7]
+			}
+			out = append(out, "unix "+path)
+		}
+	}
+	return out
+}
+
+// hexAddr decodes /proc/net/tcp's "0100007F:2652" into an IP and port.
+func hexAddr(t *testing.T, s string) string {
+	t.Helper()
+	host, port, _ := strings.Cut(s, ":")
+	b := make([]byte, len(host)/2)
+	for i := range b {
+		v, err := strconv.ParseUint(host[2*i:2*i+2], 16, 8)
+		if err != nil {
+			t.Fatalf("bad address %q", s)
+		}
+		b[i] = byte(v)
+	}
+	// The kernel prints each 32-bit word in host (little endian) order.
+	for i := 0; i+4 <= len(b); i += 4 {
+		b[i], b[i+1], b[i+2], b[i+3] = b[i+3], b[i+2], b[i+1], b[i]
+	}
+	p, _ := strconv.ParseUint(port, 16, 16)
+	return net.JoinHostPort(net.IP(b).String(), strconv.FormatUint(p, 10))
+}
+
+// TestDaemonSocketAndListeners starts the daemon under a permissive and a strict umask: its CRI socket
+// is 0660 in a 0750 directory it created, it listens on nothing but that socket and the loopback
+// metrics address, the metrics answer, and SIGTERM stops it with status 0 and removes the socket.
+func TestDaemonSocketAndListeners(t *testing.T) {
+	for _, mask := range []int{0o000, 0o077} {
+		t.Run(fmt.Sprintf("umask %03o", mask), func(t *testing.T) {
+			dir := shortTemp(t)
+			sockDir := filepath.Join(dir, "run")
+			sock := filepath.Join(sockDir, "cri.sock")
+			metrics := freeLoopbackAddr(t)
+			args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--metrics-address", metrics)
+			d := startDaemon(t, sock, mask, args...)
+
+			for path, want := range map[string]fs.FileMode{sockDir: fs.ModeDir | 0o750, sock: fs.ModeSocket | 0o660} {
+				fi, err := os.Lstat(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fi.Mode() != want {
+					t.Errorf("%s: mode %s, want %s", path, fi.Mode(), want)
+				}
+			}
+			resp, err := http.Get("http://" + metrics + "/healthz")
+			if err != nil {
+				t.Fatalf("/healthz: %v", err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+
+			got := listeners(t, d.cmd.Process.Pid)
+			want := map[string]bool{"unix " + sock: true, "tcp " + metrics: true}
+			for _, l := range got {
+				if !want[l] {
+					t.Errorf("pleg-nri listens on %s, beyond its CRI socket and its loopback metrics address", l)
+				}
+				delete(want, l)
+			}
+			for l := range want {
+				t.Errorf("pleg-nri does not listen on %s (listeners: %v)", l, got)
+			}
+
+			if code := d.stop(t); code != 0 {
+				t.Errorf("exit status %d after SIGTERM, want 0", code)
+			}
+			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("socket left after SIGTERM: %v", err)
+			}
+		})
+	}
+}
+
+// TestDaemonNonLoopbackMetricsWarns: a metrics address that is not loopback is served, because it was
+// configured, with a warning saying so.
+func TestDaemonNonLoopbackMetricsWarns(t *testing.T) {
+	dir := shortTemp(t)
+	sock := filepath.Join(dir, "run", "cri.sock")
+	args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--metrics-address", "0.0.0.0:0")
+	d := startDaemon(t, sock, 0o022, args...)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.out.String(), "non-loopback") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning about the non-loopback metrics address:\n%s", d.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestRunDaemonStopsCleanly runs the daemon in the test process, with its upstreams absent, until its
+// context is canceled: it returns nil, removes its socket, and (TestMain's goleak) leaves no goroutine.
+func TestRunDaemonStopsCleanly(t *testing.T) {
+	t.Setenv("NRI_PLUGIN_SOCKET", "")
+	dir := shortTemp(t)
+	cfg := DefaultConfig()
+	cfg.NRISocket = filepath.Join(dir, "absent-nri.sock")
+	cfg.ContainerdAddress = filepath.Join(dir, "absent-containerd.sock")
+	cfg.RuntimeEndpoint = "unix://" + cfg.ContainerdAddress
+	cfg.Listen = "unix://" + filepath.Join(dir, "run", "cri.sock")
+	cfg.MetricsAddress = freeLoopbackAddr(t)
+	cfg.LogLevel = "error"
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- runDaemon(ctx, cfg, "") }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if c, err := net.Dial("unix", filepath.Join(dir, "run", "cri.sock")); err == nil {
+			_ = c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("the daemon does not serve: %v", <-errc)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Errorf("runDaemon: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("runDaemon did not return after cancel")
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "run", "cri.sock")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("socket left: %v", err)
+	}
+}
