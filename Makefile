@@ -88,7 +88,7 @@ bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); write
 	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
 	if ! list=$$($(GO) test -list '^BenchmarkHook' ./plugin/ 2>&1); then echo "$$list"; echo "bench: ./plugin/ does not build: its BenchmarkHook is left out"; \
 	elif ! grep -q '^BenchmarkHook' <<<"$$list"; then echo "bench: ./plugin/ has no BenchmarkHook, skipped"; \
-	elif $(GO) test -run '^$$' -bench '^BenchmarkHook' -benchmem ./plugin/ 2>&1 | grep -v '^time=' | tee $$out/plugin.txt; then \
+	elif $(GO) test -run '^$$' -bench '^BenchmarkHook' -benchtime 20000x -benchmem ./plugin/ 2>&1 | grep -v '^time=' | tee $$out/plugin.txt; then \
 	  hook="-hook-bench $$out/plugin.txt"; \
 	else echo "bench: the plugin's BenchmarkHook failed: left out of the report"; fi; \
 	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \

@@ -3,11 +3,13 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
@@ -176,4 +178,60 @@ func TestRoundTripPercentiles(t *testing.T) {
 	rtt := slices.Clone(rt.latency)
 	rt.mu.Unlock()
 	logPercentiles(t, "runtime-to-plugin round trip (ttrpc)", rtt)
+}
+
+// fixedStatus is a pleg.StatusSource that answers at once that every container is created and every
+// sandbox ready, so that the core settles each object after one status call, as with containerd.
+type fixedStatus struct{}
+
+func (fixedStatus) ContainerStatus(_ context.Context, id string) (*runtimeapi.ContainerStatus, error) {
+	return &runtimeapi.ContainerStatus{Id: id, State: runtimeapi.ContainerState_CONTAINER_CREATED, CreatedAt: created,
+		Metadata: &runtimeapi.ContainerMetadata{Name: "web"}}, nil
+}
+
+func (fixedStatus) PodSandboxStatus(_ context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {
+	return &runtimeapi.PodSandboxStatus{Id: id, State: runtimeapi.PodSandboxState_SANDBOX_READY, CreatedAt: created,
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Uid: "uid", Namespace: "default"}}, nil
+}
+
+// BenchmarkHookIntoCore measures one callback's handling with the daemon's observer, the pleg core, running:
+// unlike BenchmarkHook, each call also wakes the core's goroutine, parked since the previous call, as in the
+// daemon, where callbacks come one at a time. It reports the median and 99th percentile of the handling
+// time (the part the runtime waits for).
+//
+// It runs on one P, like the daemon (see setProcs in cmd/pleg-nri).
+func BenchmarkHookIntoCore(b *testing.B) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	core, err := pleg.New(pleg.Config{Status: fixedStatus{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- core.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	p, err := New(Options{}, core)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pod := realisticPod()
+	ctr := realisticContainer(api.ContainerState_CONTAINER_RUNNING)
+	lat := make([]time.Duration, 0, b.N)
+	i := 0
+	for b.Loop() {
+		i++
+		ctr.Id = fmt.Sprintf("ctr-%d", i)
+		start := time.Now()
+		_ = p.PostCreateContainer(ctx, pod, ctr)
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		time.Sleep(200 * time.Microsecond) // let the core park again, as between two real callbacks
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
 }

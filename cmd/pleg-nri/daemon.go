@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"runtime"
 	"time"
 
 	"github.com/containerd/log"
@@ -33,6 +34,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	setProcs(ctx)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -251,3 +253,21 @@ var (
 	_ eventbridge.Observer    = observerFunc(nil)
 	_ eventbridge.EventSource = eventSource{}
 )
+
+// setProcs runs the daemon on one P unless the GOMAXPROCS environment variable says otherwise.
+//
+// pleg-nri's work is a chain of short hand-offs between goroutines (an NRI callback wakes the core, the
+// core wakes each subscriber's stream, the proxy's calls cross three goroutines each way), with little
+// CPU in each. With more than one P, every hand-off to a parked goroutine also wakes an idle OS thread
+// to run it, and that cross-CPU wake-up is most of the cost: 15-18 µs per wake-up measured on the
+// project's 2-CPU VMs, against under 1 µs when the woken goroutine simply runs next on the same P. Run
+// side by side (`make bench`, 4 alternating runs), one P cut the NRI callback time at p99 from about
+// 230 µs to about 87 µs and the proxy's added latency at p50 by about a quarter. A node's pleg-nri
+// needs far less than a CPU (a relist of 1,000 containers is about 0.6 ms).
+func setProcs(ctx context.Context) {
+	if v := os.Getenv("GOMAXPROCS"); v != "" {
+		log.G(ctx).WithField("GOMAXPROCS", runtime.GOMAXPROCS(0)).Info("GOMAXPROCS set by the environment")
+		return
+	}
+	runtime.GOMAXPROCS(1)
+}
