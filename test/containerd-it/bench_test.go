@@ -29,6 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,6 +61,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	cd := subscribeStamped(b, env.Address)
 	pn := subscribeStamped(b, p.Socket)
 	te := watchTaskExits(b, env.Address)
+	waits := newTaskWaits(b, env.Address)
 	rt := benchRuntime(b, env.Address)
 
 	type pod struct {
@@ -113,7 +116,7 @@ func BenchmarkExitLatency(b *testing.B) {
 			if _, err := rt.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: ids[i]}); err != nil {
 				return fmt.Errorf("StartContainer %s: %w", jb.name, err)
 			}
-			return nil
+			return waits.wait(ids[i])
 		})
 		for _, i := range rand.Perm(len(jobs)) {
 			releaseFIFO(b, filepath.Join(trigger, jobs[i].fifo))
@@ -144,10 +147,13 @@ func BenchmarkExitLatency(b *testing.B) {
 			}
 			fin := st.Status.FinishedAt
 			x := benchreport.Exit{ID: id, ExitCode: st.Status.ExitCode, FinishedAt: fin, ContainerdMs: -1, PlegNRIMs: -1,
-				PublishedMs: -1, TaskEventMs: -1, EmittedMs: -1}
+				PublishedMs: -1, TaskEventMs: -1, WaitMs: -1, EmittedMs: -1}
 			if pub, got, ok := te.at(id); ok {
 				x.PublishedMs = float64(pub.UnixNano()-fin) / 1e6
 				x.TaskEventMs = float64(got.UnixNano()-fin) / 1e6
+			}
+			if got, ok := waits.at(id); ok {
+				x.WaitMs = float64(got.UnixNano()-fin) / 1e6
 			}
 			if c := pn.createdAt(id, evStopped); c != 0 {
 				x.EmittedMs = float64(c-fin) / 1e6
@@ -233,6 +239,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	}{
 		{"published", func(x benchreport.Exit) float64 { return x.PublishedMs }},
 		{"task event received", func(x benchreport.Exit) float64 { return x.TaskEventMs }},
+		{"task.Wait answered", func(x benchreport.Exit) float64 { return x.WaitMs }},
 		{"pleg-nri emitted", func(x benchreport.Exit) float64 { return x.EmittedMs }},
 		{"pleg-nri received", func(x benchreport.Exit) float64 { return x.PlegNRIMs }},
 	} {
@@ -642,6 +649,67 @@ func (t *taskExits) at(id string) (published, received time.Time, ok bool) {
 	defer t.mu.Unlock()
 	v, ok := t.seen[id]
 	return v[0], v[1], ok
+}
+
+// taskWaits records when a containerd client's task.Wait of each container returns: the exit as the
+// shim reports it to containerd's CRI plugin (which also waits on each task), before the CRI handles it.
+type taskWaits struct {
+	tb     testing.TB
+	client *client.Client
+	ctx    context.Context
+	mu     sync.Mutex
+	got    map[string]time.Time
+	wg     sync.WaitGroup
+}
+
+func newTaskWaits(tb testing.TB, address string) *taskWaits {
+	tb.Helper()
+	c, err := client.New(address, client.WithDefaultNamespace("k8s.io"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(namespaces.WithNamespace(context.Background(), "k8s.io"))
+	w := &taskWaits{tb: tb, client: c, ctx: ctx, got: map[string]time.Time{}}
+	tb.Cleanup(func() {
+		cancel()
+		w.wg.Wait()
+		c.Close()
+	})
+	return w
+}
+
+// wait starts waiting for the exit of the task of container id.
+func (w *taskWaits) wait(id string) error {
+	ctr, err := w.client.LoadContainer(w.ctx, id)
+	if err != nil {
+		return fmt.Errorf("load container %s: %w", short(id), err)
+	}
+	task, err := ctr.Task(w.ctx, nil)
+	if err != nil {
+		return fmt.Errorf("task of %s: %w", short(id), err)
+	}
+	ch, err := task.Wait(w.ctx)
+	if err != nil {
+		return fmt.Errorf("wait %s: %w", short(id), err)
+	}
+	w.wg.Go(func() {
+		select {
+		case <-ch:
+			now := time.Now()
+			w.mu.Lock()
+			w.got[id] = now
+			w.mu.Unlock()
+		case <-w.ctx.Done():
+		}
+	})
+	return nil
+}
+
+func (w *taskWaits) at(id string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.got[id]
+	return t, ok
 }
 
 // benchPlegFlags run pleg-nri at info level for benchmarks: debug logging would bill it for log lines.

@@ -126,6 +126,7 @@ func Markdown(r *Results, svgName string) string {
 		}{
 			{"containerd stamps its `/tasks/exit` envelope", func(x Exit) float64 { return x.PublishedMs }},
 			{"a task-event subscriber (the benchmark's own) receives it", func(x Exit) float64 { return x.TaskEventMs }},
+			{"a `task.Wait` of the benchmark's own returns", func(x Exit) float64 { return x.WaitMs }},
 			{"pleg-nri emits STOPPED (its `created_at`)", func(x Exit) float64 { return x.EmittedMs }},
 			{"pleg-nri's subscriber receives STOPPED", func(x Exit) float64 { return x.PlegNRIMs }},
 			{"containerd's subscriber receives STOPPED", func(x Exit) float64 { return x.ContainerdMs }},

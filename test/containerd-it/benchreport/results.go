@@ -67,7 +67,10 @@ type Exit struct {
 	// of pleg-nri's STOPPED event (the moment its core emitted it).
 	PublishedMs float64 `json:"published_ms"`
 	TaskEventMs float64 `json:"task_event_ms"`
-	EmittedMs   float64 `json:"emitted_ms"`
+	// WaitMs is when a containerd client's task.Wait of the container returned (the exit as the shim
+	// reports it, before containerd's CRI handles it).
+	WaitMs    float64 `json:"wait_ms"`
+	EmittedMs float64 `json:"emitted_ms"`
 }
 
 // Stage returns the delivered values of one stage of the exit path (f picks it from an Exit).
