@@ -19,6 +19,7 @@ STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 INTEGRATION_PKGS := ./test/containerd-it/
 UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F github.com/pleg-nri/pleg-nri/test/containerd-it)
 IT_TIMEOUT      ?= 30m
+FUZZTIME        ?= 10s
 
 ##@ Main
 
@@ -33,7 +34,7 @@ run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its str
 	@bash hack/demo.sh
 
 .PHONY: test
-test: verify unit integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, integration tests.
+test: verify unit fuzz integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests.
 
 ##@ Build
 
@@ -69,6 +70,16 @@ lint: $(STATICCHECK) ## staticcheck every package.
 unit: ## Unit tests with -race and goroutine-leak checks.
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
+.PHONY: fuzz
+fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 10s).
+	@for pkg in $(UNIT_PKGS); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for fn in $$(cat $$dir/*_test.go 2>/dev/null | sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p'); do \
+	    echo "fuzz: $$fn in $$pkg for $(FUZZTIME)"; \
+	    $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1 | { grep -v '^time=' || true; }; \
+	  done; \
+	done
+
 .PHONY: deps
 deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
@@ -82,6 +93,10 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+
+.PHONY: soak
+soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
+	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
 
 .PHONY: bench
 bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
