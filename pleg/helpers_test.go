@@ -356,6 +356,12 @@ func newHarness(t testing.TB, mod ...func(*Config)) *harness {
 	}
 	h.p = p
 	h.sub = p.Subscribe()
+	if cfg.Lister != nil {
+		// The startup reconciliation, on an empty runtime: the tests' relists are the later ones.
+		if _, err := p.Relist(h.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return h
 }
 

@@ -38,6 +38,17 @@ const (
 	DropSandboxGone = "sandbox_gone"
 )
 
+// Results of reading the checkpoint at startup (Metrics.CheckpointLoaded).
+const (
+	// CheckpointRestored: the checkpoint was read and its objects are the baseline of the state.
+	CheckpointRestored = "restored"
+	// CheckpointAbsent: there was no checkpoint (first start): every object found is new.
+	CheckpointAbsent = "absent"
+	// CheckpointUnusable: the checkpoint was corrupt, of another format version, or of another runtime:
+	// it was set aside and pleg-nri started as without one.
+	CheckpointUnusable = "unusable"
+)
+
 // Results of a status call (Metrics.StatusCall).
 const (
 	StatusResultOK       = "ok"
@@ -86,6 +97,15 @@ type Metrics interface {
 	// EventSent is called by the stream server after it sent an event to a subscriber; latency is from
 	// the event's SourceTime to the send. The package itself never calls it.
 	EventSent(t runtimeapi.ContainerEventType, src Source, latency time.Duration)
+	// CheckpointLoaded reports the checkpoint read at startup: the objects restored from it and the
+	// result (one of the Checkpoint* constants).
+	CheckpointLoaded(objects int, result string)
+	// CheckpointWritten measures one checkpoint write: its size, the objects in it, how long encoding and
+	// writing took, and its error (nil on success).
+	CheckpointWritten(bytes, objects int, d time.Duration, err error)
+	// StartupReplayDropped counts the startup replay buffer overflowing: it is dropped, and subscribers
+	// that subscribe later get only the events emitted from then on.
+	StartupReplayDropped()
 }
 
 // NopMetrics is a Metrics that does nothing.
@@ -108,3 +128,6 @@ func (NopMetrics) SubscriberEvicted(uint64)                                     
 func (NopMetrics) RelistCompleted(time.Duration, error)                                    {}
 func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                        {}
 func (NopMetrics) EventSent(runtimeapi.ContainerEventType, Source, time.Duration)          {}
+func (NopMetrics) CheckpointLoaded(int, string)                                            {}
+func (NopMetrics) CheckpointWritten(int, int, time.Duration, error)                        {}
+func (NopMetrics) StartupReplayDropped()                                                   {}

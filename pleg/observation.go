@@ -29,6 +29,11 @@ const (
 	SourceRelist
 	// SourceStatus is a CRI PodSandboxStatus or ContainerStatus answer.
 	SourceStatus
+	// SourceStartup is the startup reconciliation: the first relist after pleg-nri starts, diffed
+	// against the state restored from the checkpoint. What it finds happened while pleg-nri was not
+	// running, so it is not counted as a relist repair (a repair means the event inputs missed
+	// something while pleg-nri was watching).
+	SourceStartup
 
 	numSources
 )
@@ -46,6 +51,8 @@ func (s Source) String() string {
 		return "relist"
 	case SourceStatus:
 		return "status"
+	case SourceStartup:
+		return "startup"
 	}
 	return fmt.Sprintf("source(%d)", uint8(s))
 }

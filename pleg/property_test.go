@@ -52,10 +52,20 @@ type world struct {
 	exited  map[string]bool
 	sandbox map[string]string // container -> sandbox
 	code    map[string]int32  // container -> exit code
+
+	// Restart worlds (restart_property_test.go).
+	crash bool // pleg-nri is killed and restarted from its checkpoint
+	kills int  // restarts so far
+	// unseenEnds counts the objects whose end no process could tell (see checkRestarts).
+	unseenEnds int
+	// redelivered counts the events a process emitted again (received after the last checkpoint).
+	redelivered int
+	ckptData    []byte            // the last checkpoint written, on disk once the process is killed
+	segments    []*restartSegment // what each pleg-nri process did
 }
 
 func newWorld(t testing.TB, c chooser, mode int) *world {
-	w := &world{h: newHarness(t), c: c, lossy: mode&1 == 1, relists: mode&2 == 2, started: map[string]bool{}, exited: map[string]bool{}, sandbox: map[string]string{}, code: map[string]int32{}}
+	w := &world{h: newWorldHarness(t, mode), c: c, lossy: mode&1 == 1, relists: mode&2 == 2, crash: mode&4 == 4, started: map[string]bool{}, exited: map[string]bool{}, sandbox: map[string]string{}, code: map[string]int32{}}
 	pods := 1 + c.intn(3)
 	for i := range pods {
 		w.steps = append(w.steps, w.podScript(fmt.Sprintf("p%d", i), 1+c.intn(3)))
@@ -188,6 +198,10 @@ func (w *world) pendingSteps() bool {
 func (w *world) run() []Event {
 	h := w.h
 	for range 400 {
+		if w.crash {
+			w.crashStep()
+			h = w.h
+		}
 		switch w.c.intn(10) {
 		case 0, 1:
 			var live []int
@@ -251,6 +265,10 @@ func (w *world) run() []Event {
 			h.t.Fatal(err)
 		}
 		h.settle()
+	}
+	if w.crash {
+		w.endSegments()
+		return nil
 	}
 	return h.events()
 }
@@ -410,15 +428,25 @@ func TestPropertyInterleavings(t *testing.T) {
 	if testing.Short() {
 		iterations = 300
 	}
+	var worlds, kills, redelivered, unseen int
+	defer func() {
+		t.Logf("restart worlds: %d, kills: %d, events emitted again after a kill: %d, objects whose end no process could tell: %d",
+			worlds, kills, redelivered, unseen)
+	}()
 	for seed := range iterations {
-		w := newWorld(t, randChooser{rand.New(rand.NewPCG(uint64(seed), 42))}, seed%4)
+		w := newWorld(t, randChooser{rand.New(rand.NewPCG(uint64(seed), 42))}, seed%8)
 		evs := w.run()
 		t.Run("", func(t *testing.T) {
 			if t.Failed() {
 				return
 			}
 		})
-		checkEvents(&seedTB{TB: t, seed: seed}, w, evs)
+		if w.crash {
+			checkRestarts(&seedTB{TB: t, seed: seed}, w)
+			worlds, kills, redelivered, unseen = worlds+1, kills+w.kills, redelivered+w.redelivered, unseen+w.unseenEnds
+		} else {
+			checkEvents(&seedTB{TB: t, seed: seed}, w, evs)
+		}
 		if t.Failed() {
 			t.Fatalf("seed %d failed", seed)
 		}
@@ -457,7 +485,12 @@ func FuzzInterleavings(f *testing.F) {
 		if len(b) == 0 {
 			return
 		}
-		w := newWorld(t, &byteChooser{b: b[1:]}, int(b[0]&3))
-		checkEvents(t, w, w.run())
+		w := newWorld(t, &byteChooser{b: b[1:]}, int(b[0]&7))
+		evs := w.run()
+		if w.crash {
+			checkRestarts(t, w)
+		} else {
+			checkEvents(t, w, evs)
+		}
 	})
 }

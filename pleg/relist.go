@@ -68,6 +68,16 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	defer p.mu.Unlock()
 	p.drainLocked(ctx)
 	repairs := diffRelist(p.st.objects, p.st.tombs, snap, sandboxes, containers, p.clock.Now())
+	// The first successful relist is the startup reconciliation: what it finds changed while pleg-nri
+	// was not running (against the checkpoint's state, or everything on a first start).
+	startup := !p.startupDone.Load()
+	if startup {
+		p.startupDone.Store(true)
+		p.fan.startupDone()
+		for i := range repairs {
+			repairs[i].Source = SourceStartup
+		}
+	}
 	if len(repairs) == 0 {
 		return res, nil
 	}
@@ -75,7 +85,11 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	for _, ob := range repairs {
 		countRepairs(res.Repairs, p.st.objects[ob.ID], ob)
 	}
-	log.G(ctx).WithField("repairs", res.Repairs).Info("relist found changes the events missed")
+	if startup {
+		log.G(ctx).WithField("changes", res.Repairs).Info("startup reconciliation: what changed while pleg-nri was not running")
+	} else {
+		log.G(ctx).WithField("repairs", res.Repairs).Info("relist found changes the events missed")
+	}
 	for _, ob := range repairs {
 		p.metrics.ObservationReceived(ob.Source, ob.Kind)
 		p.st.apply(ctx, input{obs: ob})

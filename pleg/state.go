@@ -95,6 +95,10 @@ type object struct {
 	corrected      bool   // a corrected STOPPED was emitted
 	needCorrection bool   // a corrected STOPPED is due
 	oomCause       cause  // the input that reported the OOM
+
+	// emitSeq is, per phase, the fan-out sequence number of the event emitted for it (0: none, or
+	// restored from the checkpoint): the checkpoint records a phase only once its events were received.
+	emitSeq [5]uint64
 }
 
 func (o *object) hasStatus() bool { return o.cbase != nil || o.sbase != nil }
@@ -133,6 +137,11 @@ type state struct {
 	tombs     map[string]time.Time
 	tombQ     []tomb // tombstones in insertion order, for expiry
 	lastSweep time.Time
+
+	// The checkpoint's view (checkpoint.go), kept only when checkpointing (ckptWake != nil).
+	ckptWake chan struct{} // capacity 1: an event was emitted, the checkpoint is behind
+	ckptGen  uint64        // incremented by every event emitted
+	unacked  []*object     // deleted objects whose DELETED some subscriber has not received yet
 }
 
 type tomb struct {
@@ -342,6 +351,10 @@ func (s *state) setSandboxBase(o *object, st *runtimeapi.PodSandboxStatus, src S
 		return PhaseNone
 	}
 	o.sbase = st
+	// A sandbox the CRI has a status for has run its pause process (containerd rolls a failed
+	// RunPodSandbox back), even when this answer lands after its removal was observed: its end then
+	// gives STOPPED before DELETED, as for any sandbox that started.
+	o.started = true
 	return sandboxStatePhase(st.State)
 }
 
@@ -733,6 +746,9 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 		log.G(ctx).WithField(o.kind.String(), o.id).WithField("source", c.src).Debugf("emit %s", t)
 	}
 	s.fan.publish(ctx, ev)
+	if s.ckptWake != nil {
+		s.checkpointEmitted(o, t)
+	}
 }
 
 // forget tombstones an id the state never tracked and discards what was held for it.
@@ -792,4 +808,5 @@ func (s *state) sweep(ctx context.Context) {
 	for len(s.tombQ) > 0 && now.Sub(s.tombQ[0].at) >= tombTTL {
 		s.untomb()
 	}
+	s.fan.expireReplay(ctx)
 }

@@ -43,6 +43,13 @@ type metrics struct {
 	forwarded      *prometheus.HistogramVec
 	streams        prometheus.Gauge
 	streamsClosed  *prometheus.CounterVec
+	ckptRestore    *prometheus.CounterVec
+	ckptRestored   prometheus.Gauge
+	ckptWrites     *prometheus.CounterVec
+	ckptWriteTime  prometheus.Histogram
+	ckptBytes      prometheus.Gauge
+	ckptObjects    prometheus.Gauge
+	replayDropped  prometheus.Counter
 
 	// nri, events and cri track the upstream connections for /readyz.
 	nri, events, cri upstreamState
@@ -100,10 +107,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Open GetContainerEvents streams."}),
 		streamsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_closed_total",
 			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
+		ckptRestore: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_restores_total",
+			Help: "Checkpoints read at startup, by result (restored, absent, unusable)."}, []string{"result"}),
+		ckptRestored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_restored_objects",
+			Help: "Sandboxes and containers restored from the checkpoint at startup."}),
+		ckptWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_writes_total",
+			Help: "Checkpoint writes, by result."}, []string{"result"}),
+		ckptWriteTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "checkpoint_write_duration_seconds",
+			Help: "Time to encode and durably write the checkpoint.", Buckets: latencyBuckets}),
+		ckptBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_bytes",
+			Help: "Size of the last checkpoint written."}),
+		ckptObjects: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_objects",
+			Help: "Sandboxes and containers in the last checkpoint written."}),
+		replayDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "startup_replay_dropped_total",
+			Help: "Startup replay buffers dropped because they overflowed."}),
 	}
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
-		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed)
+		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed,
+		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped)
 	for _, u := range []string{"nri", "events", "cri"} {
 		m.upstream.WithLabelValues(u).Set(0)
 	}
@@ -187,6 +209,24 @@ func (m *metrics) RelistRepair(kind pleg.Kind, t runtimeapi.ContainerEventType) 
 func (m *metrics) EventSent(t runtimeapi.ContainerEventType, src pleg.Source, latency time.Duration) {
 	m.sendLatency.WithLabelValues(src.String()).Observe(latency.Seconds())
 }
+
+func (m *metrics) CheckpointLoaded(objects int, result string) {
+	m.ckptRestore.WithLabelValues(result).Inc()
+	m.ckptRestored.Set(float64(objects))
+}
+
+func (m *metrics) CheckpointWritten(bytes, objects int, d time.Duration, err error) {
+	if err != nil {
+		m.ckptWrites.WithLabelValues("error").Inc()
+		return
+	}
+	m.ckptWrites.WithLabelValues("ok").Inc()
+	m.ckptWriteTime.Observe(d.Seconds())
+	m.ckptBytes.Set(float64(bytes))
+	m.ckptObjects.Set(float64(objects))
+}
+
+func (m *metrics) StartupReplayDropped() { m.replayDropped.Inc() }
 
 // plugin.Metrics
 

@@ -1,0 +1,167 @@
+package pleg
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/log"
+)
+
+// startupReplay keeps every event emitted since the PLEG was made, for the subscribers that subscribe
+// soon after it started (Config.StartupReplay). After a restart of pleg-nri, the startup reconciliation
+// emits what changed while it was down before any client had time to reconnect: without the replay
+// those events would reach nobody, and the checkpoint would already count them as received.
+//
+// A subscriber that subscribes while the replay is kept gets it first (every event emitted since the
+// start, in order), then every event from then on; a subscriber that subscribes later gets only the
+// events from then on. The replay is kept until StartupReplay after the startup reconciliation (the
+// first successful relist) and is bounded like a subscriber's queue: when full, the events of one pod
+// are coalesced to the newest (each carries the whole pod status); when still full, the replay is
+// dropped, with a log line and a metric, and later subscribers get only the events from then on.
+//
+// While the replay is kept, publish and subscribe serialize on fanout.mu, so an event is either in the
+// replay handed to a new subscriber or pushed to it, never both and never neither. Once it is dropped
+// publish is lock-free again.
+type startupReplay struct {
+	// open says the replay is kept.
+	open atomic.Bool
+
+	// The rest is guarded by fanout.mu.
+	clock Clock
+	hold  time.Duration
+	// until is when the replay is dropped; zero until the startup reconciliation is done.
+	until  time.Time
+	events []Event
+	// taken says a subscriber got the replay: from then on its queue, not the replay, holds back the
+	// delivery watermark.
+	taken bool
+}
+
+// startReplay keeps a replay of the events for hold after the startup reconciliation.
+func (f *fanout) startReplay(c Clock, hold time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.replay.clock, f.replay.hold = c, hold
+	f.replay.open.Store(true)
+}
+
+// startupDone starts the countdown of the replay: the startup reconciliation is done.
+func (f *fanout) startupDone() {
+	if !f.replay.open.Load() {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.replay.until.IsZero() {
+		f.replay.until = f.replay.clock.Now().Add(f.replay.hold)
+	}
+}
+
+// expireReplay drops the replay once its time is over. The processing loop calls it every sweep.
+func (f *fanout) expireReplay(ctx context.Context) {
+	if !f.replay.open.Load() {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expireReplayLocked(ctx)
+}
+
+func (f *fanout) expireReplayLocked(ctx context.Context) {
+	r := &f.replay
+	if !r.open.Load() || r.until.IsZero() || r.clock.Now().Before(r.until) {
+		return
+	}
+	if log.GetLevel() >= log.DebugLevel {
+		log.G(ctx).WithField("events", len(r.events)).WithField("taken", r.taken).Debug("startup replay dropped: its time is over")
+	}
+	f.dropReplayLocked()
+}
+
+func (f *fanout) dropReplayLocked() {
+	f.replay.open.Store(false)
+	f.replay.events = nil
+}
+
+// replayPublish keeps ev in the replay and returns the subscribers to push it to, both under f.mu.
+func (f *fanout) replayPublish(ctx context.Context, ev Event) []*Subscription {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expireReplayLocked(ctx)
+	r := &f.replay
+	if r.open.Load() {
+		if len(r.events) == f.limit {
+			r.events = coalesceEvents(r.events, podKey(ev))
+		}
+		if len(r.events) == f.limit {
+			f.dropReplayLocked()
+			f.metrics.StartupReplayDropped()
+			log.G(ctx).WithField("queue", f.limit).
+				Warn("startup replay full of distinct pods: dropped, subscribers from now on get only new events")
+		} else {
+			r.events = append(r.events, ev)
+		}
+	}
+	return *f.subs.Load()
+}
+
+// replaySubscribe hands the replay to a new subscriber; it runs under f.mu, before s is published.
+func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
+	f.expireReplayLocked(ctx)
+	r := &f.replay
+	if !r.open.Load() {
+		return
+	}
+	r.taken = true
+	for _, ev := range r.events {
+		s.push(ev) // cannot evict: the replay is no longer than the queue
+	}
+	if len(r.events) > 0 && log.GetLevel() >= log.DebugLevel {
+		log.G(ctx).WithField("subscriber", s.id).WithField("events", len(r.events)).Debug("startup replay handed to a new subscriber")
+	}
+}
+
+// coalesceEvents keeps only the newest event of each pod, and none of the pod newKey.
+func coalesceEvents(evs []Event, newKey string) []Event {
+	seen := map[string]bool{newKey: true}
+	keep := make([]bool, len(evs))
+	for i := len(evs) - 1; i >= 0; i-- {
+		k := podKey(evs[i])
+		if !seen[k] {
+			seen[k] = true
+			keep[i] = true
+		}
+	}
+	out := evs[:0]
+	for i, ev := range evs {
+		if keep[i] {
+			out = append(out, ev)
+		}
+	}
+	clear(evs[len(out):])
+	return out
+}
+
+// delivered returns the delivery watermark: the sequence number up to which every published event has
+// been received: taken by the Next of every subscriber (or coalesced away, or dropped with a subscriber
+// that is gone) and, while the startup replay is kept and no subscriber has taken it yet, by the replay's
+// first one. It runs under PLEG.mu, so no publish runs meanwhile.
+func (f *fanout) delivered() uint64 {
+	w := f.seq
+	for _, s := range *f.subs.Load() {
+		s.mu.Lock()
+		if s.n > 0 && s.err == nil && !s.closed {
+			w = min(w, s.buf[s.head].seq-1)
+		}
+		s.mu.Unlock()
+	}
+	if f.replay.open.Load() {
+		f.mu.Lock()
+		if f.replay.open.Load() && !f.replay.taken && len(f.replay.events) > 0 {
+			w = min(w, f.replay.events[0].seq-1)
+		}
+		f.mu.Unlock()
+	}
+	return w
+}
