@@ -33,7 +33,7 @@ mkdir -p "$run"
 echo "== starting pleg-nri (log: $run/pleg-nri.log)"
 "$BIN" --nri-socket "$NRI_SOCKET" --containerd-address "$CONTAINERD_ADDRESS" \
 	--runtime-endpoint "unix://$CONTAINERD_ADDRESS" --listen "unix://$run/cri.sock" \
-	--metrics-address 127.0.0.1:9810 >"$run/pleg-nri.log" 2>&1 &
+	--metrics-address 127.0.0.1:9810 --state-dir "$run/state" >"$run/pleg-nri.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
 	curl -sf 127.0.0.1:9810/readyz >/dev/null 2>&1 && break

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -40,6 +41,12 @@ type Config struct {
 	SubscriberQueue int `json:"subscriber-queue"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `json:"log-level"`
+	// StateDir keeps the checkpoint (what the subscribers received, so that a restart emits only what
+	// changed while pleg-nri was down); empty disables it.
+	StateDir string `json:"state-dir"`
+	// StartupReplay is how long after its startup reconciliation a new subscriber still receives every
+	// event emitted since pleg-nri started; 0 disables it.
+	StartupReplay Duration `json:"startup-replay"`
 }
 
 // DefaultConfig returns the configuration used for every key not set.
@@ -56,6 +63,8 @@ func DefaultConfig() Config {
 		PluginIdx:           "10",
 		SubscriberQueue:     1024,
 		LogLevel:            "info",
+		StateDir:            "/var/lib/pleg-nri",
+		StartupReplay:       Duration(time.Minute),
 	}
 }
 
@@ -171,6 +180,12 @@ func (c Config) Validate() error {
 	if c.SubscriberQueue < 1 {
 		bad("subscriber-queue", "must be at least 1, got %d", c.SubscriberQueue)
 	}
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
+		bad("state-dir", "must be an absolute path (or empty to disable the checkpoint), got %q", c.StateDir)
+	}
+	if c.StartupReplay < 0 {
+		bad("startup-replay", "must not be negative (0 disables it), got %s", c.StartupReplay)
+	}
 	if len(c.PluginIdx) != 2 || c.PluginIdx[0] < '0' || c.PluginIdx[0] > '9' || c.PluginIdx[1] < '0' || c.PluginIdx[1] > '9' {
 		if c.PluginIdx != "" {
 			bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
@@ -214,6 +229,15 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.PluginIdx, "plugin-idx", cfg.PluginIdx, "NRI plugin index (two digits)")
 	fs.IntVar(&cfg.SubscriberQueue, "subscriber-queue", cfg.SubscriberQueue, "bound of each event subscriber's queue")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the checkpoint that lets a restart emit only what changed (empty disables it)")
+	fs.Func("startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		cfg.StartupReplay = Duration(d)
+		return nil
+	})
 }
 
 // loadConfig builds the daemon's configuration from defaults, the --config file, then the flags given

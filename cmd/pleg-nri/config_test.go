@@ -38,6 +38,13 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad endpoint", data: "listen: http://x\n", wantErr: `config key "listen"`},
 		{name: "not a mapping", data: "- a\n- b\n", wantErr: "want a mapping"},
 		{name: "bad yaml", data: "a: [\n", wantErr: "invalid config"},
+		{name: "state", data: "state-dir: /srv/pleg\nstartup-replay: 0s\n", want: func(c *Config) {
+			c.StateDir = "/srv/pleg"
+			c.StartupReplay = 0
+		}},
+		{name: "no state", data: "state-dir: \"\"\n", want: func(c *Config) { c.StateDir = "" }},
+		{name: "relative state dir", data: "state-dir: state\n", wantErr: `config key "state-dir": must be an absolute path`},
+		{name: "negative replay", data: "startup-replay: -1m\n", wantErr: `config key "startup-replay": must not be negative`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfig([]byte(tc.data), DefaultConfig())

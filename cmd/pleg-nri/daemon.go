@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -115,10 +117,20 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer cri.Close()
-	core, err = pleg.New(pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
-		RelistPeriod: time.Duration(cfg.RelistPeriod)})
+	pcfg := pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
+		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay)}
+	if cfg.StateDir != "" {
+		if err := checkStateDir(cfg.StateDir); err != nil {
+			return fmt.Errorf("config key \"state-dir\": %w", err)
+		}
+		// The checkpoint belongs to one runtime: one of another endpoint is ignored.
+		pcfg.CheckpointPath, pcfg.CheckpointScope = filepath.Join(cfg.StateDir, "checkpoint"), cfg.RuntimeEndpoint
+	} else {
+		log.G(ctx).Warn("no state-dir: a restart of pleg-nri emits CREATED and STARTED again for every sandbox and container")
+	}
+	core, err = pleg.New(pcfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("config key \"state-dir\": %w", err)
 	}
 	close(coreReady)
 	if !preRegistered {
@@ -215,6 +227,24 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, m 
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}, nil
+}
+
+// checkStateDir makes the state directory (0700) if needed and checks it is a writable directory.
+func checkStateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("cannot create %s: %w", dir, err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
+		return fmt.Errorf("%s is not writable: %w", dir, err)
+	}
+	return nil
 }
 
 // changedKeys lists the keys whose values differ between a and b.

@@ -37,13 +37,14 @@ func shortTemp(t testing.TB) string {
 }
 
 // absentUpstreams are flags that point pleg-nri at containerd sockets that do not exist (it waits for
-// them) under dir, and disable the metrics server.
+// them) under dir, keep its state under dir, and disable the metrics server.
 func absentUpstreams(dir string) []string {
 	return []string{
 		"--nri-socket", filepath.Join(dir, "absent-nri.sock"),
 		"--containerd-address", filepath.Join(dir, "absent-containerd.sock"),
 		"--runtime-endpoint", "unix://" + filepath.Join(dir, "absent-containerd.sock"),
 		"--metrics-address", "",
+		"--state-dir", filepath.Join(dir, "state"),
 	}
 }
 
@@ -147,6 +148,11 @@ func TestDaemonBadConfiguration(t *testing.T) {
 		{"relative listen path", []string{"--listen", "run/cri.sock"}, []string{"listen", "run/cri.sock"}},
 		{"bad metrics address", []string{"--metrics-address", "9810"}, []string{`config key "metrics-address"`}},
 		{"extra argument", []string{"serve"}, []string{`unexpected argument "serve"`}},
+		{"relative state dir", []string{"--state-dir", "var/lib/pleg-nri"}, []string{`config key "state-dir"`, "absolute"}},
+		{"state dir is a file", []string{"--state-dir", write("state-file", "")}, []string{`config key "state-dir"`, "not a directory"}},
+		{"state dir under a file", []string{"--state-dir", filepath.Join(write("state-parent", ""), "state")}, []string{`config key "state-dir"`, "state-parent"}},
+		{"read-only state dir", []string{"--state-dir", roDir(t, dir)}, []string{`config key "state-dir"`, "not writable"}},
+		{"negative startup replay", []string{"--startup-replay", "-1s"}, []string{`config key "startup-replay"`, "-1s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append(absentUpstreams(dir), listen...), tc.args...)
@@ -242,9 +248,10 @@ func TestDaemonUnusableListenPaths(t *testing.T) {
 		{"path longer than a socket address", filepath.Join(dir, strings.Repeat("x", 120)+".sock"), []string{"failed to listen"}},
 	}
 	before := snapshot(t, dir)
+	state := filepath.Join(shortTemp(t), "state") // made before the listen fails: outside dir
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out := runToExit(t, append(absentUpstreams(dir), "--listen", "unix://"+tc.path)...)
+			code, out := runToExit(t, append(absentUpstreams(dir), "--state-dir", state, "--listen", "unix://"+tc.path)...)
 			if code != 2 {
 				t.Errorf("exit status %d, want 2; output:\n%s", code, out)
 			}
@@ -520,6 +527,7 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	cfg.RuntimeEndpoint = "unix://" + cfg.ContainerdAddress
 	cfg.Listen = "unix://" + filepath.Join(dir, "run", "cri.sock")
 	cfg.MetricsAddress = freeLoopbackAddr(t)
+	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.LogLevel = "error"
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)

@@ -50,7 +50,8 @@ const logTailLines = 2000
 
 // startPlegNRI starts pleg-nri as an external NRI plugin of the test containerd and waits until it is
 // ready (NRI registered, events subscribed, one relist done). It is stopped when the test ends, and
-// its log is printed if the test failed. extra flags come last, so they override the defaults.
+// its log is printed if the test failed. Its state (the checkpoint) is in a directory of its own, so
+// it starts with none. extra flags come last, so they override the defaults.
 func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "plegnri-")
@@ -65,6 +66,7 @@ func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 		"--runtime-endpoint", "unix://" + env.Address,
 		"--listen", "unix://" + p.Socket,
 		"--metrics-address", p.MetricsAddr,
+		"--state-dir", filepath.Join(dir, "state"),
 		"--log-level", "debug",
 	}, extra...)
 	p.start(t)

@@ -26,8 +26,8 @@ func TestPreRegistered(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	socket, metrics := filepath.Join(dir, "cri.sock"), freeLoopbackAddr(t)
-	conf := fmt.Sprintf("listen: unix://%s\nmetrics-address: %s\ncontainerd-address: %s\nruntime-endpoint: unix://%s\nnri-socket: %s\nlog-level: debug\n",
-		socket, metrics, env.Address, env.Address, env.NRISocket)
+	conf := fmt.Sprintf("listen: unix://%s\nmetrics-address: %s\ncontainerd-address: %s\nruntime-endpoint: unix://%s\nnri-socket: %s\nstate-dir: %s\nlog-level: debug\n",
+		socket, metrics, env.Address, env.Address, env.NRISocket, filepath.Join(dir, "state"))
 	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
 	confPath := filepath.Join(env.NRIConfDir, "10-pleg-nri.conf")
 	data, err := os.ReadFile(plegNRIBinary)
