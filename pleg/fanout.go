@@ -69,7 +69,8 @@ func (s *Subscription) ID() uint64 { return s.id }
 type SubscriptionStats struct {
 	// Offered is the number of events published to the subscription.
 	Offered uint64
-	// Delivered is the number of events Next returned.
+	// Delivered is the number of events Next returned (to a stream server, that is events handed to
+	// its transport, which a client that stopped reading may not have received yet).
 	Delivered uint64
 	// Coalesced is the number of queued events replaced by a newer event of the same pod in a full
 	// queue (the newer one carries the whole pod status).
