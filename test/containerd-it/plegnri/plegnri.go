@@ -1,0 +1,256 @@
+// Package plegnri builds the real pleg-nri binary and runs it as a daemon against a test containerd, for
+// the tests that need the whole program rather than its packages (test/containerd-it,
+// test/kubelet-e2e).
+package plegnri
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+)
+
+// Build builds cmd/pleg-nri into dir and returns the binary's path.
+func Build(dir string) (string, error) {
+	bin := filepath.Join(dir, "pleg-nri")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/pleg-nri/pleg-nri/cmd/pleg-nri")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build pleg-nri: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// logTailLines bounds the log a Daemon keeps for failure reports.
+const logTailLines = 2000
+
+// Options say how to run pleg-nri.
+type Options struct {
+	// Binary is the pleg-nri binary (from Build).
+	Binary string
+	// Env is the containerd it attaches to: its NRI socket, its events and its CRI.
+	Env *harness.Env
+	// Dir holds its socket; it must exist.
+	Dir string
+	// Extra flags come after the defaults, so they override them.
+	Extra []string
+}
+
+// Daemon is a pleg-nri process run as an external NRI plugin of a test containerd.
+type Daemon struct {
+	// Socket is its CRI endpoint (a path); MetricsAddr its metrics address (host:port).
+	Socket, MetricsAddr string
+	// PID is its pid while it runs.
+	PID int
+
+	args   []string
+	binary string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	// mu guards tail, the last lines it logged (over every run, restarts included).
+	mu   sync.Mutex
+	tail []string
+}
+
+// Start starts pleg-nri and waits until it is ready (NRI registered, events subscribed, one relist
+// done: /readyz answers 200).
+func Start(ctx context.Context, opts Options) (*Daemon, error) {
+	addr, err := FreeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{Socket: filepath.Join(opts.Dir, "run", "cri.sock"), MetricsAddr: addr, binary: opts.Binary}
+	d.args = []string{
+		"--nri-socket", opts.Env.NRISocket,
+		"--containerd-address", opts.Env.Address,
+		"--runtime-endpoint", "unix://" + opts.Env.Address,
+		"--listen", "unix://" + d.Socket,
+		"--metrics-address", d.MetricsAddr,
+		"--log-level", "debug",
+	}
+	// A daemon that keeps a checkpoint keeps it in the test's directory, never in the machine's
+	// default one (which other tests' daemons would share).
+	if hasFlag(opts.Binary, "state-dir") {
+		d.args = append(d.args, "--state-dir", filepath.Join(opts.Dir, "state"))
+	}
+	d.args = append(d.args, opts.Extra...)
+	if err := d.start(ctx); err != nil {
+		d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	d.cmd = exec.Command(d.binary, d.args...)
+	pr, pw := io.Pipe()
+	d.cmd.Stdout, d.cmd.Stderr = pw, pw
+	if err := d.cmd.Start(); err != nil {
+		return fmt.Errorf("start pleg-nri: %w", err)
+	}
+	d.PID = d.cmd.Process.Pid
+	d.exited = make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.tail = append(d.tail, sc.Text())
+			if len(d.tail) > 2*logTailLines {
+				d.tail = append(d.tail[:0], d.tail[len(d.tail)-logTailLines:]...)
+			}
+			d.mu.Unlock()
+		}
+	}()
+	go func(cmd *exec.Cmd, exited chan struct{}) {
+		_ = cmd.Wait()
+		pw.Close()
+		close(exited)
+	}(d.cmd, d.exited)
+	return d.waitReady(ctx)
+}
+
+// waitReady waits for /readyz.
+func (d *Daemon) waitReady(ctx context.Context) error {
+	exited := d.exited
+	err := harness.WaitFor(ctx, 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
+		select {
+		case <-exited:
+			return false, errors.New("pleg-nri exited")
+		default:
+		}
+		resp, err := http.Get("http://" + d.MetricsAddr + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, errors.New(strings.TrimSpace(string(body)))
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w\npleg-nri log:\n%s", err, d.Log())
+	}
+	return nil
+}
+
+// Stop stops pleg-nri with SIGTERM (SIGKILL after 10 s) and waits for it. It does nothing when it is
+// not running.
+func (d *Daemon) Stop() {
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(10 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+	d.cmd, d.PID = nil, 0
+}
+
+// Restart stops pleg-nri and starts it again with the same flags (the same socket and metrics
+// address), and waits until it is ready.
+func (d *Daemon) Restart(ctx context.Context) error {
+	d.Stop()
+	return d.start(ctx)
+}
+
+// Running says whether the process runs.
+func (d *Daemon) Running() bool {
+	if d.cmd == nil {
+		return false
+	}
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Log returns the last lines pleg-nri logged.
+func (d *Daemon) Log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tail := d.tail
+	if len(tail) > logTailLines {
+		tail = tail[len(tail)-logTailLines:]
+	}
+	return strings.Join(tail, "\n")
+}
+
+// Metric returns the sum of the samples of a metric on /metrics whose line contains every filter.
+func (d *Daemon) Metric(name string, filters ...string) (float64, error) {
+	return ScrapeMetric("http://"+d.MetricsAddr+"/metrics", name, filters...)
+}
+
+// ScrapeMetric reads a Prometheus text exposition at url and returns the sum of the samples of the
+// metric name whose line contains every filter (0 when there is none).
+func ScrapeMetric(url, name string, filters ...string) (float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
+	return SumMetric(resp.Body, name, filters...)
+}
+
+// SumMetric returns the sum of the samples of metric name in a Prometheus text exposition whose line
+// contains every filter (0 when there is none).
+func SumMetric(r io.Reader, name string, filters ...string) (float64, error) {
+	var sum float64
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+lines:
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+			continue
+		}
+		for _, f := range filters {
+			if !strings.Contains(l, f) {
+				continue lines
+			}
+		}
+		var v float64
+		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
+			sum += v
+		}
+	}
+	return sum, sc.Err()
+}
+
+// hasFlag says whether the binary's --help lists the flag.
+func hasFlag(binary, flag string) bool {
+	out, _ := exec.Command(binary, "--help").CombinedOutput()
+	return strings.Contains(string(out), "-"+flag+" ")
+}
+
+// FreeLoopbackAddr returns a 127.0.0.1 address with a port nobody listens on right now.
+func FreeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
