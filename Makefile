@@ -17,7 +17,9 @@ LDFLAGS         := -X main.version=$(VERSION)
 STATICCHECK_VER := v0.8.2
 STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 INTEGRATION_PKGS := ./test/containerd-it/
-UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F github.com/pleg-nri/pleg-nri/test/containerd-it)
+# A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
+KUBELET_E2E_PKG  := ./test/kubelet-e2e/
+UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
 IT_TIMEOUT      ?= 30m
 FUZZTIME        ?= 10s
 
@@ -84,11 +86,12 @@ fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 1
 deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
 	bash test/containerd-it/hack/install-deps.sh >/dev/null
+	bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null
 
 .PHONY: integration
-integration: deps ## Integration tests against a real, isolated containerd with NRI (root, Linux).
+integration: deps ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (root, Linux).
 	@set -o pipefail; start=$$(date +%s); \
-	$(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) 2>&1 | tee /tmp/pleg-nri-it.log; \
+	$(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) $(KUBELET_E2E_PKG) 2>&1 | tee /tmp/pleg-nri-it.log; \
 	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it.log || true); \
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
@@ -108,6 +111,10 @@ bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); write
 	else echo "bench: the plugin's BenchmarkHook failed: left out of the report"; fi; \
 	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
+
+.PHONY: bench-kubelet
+bench-kubelet: deps ## A real kubelet's crash-to-restart time: GenericPLEG, EventedPLEG on containerd, on pleg-nri (~4 min); writes docs/kubelet-bench.md.
+	PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 20m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up
 it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.

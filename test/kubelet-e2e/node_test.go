@@ -1,0 +1,465 @@
+package kubelete2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
+	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
+)
+
+// setup is one way of running the kubelet.
+type setup struct {
+	// Name says what the kubelet runs with.
+	Name string
+	// Evented turns the EventedPLEG gate on; PlegNRI points the kubelet at pleg-nri instead of
+	// containerd.
+	Evented, PlegNRI bool
+}
+
+var (
+	setupGeneric         = setup{Name: "GenericPLEG on containerd"}
+	setupEventedDirect   = setup{Name: "EventedPLEG on containerd", Evented: true}
+	setupEventedPlegNRI  = setup{Name: "EventedPLEG on pleg-nri", Evented: true, PlegNRI: true}
+	allSetups            = []setup{setupGeneric, setupEventedDirect, setupEventedPlegNRI}
+	kubeletMetricPrefix  = "kubelet_"
+	metricConnSuccess    = kubeletMetricPrefix + "evented_pleg_connection_success_count"
+	metricConnError      = kubeletMetricPrefix + "evented_pleg_connection_error_count"
+	metricRelistCount    = kubeletMetricPrefix + "pleg_relist_duration_seconds_count"
+	logStoppedEvent      = "Received Container Stopped Event"
+	eventedRelistPeriod  = 300 * time.Second // the generic relist period while EventedPLEG is on
+	podWaitTimeout       = 90 * time.Second
+	containerdWaitPeriod = 50 * time.Millisecond
+)
+
+// node is a kubelet (and pleg-nri, in setup 3) running against the package's containerd.
+type node struct {
+	t     testing.TB
+	setup setup
+	k     *kubelet.Kubelet
+	// p is pleg-nri (nil unless setup.PlegNRI).
+	p *plegnri.Daemon
+	// cri is containerd's own CRI, to check what the kubelet did.
+	cri runtimeapi.RuntimeServiceClient
+	// started is when the kubelet became ready.
+	started time.Time
+	dups    *dupWatcher
+}
+
+// startNode starts pleg-nri (setup 3) and a kubelet, and arranges for both to be stopped, the kubelet
+// torn down (failing the test when it leaves something behind), and their logs printed when the test
+// fails. It also watches containerd for two running containers of the same name in a pod for as long as
+// the node runs.
+func startNode(t testing.TB, s setup) *node {
+	t.Helper()
+	ctx := context.Background()
+	n := &node{t: t, setup: s}
+	// Calls wait for containerd while it restarts, up to their own deadlines.
+	conn, err := grpc.NewClient("unix://"+env.Address, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	n.cri = runtimeapi.NewRuntimeServiceClient(conn)
+
+	endpoint := "unix://" + env.Address
+	if s.PlegNRI {
+		dir, err := os.MkdirTemp("", "plegnri-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			n.p.Stop()
+			if t.Failed() {
+				t.Logf("pleg-nri log (last lines):\n%s", lastLines(n.p.Log(), 200))
+			}
+		})
+		endpoint = "unix://" + n.p.Socket
+	}
+	n.k, err = kubelet.New(kubelet.Options{
+		Binary:            kubeletBinary,
+		RuntimeEndpoint:   endpoint,
+		ContainerdAddress: env.Address,
+		EventedPLEG:       s.Evented,
+		FeatureGates:      featureGatesFromEnv(t),
+		CgroupParent:      env.CgroupParent,
+		Log:               testWriter{t},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	containerdLog := env.LogSize()
+	// Registered before the kubelet starts and so run after pleg-nri's cleanup (cleanups run last in,
+	// first out): the kubelet stops first, then pleg-nri.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s", n.k.LogTail(150))
+			t.Logf("containerd log during the test:\n%s", lastLines(env.LogSince(containerdLog), 100))
+		}
+		n.keepLogs(containerdLog)
+		if err := n.k.Teardown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := n.k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n.started = time.Now()
+	n.dups = watchDuplicates(t, n.cri)
+	return n
+}
+
+// featureGatesEnv names more kubelet feature gates for experiments: "Name=true,Other=false".
+const featureGatesEnv = "PLEG_NRI_KUBELET_FEATURE_GATES"
+
+func featureGatesFromEnv(t testing.TB) map[string]bool {
+	v := os.Getenv(featureGatesEnv)
+	if v == "" {
+		return nil
+	}
+	gates := map[string]bool{}
+	for _, kv := range strings.Split(v, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		on, err := strconv.ParseBool(val)
+		if !ok || err != nil {
+			t.Fatalf("%s: want Name=true|false, got %q", featureGatesEnv, kv)
+		}
+		gates[name] = on
+	}
+	t.Logf("extra kubelet feature gates: %v", gates)
+	return gates
+}
+
+// keepLogsEnv names a directory where each node leaves its kubelet's, pleg-nri's and containerd's logs,
+// to look at after the run.
+const keepLogsEnv = "PLEG_NRI_KUBELET_KEEP_LOGS"
+
+func (n *node) keepLogs(containerdLog int64) {
+	dir := os.Getenv(keepLogsEnv)
+	if dir == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(n.t.Name())
+	files := map[string]string{"containerd": env.LogSince(containerdLog)}
+	if data, err := os.ReadFile(n.k.LogPath); err == nil {
+		files["kubelet"] = string(data)
+	}
+	if n.p != nil {
+		files["pleg-nri"] = n.p.Log()
+	}
+	for what, text := range files {
+		if err := os.MkdirAll(dir, 0o755); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, name+"."+what+".log"), []byte(text), 0o644)
+		}
+	}
+}
+
+// testWriter sends the kubelet package's progress lines to the test log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// metric reads one of the kubelet's metrics.
+func (n *node) metric(name string) float64 {
+	n.t.Helper()
+	v, err := n.k.Metric(name)
+	if err != nil {
+		n.t.Fatalf("kubelet metric %s: %v", name, err)
+	}
+	return v
+}
+
+// plegMetrics is what the kubelet's metrics say about its PLEG at one moment.
+type plegMetrics struct {
+	At                     time.Time
+	ConnSuccess, ConnError float64
+	Relists                float64
+	StoppedEvents          int
+}
+
+func (m plegMetrics) String() string {
+	return fmt.Sprintf("evented_pleg_connection_success_count=%g evented_pleg_connection_error_count=%g "+
+		"pleg_relist_duration_seconds_count=%g, %d %q log lines", m.ConnSuccess, m.ConnError, m.Relists, m.StoppedEvents, logStoppedEvent)
+}
+
+func (n *node) plegMetrics() plegMetrics {
+	n.t.Helper()
+	return plegMetrics{
+		At:            time.Now(),
+		ConnSuccess:   n.metric(metricConnSuccess),
+		ConnError:     n.metric(metricConnError),
+		Relists:       n.metric(metricRelistCount),
+		StoppedEvents: n.k.CountLog(logStoppedEvent),
+	}
+}
+
+// periodicRelists is how many of the generic PLEG's periodic relists (every 300 s while EventedPLEG is
+// on, the first at start) can fall between two metric readings: the relists that are not a fallback.
+func (n *node) periodicRelists(from, to time.Time) float64 {
+	count := 0
+	for at := n.started.Add(-time.Minute); !at.After(to.Add(2 * time.Second)); at = at.Add(eventedRelistPeriod) {
+		if !at.Before(from.Add(-2 * time.Second)) {
+			count++
+		}
+	}
+	return float64(count)
+}
+
+// checkConsumingStream fails unless the kubelet consumes the event stream without ever having fallen
+// back to relisting since before: a connection made, no connection error, no relist beyond the periodic
+// ones.
+func (n *node) checkConsumingStream(before, now plegMetrics) {
+	n.t.Helper()
+	if now.ConnSuccess < 1 {
+		n.t.Errorf("the kubelet never connected to the event stream: %s", now)
+	}
+	if now.ConnError != 0 {
+		n.t.Errorf("the kubelet's event stream failed: %s", now)
+	}
+	if d, allowed := now.Relists-before.Relists, n.periodicRelists(before.At, now.At); d > allowed {
+		n.t.Errorf("the kubelet relisted %g times in %s (at most %g periodic relists expected): it fell back to relisting; before: %s; now: %s",
+			d, now.At.Sub(before.At).Round(time.Millisecond), allowed, before, now)
+	}
+}
+
+// waitPod waits until the kubelet reports the pod made from manifest name and cond accepts it.
+func (n *node) waitPod(name, what string, cond func(p *kubelet.PodStatus) (bool, error)) *kubelet.PodStatus {
+	n.t.Helper()
+	var last *kubelet.PodStatus
+	err := harness.WaitFor(context.Background(), podWaitTimeout, fmt.Sprintf("pod %s: %s", name, what), func() (bool, error) {
+		p, err := n.k.Pod(name)
+		if err != nil || p == nil {
+			return false, err
+		}
+		last = p
+		return cond(p)
+	})
+	if err != nil {
+		n.t.Fatalf("%v\nlast status: %s", err, describePod(last))
+	}
+	return last
+}
+
+// running accepts a pod in phase Running whose every container runs and is ready.
+func running(p *kubelet.PodStatus) (bool, error) {
+	if p.Status.Phase != "Running" || len(p.Status.ContainerStatuses) == 0 {
+		return false, nil
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running == nil || !c.Ready {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// restartedTo accepts a pod whose container name runs again after exactly restarts restarts.
+func restartedTo(name string, restarts int32) func(p *kubelet.PodStatus) (bool, error) {
+	return func(p *kubelet.PodStatus) (bool, error) {
+		c := p.Container(name)
+		if c == nil {
+			return false, nil
+		}
+		if c.RestartCount > restarts {
+			return false, fmt.Errorf("container %s restarted %d times, more than %d", name, c.RestartCount, restarts)
+		}
+		return c.RestartCount == restarts && c.State.Running != nil && c.LastState.Terminated != nil, nil
+	}
+}
+
+func describePod(p *kubelet.PodStatus) string {
+	if p == nil {
+		return "(none)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s phase=%s ip=%s", p.Metadata.Name, p.Status.Phase, p.Status.PodIP)
+	for _, c := range p.Status.ContainerStatuses {
+		fmt.Fprintf(&b, "; %s ready=%t restarts=%d state=%s last=%s", c.Name, c.Ready, c.RestartCount,
+			describeState(c.State), describeState(c.LastState))
+	}
+	return b.String()
+}
+
+func describeState(s kubelet.ContainerState) string {
+	switch {
+	case s.Running != nil:
+		return "running"
+	case s.Waiting != nil:
+		return "waiting(" + s.Waiting.Reason + ")"
+	case s.Terminated != nil:
+		return fmt.Sprintf("terminated(%d %s)", s.Terminated.ExitCode, s.Terminated.Reason)
+	}
+	return "none"
+}
+
+// podUIDLabel and containerNameLabel are the labels the kubelet puts on every container it creates.
+const (
+	podUIDLabel        = "io.kubernetes.pod.uid"
+	containerNameLabel = "io.kubernetes.container.name"
+)
+
+// containers lists containerd's containers of the pod with that uid, with their statuses, oldest
+// attempt first.
+func (n *node) containers(uid string) []*runtimeapi.ContainerStatus {
+	n.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	list, err := n.cri.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		LabelSelector: map[string]string{podUIDLabel: uid}}})
+	if err != nil {
+		n.t.Fatalf("containerd ListContainers: %v", err)
+	}
+	var out []*runtimeapi.ContainerStatus
+	for _, c := range list.GetContainers() {
+		st, err := n.cri.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id})
+		if err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, st.GetStatus())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetMetadata().GetAttempt() < out[j].GetMetadata().GetAttempt() })
+	return out
+}
+
+// emptyDir returns the host path of a pod's "state" emptyDir volume, where a test drops files its
+// containers wait for.
+func (n *node) emptyDir(uid string) string {
+	return filepath.Join(n.k.RootDir, "pods", uid, "volumes", "kubernetes.io~empty-dir", "state")
+}
+
+// dupWatcher polls containerd for two running containers of the same name in one pod: the kubelet bug
+// that got EventedPLEG reverted upstream (k/k #121003, #123087) showed as exactly that.
+type dupWatcher struct {
+	mu sync.Mutex
+	// seen records each duplicate once: "pod uid/container name: ids".
+	seen map[string]bool
+	// polls counts the polls that got an answer.
+	polls int
+}
+
+func watchDuplicates(t testing.TB, cri runtimeapi.RuntimeServiceClient) *dupWatcher {
+	w := &dupWatcher{seen: map[string]bool{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			w.poll(ctx, cri)
+			select {
+			case <-ctx.Done():
+			case <-time.After(containerdWaitPeriod):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		w.check(t)
+		checkLifetimes(t, cri)
+	})
+	return w
+}
+
+// checkLifetimes fails when the lifetimes (started_at to finished_at, or now) of two containers of the
+// same name in one pod overlap, among the containers containerd still has: it catches an overlap
+// shorter than the watcher's polling period.
+func checkLifetimes(t testing.TB, cri runtimeapi.RuntimeServiceClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := cri.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Errorf("containerd ListContainers: %v", err)
+		return
+	}
+	type life struct {
+		id         string
+		start, end int64
+	}
+	byName := map[string][]life{}
+	for _, c := range list.GetContainers() {
+		st, err := cri.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id})
+		if err != nil || st.GetStatus().GetStartedAt() == 0 {
+			continue
+		}
+		end := st.GetStatus().GetFinishedAt()
+		if end == 0 {
+			end = time.Now().UnixNano()
+		}
+		key := c.Labels[podUIDLabel] + "/" + c.Labels[containerNameLabel]
+		byName[key] = append(byName[key], life{c.Id, st.GetStatus().GetStartedAt(), end})
+	}
+	for key, lives := range byName {
+		sort.Slice(lives, func(i, j int) bool { return lives[i].start < lives[j].start })
+		for i := 1; i < len(lives); i++ {
+			if lives[i].start < lives[i-1].end {
+				t.Errorf("containers %s and %s of %s ran at the same time (%s of overlap)", lives[i-1].id, lives[i].id, key,
+					time.Duration(lives[i-1].end-lives[i].start))
+			}
+		}
+	}
+}
+
+func (w *dupWatcher) poll(ctx context.Context, cri runtimeapi.RuntimeServiceClient) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}})
+	if err != nil {
+		return // containerd restarting
+	}
+	byName := map[string][]string{}
+	for _, c := range list.GetContainers() {
+		key := c.Labels[podUIDLabel] + "/" + c.Labels[containerNameLabel]
+		byName[key] = append(byName[key], c.Id)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.polls++
+	for key, ids := range byName {
+		if len(ids) > 1 {
+			sort.Strings(ids)
+			w.seen[key+": "+strings.Join(ids, ", ")] = true
+		}
+	}
+}
+
+func (w *dupWatcher) check(t testing.TB) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.polls == 0 {
+		t.Errorf("the duplicate-container watcher never got an answer from containerd")
+	}
+	for d := range w.seen {
+		t.Errorf("two running containers of the same name in one pod: %s", d)
+	}
+}
