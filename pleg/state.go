@@ -461,7 +461,11 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	windowOver := now.Sub(o.fetchStart) >= s.backoff.window || o.fetchAttempt >= s.backoff.maxAttempts
 	switch {
 	case r.err == nil:
+		// This answer decides whether to call again: update's refresh must not start a second fetch
+		// meanwhile (each incomplete answer would then add a chain of retries, and restart the window).
+		o.fetching = true
 		s.update(ctx, o, statusObs(o, r))
+		o.fetching = false
 		if o.kind == KindContainer && o.phase >= PhaseRunning && o.phase < PhaseRemoved && !o.complete {
 			// The CRI has not caught up with the start or the exit an input reported (containerd's
 			// start time, an exit code).
@@ -471,6 +475,8 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 			} else {
 				s.retryFetch(o, s.backoff.max)
 			}
+		} else {
+			s.refresh(ctx, o) // now that no call is outstanding (a removed object's end can be built)
 		}
 	case isNotFound(r.err):
 		if o.phase == PhaseRemoved || windowOver {
