@@ -44,6 +44,15 @@ type EventStream interface {
 	Close()
 }
 
+// EncodedEventStream is an EventStream that also hands out its events already encoded (protobuf), the
+// same bytes for every stream: the proxy then sends them as they are instead of encoding each event once
+// per subscriber.
+type EncodedEventStream interface {
+	EventStream
+	// NextEncoded is Next, with the event encoded. The bytes are shared: they are never modified.
+	NextEncoded(ctx context.Context) ([]byte, time.Time, error)
+}
+
 // Metrics is told about the proxy's work. Implementations must be safe for concurrent use and fast.
 type Metrics interface {
 	// ForwardedCall is called when a forwarded call ends, with the full method name, the code the
@@ -337,15 +346,25 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		}
 	}()
 
-	var f frame
-	for {
+	next := func(ctx context.Context) ([]byte, time.Time, error) {
 		ev, sourceTime, err := stream.Next(ctx)
 		if err != nil {
-			return p.eventStreamError(ss.Context(), err)
+			return nil, sourceTime, err
 		}
 		b, err := proto.Marshal(ev)
 		if err != nil {
-			return status.Errorf(codes.Internal, "failed to marshal event: %v", err)
+			return nil, sourceTime, status.Errorf(codes.Internal, "failed to marshal event: %v", err)
+		}
+		return b, sourceTime, nil
+	}
+	if enc, ok := stream.(EncodedEventStream); ok {
+		next = enc.NextEncoded
+	}
+	var f frame
+	for {
+		b, sourceTime, err := next(ctx)
+		if err != nil {
+			return p.eventStreamError(ss.Context(), err)
 		}
 		f.data = b
 		if err := ss.SendMsg(&f); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -75,6 +76,24 @@ type Event struct {
 
 	// seq is the event's fan-out sequence number (the checkpoint's delivery watermark counts them).
 	seq uint64
+	// wire caches Response's encoding for every copy of the event (nil: not cached).
+	wire *wireCache
+}
+
+type wireCache struct {
+	once sync.Once
+	b    []byte
+	err  error
+}
+
+// Marshaled returns the protobuf encoding of Response, computed once per event and shared by every
+// subscriber that asks (a CRI endpoint sends these bytes as they are): do not modify it.
+func (e Event) Marshaled() ([]byte, error) {
+	if e.wire == nil {
+		return proto.Marshal(e.Response)
+	}
+	e.wire.once.Do(func() { e.wire.b, e.wire.err = proto.Marshal(e.Response) })
+	return e.wire.b, e.wire.err
 }
 
 // input is one entry of the inbox: an observation, or a status answer.

@@ -739,6 +739,7 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 		},
 		Source:     c.src,
 		SourceTime: c.at,
+		wire:       &wireCache{},
 	}
 	var latency time.Duration
 	if !c.at.IsZero() {

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
@@ -276,12 +278,26 @@ func (s eventStream) Next(ctx context.Context) (*runtimeapi.ContainerEventRespon
 	return ev.Response, ev.SourceTime, err
 }
 
+// NextEncoded hands out the event's encoding, made once and shared by every stream.
+func (s eventStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error) {
+	ev, err := s.sub.Next(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	b, err := ev.Marshaled()
+	if err != nil {
+		return nil, ev.SourceTime, status.Errorf(codes.Internal, "failed to encode event: %v", err)
+	}
+	return b, ev.SourceTime, nil
+}
+
 func (s eventStream) Close() { s.sub.Close() }
 
 var (
-	_ plugin.Observer         = observerFunc(nil)
-	_ eventbridge.Observer    = observerFunc(nil)
-	_ eventbridge.EventSource = eventSource{}
+	_ plugin.Observer                = observerFunc(nil)
+	_ eventbridge.Observer           = observerFunc(nil)
+	_ eventbridge.EventSource        = eventSource{}
+	_ eventbridge.EncodedEventStream = eventStream{}
 )
 
 // setProcs runs the daemon on one P unless the GOMAXPROCS environment variable says otherwise.
