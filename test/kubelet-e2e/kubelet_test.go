@@ -2,7 +2,6 @@ package kubelete2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -168,17 +167,11 @@ func (n *node) containerPID(id string) int {
 	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	resp, err := n.cri.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		n.t.Fatalf("containerd ContainerStatus %s: %v", id, err)
+	pid := containerdPID(ctx, n.cri, id)
+	if pid == 0 {
+		n.t.Fatalf("no pid in containerd's verbose status of %s", id)
 	}
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(resp.GetInfo()["info"]), &info); err != nil || info.Pid == 0 {
-		n.t.Fatalf("no pid in containerd's verbose status of %s (%v): %v", id, err, resp.GetInfo())
-	}
-	return info.Pid
+	return pid
 }
 
 // sandboxes lists containerd's pod sandboxes of the pod with that uid.

@@ -2,6 +2,7 @@ package kubelete2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -357,8 +358,9 @@ func (n *node) emptyDir(uid string) string {
 	return filepath.Join(n.k.RootDir, "pods", uid, "volumes", "kubernetes.io~empty-dir", "state")
 }
 
-// dupWatcher polls containerd for two running containers of the same name in one pod: the kubelet bug
-// that got EventedPLEG reverted upstream (k/k #121003, #123087) showed as exactly that.
+// dupWatcher polls containerd for two running containers of the same name in one pod, whose processes
+// are both alive: the kubelet bug that got EventedPLEG reverted upstream (k/k #121003, #123087) showed
+// as exactly that.
 type dupWatcher struct {
 	mu sync.Mutex
 	// seen records each duplicate once: "pod uid/container name: ids".
@@ -442,15 +444,45 @@ func (w *dupWatcher) poll(ctx context.Context, cri runtimeapi.RuntimeServiceClie
 		key := c.Labels[podUIDLabel] + "/" + c.Labels[containerNameLabel]
 		byName[key] = append(byName[key], c.Id)
 	}
+	var dups []string
+	for key, ids := range byName {
+		if len(ids) < 2 {
+			continue
+		}
+		// containerd says RUNNING until it has deleted an exited container's task: only processes that
+		// are alive count.
+		var alive []string
+		for _, id := range ids {
+			if pid := containerdPID(cctx, cri, id); pid != 0 && processAlive(pid) {
+				alive = append(alive, fmt.Sprintf("%s (pid %d)", id, pid))
+			}
+		}
+		if len(alive) > 1 {
+			sort.Strings(alive)
+			dups = append(dups, key+": "+strings.Join(alive, ", "))
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.polls++
-	for key, ids := range byName {
-		if len(ids) > 1 {
-			sort.Strings(ids)
-			w.seen[key+": "+strings.Join(ids, ", ")] = true
-		}
+	for _, d := range dups {
+		w.seen[d] = true
 	}
+}
+
+// containerdPID returns a container's pid from containerd's verbose status (0 when unknown).
+func containerdPID(ctx context.Context, cri runtimeapi.RuntimeServiceClient, id string) int {
+	resp, err := cri.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		return 0
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if json.Unmarshal([]byte(resp.GetInfo()["info"]), &info) != nil {
+		return 0
+	}
+	return info.Pid
 }
 
 func (w *dupWatcher) check(t testing.TB) {

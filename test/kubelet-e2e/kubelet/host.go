@@ -205,14 +205,31 @@ func (k *Kubelet) removePods(ctx context.Context) error {
 	}
 	var errs []error
 	for _, p := range pods.GetItems() {
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("stop pod %s: %w", p.Id, err))
-		}
-		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.Id, err))
+		if err := removePod(ctx, rt, p.Id); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removePod stops and removes one pod sandbox, trying again while containerd still reports one of its
+// containers running (a container that has exited is running for containerd until its task is deleted).
+func removePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
+	var err error
+	for {
+		if _, err = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+			err = fmt.Errorf("stop pod %s: %w", id, err)
+		} else if _, err = rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+			err = fmt.Errorf("remove pod %s: %w", id, err)
+		} else {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // logSymlinks lists the symlinks in /var/log/containers that point into the kubelet's pods log dir.
