@@ -20,7 +20,9 @@ package pleg
 //
 // When it is written. emit marks the state dirty; the writer goroutine of Run writes at most once per
 // CheckpointInterval (and after a short settle delay, so a burst of events makes one write), again while
-// the watermark lags the events emitted, and once more when Run ends (a clean shutdown). The NRI hooks
+// the watermark lags the events emitted, at once when a subscriber takes the startup replay (a
+// restart's repairs are then recorded without waiting), and once more when Run ends (a clean
+// shutdown). The NRI hooks
 // and the event path never wait for it: the snapshot is taken under PLEG.mu (pointer copies of
 // immutable statuses), the encoding and the write happen outside it. The write is atomic and durable:
 // a temporary file in the same directory, fsync, rename over the checkpoint, fsync of the directory.
@@ -41,9 +43,13 @@ package pleg
 // or longer while a subscriber lags) the checkpoint is behind: after a SIGKILL in that window the next
 // pleg-nri emits again the transitions whose events were received after the last write (at-least-once).
 // It never emits again what the checkpoint holds, and it never skips a transition that was not received
-// before the last write. Residual loss window: an event that Next had taken but the stream server had
-// not yet written to its socket when pleg-nri died (microseconds); that subscriber's stream breaks, and
-// a CRI client relists after a broken stream.
+// before the last write. Two residual losses: (1) an event that Next had taken but the stream server had
+// not yet written to its socket when pleg-nri died (microseconds; that subscriber's stream breaks, and
+// a CRI client relists after a broken stream); (2) the end (STOPPED, DELETED) of an object whose
+// CREATED was received after the last write and that is gone before the next pleg-nri has its status:
+// the next pleg-nri never knew it (the CRI keeps no history of removed objects). (2) needs a kill within
+// CheckpointInterval of the object's creation and its removal before pleg-nri is back (plus the few
+// milliseconds of its first status call).
 //
 // File format, version 1 (all integers little-endian):
 //
@@ -199,78 +205,107 @@ func readCheckpointFile(path string) ([]byte, error) {
 // makes a new one), so an unchanged object costs no marshal on the next write.
 type statusCache map[proto.Message][]byte
 
-// encodeCheckpoint encodes c; cache (may be nil) provides and receives the statuses' encodings.
+// encodeCheckpoint encodes c; prev (may be nil) provides the statuses' encodings of the last write, and
+// the encodings of this one are returned for the next. The file is built in one buffer of the exact
+// size: an unchanged object costs a copy of its bytes.
 func encodeCheckpoint(c *checkpoint, prev statusCache) ([]byte, statusCache, error) {
 	next := make(statusCache, c.objects())
-	status := func(m proto.Message) ([]byte, error) {
-		if b, ok := prev[m]; ok {
-			next[m] = b
-			return b, nil
-		}
-		b, err := proto.Marshal(m)
-		if err != nil {
-			return nil, err
-		}
-		next[m] = b
-		return b, nil
-	}
-	body := make([]byte, 0, 64+c.objects()*1536)
-	body = protowire.AppendTag(body, 1, protowire.BytesType)
-	body = protowire.AppendString(body, c.scope)
-	body = protowire.AppendTag(body, 2, protowire.VarintType)
-	body = protowire.AppendVarint(body, uint64(c.writtenAt))
-	var pod, obj []byte
-	appendObject := func(dst []byte, num protowire.Number, o *ckptObject) ([]byte, error) {
+	// The statuses' encodings, in the order the objects are written.
+	sts := make([][]byte, 0, c.objects())
+	status := func(o *ckptObject) error {
 		var m proto.Message = o.container
 		if o.sandbox != nil {
 			m = o.sandbox
 		}
-		st, err := status(m)
-		if err != nil {
-			return nil, fmt.Errorf("failed to encode the status of %s: %w", o.id, err)
+		b, ok := prev[m]
+		if !ok {
+			var err error
+			if b, err = proto.Marshal(m); err != nil {
+				return fmt.Errorf("failed to encode the status of %s: %w", o.id, err)
+			}
 		}
-		obj = obj[:0]
-		obj = protowire.AppendTag(obj, 1, protowire.BytesType)
-		obj = protowire.AppendString(obj, o.id)
-		obj = protowire.AppendTag(obj, 2, protowire.VarintType)
-		obj = protowire.AppendVarint(obj, uint64(o.phase))
-		obj = protowire.AppendTag(obj, 3, protowire.VarintType)
-		obj = protowire.AppendVarint(obj, o.flags)
-		obj = protowire.AppendTag(obj, 4, protowire.VarintType)
-		obj = protowire.AppendVarint(obj, uint64(o.created))
-		if o.stoppedReason != "" {
-			obj = protowire.AppendTag(obj, 5, protowire.BytesType)
-			obj = protowire.AppendString(obj, o.stoppedReason)
-		}
-		obj = protowire.AppendTag(obj, 6, protowire.BytesType)
-		obj = protowire.AppendBytes(obj, st)
-		dst = protowire.AppendTag(dst, num, protowire.BytesType)
-		return protowire.AppendBytes(dst, obj), nil
+		next[m] = b
+		sts = append(sts, b)
+		return nil
 	}
+	objSize := func(o *ckptObject, st []byte) int {
+		n := 1 + protowire.SizeBytes(len(o.id)) + 1 + protowire.SizeVarint(uint64(o.phase)) +
+			1 + protowire.SizeVarint(o.flags) + 1 + protowire.SizeVarint(uint64(o.created)) +
+			1 + protowire.SizeBytes(len(st))
+		if o.stoppedReason != "" {
+			n += 1 + protowire.SizeBytes(len(o.stoppedReason))
+		}
+		return n
+	}
+	// First pass: the statuses and the size of each pod.
+	podSizes := make([]int, len(c.pods))
+	size := 1 + protowire.SizeBytes(len(c.scope)) + 1 + protowire.SizeVarint(uint64(c.writtenAt))
 	for i := range c.pods {
 		p := &c.pods[i]
-		pod = pod[:0]
-		pod = protowire.AppendTag(pod, 1, protowire.BytesType)
-		pod = protowire.AppendString(pod, p.id)
-		pod = protowire.AppendTag(pod, 2, protowire.VarintType)
-		pod = protowire.AppendVarint(pod, uint64(p.lastEvent))
-		var err error
-		if pod, err = appendObject(pod, 3, &p.sandbox); err != nil {
+		k := len(sts)
+		if err := status(&p.sandbox); err != nil {
 			return nil, nil, err
 		}
 		for j := range p.containers {
-			if pod, err = appendObject(pod, 4, &p.containers[j]); err != nil {
+			if err := status(&p.containers[j]); err != nil {
 				return nil, nil, err
 			}
 		}
-		body = protowire.AppendTag(body, 3, protowire.BytesType)
-		body = protowire.AppendBytes(body, pod)
+		n := 1 + protowire.SizeBytes(len(p.id)) + 1 + protowire.SizeVarint(uint64(p.lastEvent))
+		n += 1 + protowire.SizeBytes(objSize(&p.sandbox, sts[k]))
+		for j := range p.containers {
+			n += 1 + protowire.SizeBytes(objSize(&p.containers[j], sts[k+1+j]))
+		}
+		podSizes[i] = n
+		size += 1 + protowire.SizeBytes(n)
 	}
-	out := make([]byte, checkpointHeader, checkpointHeader+len(body))
+	// Second pass: the bytes.
+	out := make([]byte, checkpointHeader, checkpointHeader+size)
 	copy(out, checkpointMagic)
 	binary.LittleEndian.PutUint32(out[8:], checkpointVersion)
-	binary.LittleEndian.PutUint32(out[12:], crc32.Checksum(body, crcTable))
-	return append(out, body...), next, nil
+	out = protowire.AppendTag(out, 1, protowire.BytesType)
+	out = protowire.AppendString(out, c.scope)
+	out = protowire.AppendTag(out, 2, protowire.VarintType)
+	out = protowire.AppendVarint(out, uint64(c.writtenAt))
+	appendObject := func(dst []byte, num protowire.Number, o *ckptObject, st []byte) []byte {
+		dst = protowire.AppendTag(dst, num, protowire.BytesType)
+		dst = protowire.AppendVarint(dst, uint64(objSize(o, st)))
+		dst = protowire.AppendTag(dst, 1, protowire.BytesType)
+		dst = protowire.AppendString(dst, o.id)
+		dst = protowire.AppendTag(dst, 2, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, uint64(o.phase))
+		dst = protowire.AppendTag(dst, 3, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, o.flags)
+		dst = protowire.AppendTag(dst, 4, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, uint64(o.created))
+		if o.stoppedReason != "" {
+			dst = protowire.AppendTag(dst, 5, protowire.BytesType)
+			dst = protowire.AppendString(dst, o.stoppedReason)
+		}
+		dst = protowire.AppendTag(dst, 6, protowire.BytesType)
+		return protowire.AppendBytes(dst, st)
+	}
+	k := 0
+	for i := range c.pods {
+		p := &c.pods[i]
+		out = protowire.AppendTag(out, 3, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(podSizes[i]))
+		out = protowire.AppendTag(out, 1, protowire.BytesType)
+		out = protowire.AppendString(out, p.id)
+		out = protowire.AppendTag(out, 2, protowire.VarintType)
+		out = protowire.AppendVarint(out, uint64(p.lastEvent))
+		out = appendObject(out, 3, &p.sandbox, sts[k])
+		k++
+		for j := range p.containers {
+			out = appendObject(out, 4, &p.containers[j], sts[k])
+			k++
+		}
+	}
+	if len(out) != checkpointHeader+size {
+		return nil, nil, fmt.Errorf("checkpoint: encoded %d bytes, computed %d", len(out)-checkpointHeader, size)
+	}
+	binary.LittleEndian.PutUint32(out[12:], crc32.Checksum(out[checkpointHeader:], crcTable))
+	return out, next, nil
 }
 
 // decodeCheckpoint decodes and checks a checkpoint file's content. It never panics, whatever data is.
@@ -596,6 +631,9 @@ func (s *state) snapshot(w uint64, scope string, now time.Time) *checkpoint {
 	addContainer := func(o *object) {
 		if ph := received(o, w); ph >= PhaseCreated && ph < PhaseRemoved && o.ceff != nil {
 			cp := podOf(o.pod)
+			if cp.containers == nil {
+				cp.containers = make([]ckptObject, 0, len(o.pod.listed))
+			}
 			cp.containers = append(cp.containers, snapshotObject(o, ph))
 		}
 	}
@@ -729,12 +767,22 @@ func (p *PLEG) checkpointLoop(ctx context.Context) {
 			case <-p.st.ckptWake:
 			}
 		}
-		t.Reset(max(p.cfg.CheckpointInterval-time.Since(last), checkpointSettle))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+	wait:
+		for {
+			d := max(p.cfg.CheckpointInterval-time.Since(last), checkpointSettle)
+			if p.st.ckptUrgent.Swap(false) {
+				d = checkpointSettle
+			}
+			t.Reset(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+				break wait
+			case <-p.st.ckptWake:
+				t.Stop() // again: an urgent request shortens the wait
+			}
 		}
 		retry = p.writeCheckpoint(ctx)
 		last = time.Now()
@@ -760,6 +808,19 @@ func (s *state) checkpointEmitted(o *object, t runtimeapi.ContainerEventType) {
 		s.unacked = append(s.unacked, o)
 	}
 	s.ckptGen++
+	s.wakeCheckpoint()
+}
+
+// urgentCheckpoint asks the writer for a write without waiting for CheckpointInterval: the startup
+// replay was received, and until it is recorded a kill would make the next pleg-nri emit it all again
+// and forget the objects it holds. It never blocks.
+func (s *state) urgentCheckpoint() {
+	s.ckptUrgent.Store(true)
+	s.wakeCheckpoint()
+}
+
+// wakeCheckpoint asks the writer for a write; it never blocks.
+func (s *state) wakeCheckpoint() {
 	select {
 	case s.ckptWake <- struct{}{}:
 	default:

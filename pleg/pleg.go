@@ -180,6 +180,7 @@ func New(cfg Config) (*PLEG, error) {
 			return nil, fmt.Errorf("pleg: checkpoint directory: %w", err)
 		}
 		p.st.ckptWake = make(chan struct{}, 1)
+		p.fan.replay.onTaken = p.st.urgentCheckpoint // the replay's events are received: record them
 		p.loadCheckpoint(context.Background())
 	}
 	return p, nil

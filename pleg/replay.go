@@ -36,6 +36,9 @@ type startupReplay struct {
 	// taken says a subscriber got the replay: from then on its queue, not the replay, holds back the
 	// delivery watermark.
 	taken bool
+	// onTaken, when set, is called (under fanout.mu, must not block) when the replay is first taken:
+	// the checkpoint can record what it holds.
+	onTaken func()
 }
 
 // startReplay keeps a replay of the events for hold after the startup reconciliation.
@@ -112,6 +115,9 @@ func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
 	r := &f.replay
 	if !r.open.Load() {
 		return
+	}
+	if !r.taken && r.onTaken != nil {
+		r.onTaken()
 	}
 	r.taken = true
 	for _, ev := range r.events {

@@ -39,6 +39,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -142,6 +143,8 @@ type state struct {
 	ckptWake chan struct{} // capacity 1: an event was emitted, the checkpoint is behind
 	ckptGen  uint64        // incremented by every event emitted
 	unacked  []*object     // deleted objects whose DELETED some subscriber has not received yet
+	// ckptUrgent asks the writer not to wait for CheckpointInterval (set by the fan-out, any goroutine).
+	ckptUrgent atomic.Bool
 }
 
 type tomb struct {

@@ -44,6 +44,8 @@ type Config struct {
 	// StateDir keeps the checkpoint (what the subscribers received, so that a restart emits only what
 	// changed while pleg-nri was down); empty disables it.
 	StateDir string `json:"state-dir"`
+	// CheckpointInterval is the least time between two checkpoint writes.
+	CheckpointInterval Duration `json:"checkpoint-interval"`
 	// StartupReplay is how long after its startup reconciliation a new subscriber still receives every
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
@@ -64,6 +66,7 @@ func DefaultConfig() Config {
 		SubscriberQueue:     1024,
 		LogLevel:            "info",
 		StateDir:            "/var/lib/pleg-nri",
+		CheckpointInterval:  Duration(time.Second),
 		StartupReplay:       Duration(time.Minute),
 	}
 }
@@ -183,6 +186,9 @@ func (c Config) Validate() error {
 	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		bad("state-dir", "must be an absolute path (or empty to disable the checkpoint), got %q", c.StateDir)
 	}
+	if time.Duration(c.CheckpointInterval) < 10*time.Millisecond {
+		bad("checkpoint-interval", "must be at least 10ms, got %s", c.CheckpointInterval)
+	}
 	if c.StartupReplay < 0 {
 		bad("startup-replay", "must not be negative (0 disables it), got %s", c.StartupReplay)
 	}
@@ -230,6 +236,14 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.IntVar(&cfg.SubscriberQueue, "subscriber-queue", cfg.SubscriberQueue, "bound of each event subscriber's queue")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the checkpoint that lets a restart emit only what changed (empty disables it)")
+	fs.Func("checkpoint-interval", fmt.Sprintf("least time between two checkpoint writes (default %s)", cfg.CheckpointInterval), func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		cfg.CheckpointInterval = Duration(d)
+		return nil
+	})
 	fs.Func("startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), func(s string) error {
 		d, err := time.ParseDuration(s)
 		if err != nil {

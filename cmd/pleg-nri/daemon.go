@@ -120,7 +120,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	defer cri.Close()
 	pcfg := pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
-		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay)}
+		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
+		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	if cfg.StateDir != "" {
 		if err := checkStateDir(cfg.StateDir); err != nil {
 			return fmt.Errorf("config key \"state-dir\": %w", err)
