@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,12 +139,8 @@ func removePodsOf(t *testing.T, run string) {
 		return
 	}
 	parallelT(t, len(resp.Items), 4, func(i int) error {
-		id := resp.Items[i].Id
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-			return fmt.Errorf("stop pod %s: %w", short(id), err)
-		}
-		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-			return fmt.Errorf("remove pod %s: %w", short(id), err)
+		if err := stopAndRemovePod(ctx, rt, resp.Items[i].Id); err != nil {
+			return fmt.Errorf("pod %s: %w", short(resp.Items[i].Id), err)
 		}
 		return nil
 	})
@@ -203,13 +200,36 @@ func podCycle(ctx context.Context, rt runtimeapi.RuntimeServiceClient, name, run
 			return pod, ctrs, took, fmt.Errorf("StartContainer %s/c%d: %w", name, i, err)
 		}
 	}
-	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
-		return pod, ctrs, took, fmt.Errorf("StopPodSandbox %s: %w", name, err)
-	}
-	if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
-		return pod, ctrs, took, fmt.Errorf("RemovePodSandbox %s: %w", name, err)
+	if err := stopAndRemovePod(ctx, rt, pod); err != nil {
+		return pod, ctrs, took, fmt.Errorf("pod %s: %w", name, err)
 	}
 	return pod, ctrs, took, nil
+}
+
+// podRetries counts the stop-and-remove retries of stopAndRemovePod.
+var podRetries atomic.Int64
+
+// stopAndRemovePod stops and removes a pod, as the kubelet does, trying again (up to 5 times) when
+// containerd refuses the removal: a container that exits while its pod is being stopped can still be
+// "running" for containerd's RemovePodSandbox ("container is still running, to stop first").
+func stopAndRemovePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, pod string) error {
+	var err error
+	for attempt := range 5 {
+		if attempt > 0 {
+			podRetries.Add(1)
+			time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+		}
+		if _, err = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod}); err != nil {
+			err = fmt.Errorf("StopPodSandbox: %w", err)
+			continue
+		}
+		if _, err = rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod}); err != nil {
+			err = fmt.Errorf("RemovePodSandbox: %w", err)
+			continue
+		}
+		return nil
+	}
+	return err
 }
 
 // processMemory returns a process's resident set size and its peak, from /proc.
@@ -464,7 +484,7 @@ func logSlowSubscribers(t *testing.T, pods, healthy, queue int, res slowSubscrib
 		res.emitted, slices.Min(res.received), slices.Max(res.received), res.coalesced, res.stuckEviction.Offered,
 		res.stuckEviction.Delivered, res.stuckEviction.Coalesced, res.stuckEviction.Dropped, res.evicted)
 	t.Logf("stuck subscriber reading again: %d buffered events, then %v", res.stuckResumed, status.Code(res.stuckEnd))
-	t.Logf("pleg-nri RSS %.1f MiB, peak %.1f MiB", mib(res.rss), mib(res.hwm))
+	t.Logf("pleg-nri RSS %.1f MiB, peak %.1f MiB; pod stop-and-remove retries so far: %d", mib(res.rss), mib(res.hwm), podRetries.Load())
 }
 
 // durations renders quantiles of ds.
@@ -628,11 +648,8 @@ func runBurst(t *testing.T, pods, containers, readers, workers int) {
 	up := time.Since(start)
 	_, hwmUp := processMemory(t, p.cmd.Process.Pid)
 	parallelT(t, pods, workers, func(i int) error {
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: runs[i].pod}); err != nil {
-			return fmt.Errorf("StopPodSandbox %d: %w", i, err)
-		}
-		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: runs[i].pod}); err != nil {
-			return fmt.Errorf("RemovePodSandbox %d: %w", i, err)
+		if err := stopAndRemovePod(ctx, rt, runs[i].pod); err != nil {
+			return fmt.Errorf("pod %d: %w", i, err)
 		}
 		return nil
 	})
