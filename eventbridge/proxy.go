@@ -101,6 +101,10 @@ type Proxy struct {
 	metrics Metrics
 	// now is the clock of the latency and duration metrics.
 	now func() time.Time
+	// fresh, when set, makes status reads wait for the runtime to catch up with the event stream (see
+	// Freshness); freshWait bounds the wait.
+	fresh     Freshness
+	freshWait time.Duration
 
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
@@ -115,6 +119,52 @@ func WithMetrics(m Metrics) ProxyOption {
 	return func(p *Proxy) {
 		if m != nil {
 			p.metrics = m
+		}
+	}
+}
+
+// Freshness says which objects the event stream already reported stopped while the runtime's own status
+// may still say they run. containerd updates an exited container's CRI status only once its exit handler
+// deleted the task, milliseconds to seconds after the exit that pleg-nri reports; a client that got the
+// STOPPED and then reads the status (the kubelet does, right after the sync the event caused, and caches
+// the answer with its own, newer timestamp) must not get the older state.
+type Freshness interface {
+	// AnyStoppedAhead reports whether any object is in that state; it is called on every status read
+	// and must be cheap.
+	AnyStoppedAhead() bool
+	// StoppedAhead reports whether object id is.
+	StoppedAhead(id string) bool
+}
+
+// FreshnessMetrics is implemented by a Metrics that wants to know about status reads that had to wait
+// for the runtime (see WithFreshness).
+type FreshnessMetrics interface {
+	// StaleRead is called when the runtime's answer to a status read was older than the event stream:
+	// how long the proxy held the read, and whether the runtime caught up within the bound (when it did
+	// not, the client got the runtime's last answer).
+	StaleRead(method string, held time.Duration, caughtUp bool)
+}
+
+// DefaultFreshnessWait bounds how long a status read waits for the runtime to catch up.
+const DefaultFreshnessWait = 5 * time.Second
+
+// The retry delays of a status read the runtime answered with an older state than the event stream's.
+const (
+	freshRetryMin = 2 * time.Millisecond
+	freshRetryMax = 50 * time.Millisecond
+)
+
+// WithFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
+// ListPodSandbox) consistent with the event stream: while f says an object was reported stopped ahead of
+// the runtime, a read whose answer still shows it running is asked again (2 ms, 4 ms, ... 50 ms apart)
+// until the runtime's answer shows it stopped, or maxWait (0: DefaultFreshnessWait) has passed. The
+// client gets the runtime's answer unchanged, byte for byte: only later.
+func WithFreshness(f Freshness, maxWait time.Duration) ProxyOption {
+	return func(p *Proxy) {
+		p.fresh = f
+		p.freshWait = maxWait
+		if p.freshWait <= 0 {
+			p.freshWait = DefaultFreshnessWait
 		}
 	}
 }
@@ -167,7 +217,11 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	start := p.now()
 	var err error
 	if isUnary(method) {
-		err = p.forwardUnary(ss, method)
+		if stale := staleChecks[method]; stale != nil && p.fresh != nil && p.fresh.AnyStoppedAhead() {
+			err = p.forwardFresh(ss, method, stale)
+		} else {
+			err = p.forwardUnary(ss, method)
+		}
 	} else {
 		err = p.forward(ss, method)
 	}
@@ -224,6 +278,121 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string) error {
 		return err
 	}
 	return ss.SendMsg(&resp)
+}
+
+// staleChecks are, per status-reading method, the check that its answer (encoded) shows an object running
+// that the event stream already reported stopped.
+var staleChecks = map[string]func(answer []byte, f Freshness) bool{
+	"/runtime.v1.RuntimeService/ContainerStatus": func(b []byte, f Freshness) bool {
+		var r runtimeapi.ContainerStatusResponse
+		return proto.Unmarshal(b, &r) == nil && staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState(), f)
+	},
+	"/runtime.v1.RuntimeService/PodSandboxStatus": func(b []byte, f Freshness) bool {
+		var r runtimeapi.PodSandboxStatusResponse
+		if proto.Unmarshal(b, &r) != nil {
+			return false
+		}
+		if staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState(), f) {
+			return true
+		}
+		for _, c := range r.GetContainersStatuses() {
+			if staleContainer(c.GetId(), c.GetState(), f) {
+				return true
+			}
+		}
+		return false
+	},
+	"/runtime.v1.RuntimeService/ListContainers": func(b []byte, f Freshness) bool {
+		var r runtimeapi.ListContainersResponse
+		if proto.Unmarshal(b, &r) != nil {
+			return false
+		}
+		for _, c := range r.GetContainers() {
+			if staleContainer(c.GetId(), c.GetState(), f) {
+				return true
+			}
+		}
+		return false
+	},
+	"/runtime.v1.RuntimeService/ListPodSandbox": func(b []byte, f Freshness) bool {
+		var r runtimeapi.ListPodSandboxResponse
+		if proto.Unmarshal(b, &r) != nil {
+			return false
+		}
+		for _, s := range r.GetItems() {
+			if staleSandbox(s.GetId(), s.GetState(), f) {
+				return true
+			}
+		}
+		return false
+	},
+}
+
+func staleContainer(id string, st runtimeapi.ContainerState, f Freshness) bool {
+	return id != "" && (st == runtimeapi.ContainerState_CONTAINER_RUNNING || st == runtimeapi.ContainerState_CONTAINER_CREATED) &&
+		f.StoppedAhead(id)
+}
+
+func staleSandbox(id string, st runtimeapi.PodSandboxState, f Freshness) bool {
+	return id != "" && st == runtimeapi.PodSandboxState_SANDBOX_READY && f.StoppedAhead(id)
+}
+
+// forwardFresh proxies a status read like forwardUnary, but asks the runtime again while its answer is
+// older than the event stream (stale says so), within p.freshWait. The client gets the last answer as the
+// runtime sent it.
+func (p *Proxy) forwardFresh(ss grpc.ServerStream, method string, stale func([]byte, Freshness) bool) error {
+	var req frame
+	if err := ss.RecvMsg(&req); err != nil {
+		return err
+	}
+	in := req.bytes()
+	req.free()
+	ctx := ss.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
+	start := p.now()
+	delay := freshRetryMin
+	held := false
+	for {
+		var resp frame
+		var hdr, trl metadata.MD
+		err := p.backend.Invoke(ctx, method, &frame{data: in}, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
+		var out []byte
+		if err == nil {
+			out = resp.bytes()
+			resp.free()
+		}
+		if err == nil && stale(out, p.fresh) && p.now().Add(delay).Sub(start) < p.freshWait {
+			held = true
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			delay = min(2*delay, freshRetryMax)
+			continue
+		}
+		if held {
+			caughtUp := err == nil && !stale(out, p.fresh)
+			if m, ok := p.metrics.(FreshnessMetrics); ok {
+				m.StaleRead(method, p.now().Sub(start), caughtUp)
+			}
+			if !caughtUp && err == nil {
+				log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
+					Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
+			}
+		}
+		if len(hdr) > 0 {
+			if herr := ss.SetHeader(forwardableMD(hdr)); herr != nil {
+				return herr
+			}
+		}
+		ss.SetTrailer(forwardableMD(trl))
+		if err != nil {
+			return err
+		}
+		return ss.SendMsg(&frame{data: out})
+	}
 }
 
 // streamDesc describes every forwarded call: a bidirectional stream is the general form of all four

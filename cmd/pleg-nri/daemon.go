@@ -145,7 +145,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer backend.Close()
-	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core}, eventbridge.WithMetrics(proxyMetrics{m})))
+	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core},
+		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithFreshness(core, 0)))
 	if err != nil {
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}

@@ -50,6 +50,7 @@ type metrics struct {
 	ckptBytes      prometheus.Gauge
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
+	staleReads     *prometheus.HistogramVec
 
 	// nri, events and cri track the upstream connections for /readyz.
 	nri, events, cri upstreamState
@@ -101,6 +102,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
 		upstream: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "upstream_connected",
 			Help: "1 while the upstream connection is up (nri, events, cri)."}, []string{"upstream"}),
+		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
+			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
+			Buckets: latencyBuckets}, []string{"method", "result"}),
 		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
 			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: latencyBuckets}, []string{"method", "code"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
@@ -125,7 +129,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
 		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed,
-		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped)
+		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads)
 	for _, u := range []string{"nri", "events", "cri"} {
 		m.upstream.WithLabelValues(u).Set(0)
 	}
@@ -277,6 +281,15 @@ func (m *metrics) EventStreamClosed(code codes.Code) {
 // pleg.Metrics'.
 type proxyMetrics struct{ *metrics }
 
+// StaleRead is eventbridge.FreshnessMetrics' hook.
+func (p proxyMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
+	result := "gave_up"
+	if caughtUp {
+		result = "caught_up"
+	}
+	p.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
+}
+
 func (p proxyMetrics) EventSent(latency time.Duration) {
 	p.sendLatency.WithLabelValues("all").Observe(latency.Seconds())
 }
@@ -328,8 +341,9 @@ func (m *metrics) ready() error {
 }
 
 var (
-	_ pleg.Metrics                = (*metrics)(nil)
-	_ plugin.Metrics              = (*metrics)(nil)
-	_ eventbridge.Metrics         = proxyMetrics{}
-	_ eventbridge.TaskEventsHooks = taskHooks{}
+	_ pleg.Metrics                 = (*metrics)(nil)
+	_ plugin.Metrics               = (*metrics)(nil)
+	_ eventbridge.Metrics          = proxyMetrics{}
+	_ eventbridge.FreshnessMetrics = proxyMetrics{}
+	_ eventbridge.TaskEventsHooks  = taskHooks{}
 )
