@@ -1,0 +1,937 @@
+package containerdit
+
+// Faults, with the real containerd and the real pleg-nri process: containerd SIGKILLed and restarted
+// while pods churn, pleg-nri SIGKILLed and restarted from its checkpoint while pods churn, and the NRI
+// connection dropped by containerd (a plugin request timeout). The short versions run in `make test`;
+// the TestSoak* versions (PLEG_NRI_SOAK=1) in `make soak`. They assert what must hold whatever the
+// machine's load, and log the figures (recovery times, duplicates) without asserting on them.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+)
+
+// kill kills pleg-nri with SIGKILL and waits for it.
+func (p *plegNRI) kill() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+	p.cmd = nil
+}
+
+// signal sends sig to pleg-nri.
+func (p *plegNRI) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %s to pleg-nri: %v", sig, err)
+	}
+}
+
+// stateDir is the pleg-nri's state directory (startPlegNRI's default).
+func (p *plegNRI) stateDir() string {
+	return filepath.Join(filepath.Dir(filepath.Dir(p.Socket)), "state")
+}
+
+// churn runs pods on containerd directly until stopped: each worker runs a pod with a container that
+// exits by itself after a moment and one that runs, waits a little, and then (at random) stops the
+// runner, removes the containers, stops and removes the pod, or leaves the pod as it is. Calls that fail
+// because containerd is down are counted and the cycle goes on with what exists.
+type churn struct {
+	t      *testing.T
+	prefix string // every pod's name starts with it
+	rt     runtimeapi.RuntimeServiceClient
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	// mu guards the counters.
+	mu              sync.Mutex
+	pods, ctrs, ops int
+	failed          int            // calls that failed (containerd down, or interrupted)
+	errs            map[string]int // failures by code
+	// interrupted are the containers whose StartContainer failed (containerd killed during it): the
+	// process may have run without containerd ever recording it.
+	interrupted map[string]bool
+}
+
+func startChurn(t *testing.T, prefix string, workers int) *churn {
+	t.Helper()
+	// pleg-nri's own CRI dialer: it reconnects within 100ms..2s of containerd's restart, where gRPC's
+	// default backoff waits up to 2 minutes.
+	conn, err := eventbridge.DialCRI("unix://" + env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &churn{t: t, prefix: prefix, rt: runtimeapi.NewRuntimeServiceClient(conn), stop: make(chan struct{})}
+	t.Cleanup(func() {
+		c.halt()
+		removeTestPods(t, c.rt, prefix)
+		conn.Close()
+	})
+	for w := range workers {
+		c.wg.Add(1)
+		go c.worker(w)
+	}
+	return c
+}
+
+// halt stops the workers and waits for them; it is idempotent.
+func (c *churn) halt() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	c.wg.Wait()
+}
+
+func (c *churn) count(err error, ok *int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ops++
+	if err != nil {
+		c.failed++
+		if c.errs == nil {
+			c.errs = map[string]int{}
+		}
+		c.errs[status.Code(err).String()]++
+		return false
+	}
+	if ok != nil {
+		*ok++
+	}
+	return true
+}
+
+func (c *churn) sleep(d time.Duration) bool {
+	select {
+	case <-c.stop:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func (c *churn) worker(w int) {
+	defer c.wg.Done()
+	r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+	for i := 0; ; i++ {
+		select {
+		case <-c.stop:
+			return
+		default:
+		}
+		call := func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 20*time.Second)
+		}
+		cfg := env.PodConfig(fmt.Sprintf("%s-%d-%d", c.prefix, w, i))
+		ctx, cancel := call()
+		resp, err := c.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+		cancel()
+		if !c.count(err, &c.pods) {
+			c.sleep(100 * time.Millisecond)
+			continue
+		}
+		pod := resp.PodSandboxId
+		var ctrs []string
+		for j, script := range []string{fmt.Sprintf("sleep 0.%d; exit %d", 1+r.IntN(9), r.IntN(3)), "sleep 3600"} {
+			ctx, cancel := call()
+			cr, err := c.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod,
+				Config: containerConfig(fmt.Sprintf("c%d", j), script), SandboxConfig: cfg})
+			cancel()
+			if !c.count(err, &c.ctrs) {
+				continue
+			}
+			ctrs = append(ctrs, cr.ContainerId)
+			ctx, cancel = call()
+			_, err = c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId})
+			cancel()
+			if !c.count(err, nil) {
+				c.mu.Lock()
+				if c.interrupted == nil {
+					c.interrupted = map[string]bool{}
+				}
+				c.interrupted[cr.ContainerId] = true
+				c.mu.Unlock()
+			}
+		}
+		if !c.sleep(time.Duration(200+r.IntN(800)) * time.Millisecond) {
+			return
+		}
+		switch r.IntN(6) {
+		case 0: // left running
+			continue
+		case 1: // the runner stopped, the pod left
+			if len(ctrs) > 1 {
+				ctx, cancel := call()
+				_, err := c.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: ctrs[1], Timeout: 0})
+				cancel()
+				c.count(err, nil)
+			}
+			continue
+		case 2: // the containers removed, the pod left stopped
+			for _, id := range ctrs {
+				ctx, cancel := call()
+				_, err := c.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+				cancel()
+				c.count(err, nil)
+			}
+			ctx, cancel := call()
+			_, err := c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+			cancel()
+			c.count(err, nil)
+			continue
+		}
+		// The kubelet's order: stop the pod, remove its containers, then the pod.
+		//
+		// NOTE: a RemovePodSandbox that still has containers to remove deadlocks containerd 2.4.2 for
+		// good when an NRI plugin registers meanwhile: it holds NRI's plugin-sync read lock and takes it
+		// again in RemoveContainer, while the registration waits for the write lock
+		// (internal/cri/server/sandbox_remove.go, nri pkg/adaptation BlockPluginSync); every later CRI
+		// lifecycle call then hangs. pleg-nri registers again after each restart, its own or
+		// containerd's, so these tests would hit it within a few cycles.
+		ctx, cancel = call()
+		_, err = c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
+		cancel()
+		c.count(err, nil)
+		for _, id := range ctrs {
+			ctx, cancel := call()
+			_, err := c.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+			cancel()
+			c.count(err, nil)
+		}
+		ctx, cancel = call()
+		_, err = c.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
+		cancel()
+		c.count(err, nil)
+	}
+}
+
+// startsInterrupted returns the containers whose start was cut short.
+func (c *churn) startsInterrupted() map[string]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]bool{}
+	for id := range c.interrupted {
+		out[id] = true
+	}
+	return out
+}
+
+func (c *churn) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("%d pods and %d containers made, %d calls, %d failed %v", c.pods, c.ctrs, c.ops, c.failed, c.errs)
+}
+
+// removeTestPods stops and removes every pod whose name starts with prefix.
+func removeTestPods(t *testing.T, rt runtimeapi.RuntimeServiceClient, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Logf("cleanup: ListPodSandbox: %v", err)
+		return
+	}
+	for _, sb := range resp.Items {
+		if strings.HasPrefix(sb.GetMetadata().GetName(), prefix) {
+			_, _ = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
+			_, _ = rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+		}
+	}
+}
+
+// runtimeState is what containerd's CRI says of a test's pods: the transitions each object has made.
+type runtimeState struct {
+	// want is, per id, the events its life so far implies: sandbox READY -> CREATED STARTED, NOTREADY
+	// -> CREATED STARTED STOPPED; container CREATED -> CREATED, RUNNING -> CREATED STARTED, EXITED ->
+	// CREATED (STARTED if it started) STOPPED.
+	want map[string][]runtimeapi.ContainerEventType
+	// kind is "sandbox" or "container", by id.
+	kind map[string]string
+	// maybe is, by id, the events that may or may not be there, at most once: those of a container
+	// whose start was cut short by a kill of containerd (the process may have run, and exited, without
+	// containerd ever recording it: it reports the container CREATED, or EXITED with no start time,
+	// while pleg-nri saw its /tasks/start and /tasks/exit, or not).
+	maybe map[string][]runtimeapi.ContainerEventType
+	// unknown lists containers in the UNKNOWN state (containerd could not tell): not checked.
+	unknown []string
+}
+
+// readRuntime reads the final state of the pods whose name starts with prefix; interrupted are the
+// containers whose start was cut short (see churn).
+func readRuntime(t *testing.T, prefix string, interrupted map[string]bool) runtimeState {
+	t.Helper()
+	c := newCRI(t, env.Address)
+	rs := runtimeState{want: map[string][]runtimeapi.ContainerEventType{}, kind: map[string]string{},
+		maybe: map[string][]runtimeapi.ContainerEventType{}}
+	sbs, err := c.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatalf("ListPodSandbox: %v", err)
+	}
+	mine := map[string]bool{}
+	for _, sb := range sbs.Items {
+		if !strings.HasPrefix(sb.GetMetadata().GetName(), prefix) {
+			continue
+		}
+		mine[sb.Id] = true
+		rs.kind[sb.Id] = "sandbox"
+		rs.want[sb.Id] = []runtimeapi.ContainerEventType{evCreated, evStarted}
+		if sb.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+			rs.want[sb.Id] = append(rs.want[sb.Id], evStopped)
+		}
+	}
+	ctrs, err := c.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatalf("ListContainers: %v", err)
+	}
+	for _, ct := range ctrs.Containers {
+		if !mine[ct.PodSandboxId] {
+			continue
+		}
+		rs.kind[ct.Id] = "container"
+		switch ct.State {
+		case runtimeapi.ContainerState_CONTAINER_CREATED:
+			rs.want[ct.Id] = []runtimeapi.ContainerEventType{evCreated}
+			if interrupted[ct.Id] {
+				rs.maybe[ct.Id] = []runtimeapi.ContainerEventType{evStarted, evStopped}
+			}
+		case runtimeapi.ContainerState_CONTAINER_RUNNING:
+			rs.want[ct.Id] = []runtimeapi.ContainerEventType{evCreated, evStarted}
+		case runtimeapi.ContainerState_CONTAINER_EXITED:
+			st := c.status(ct.Id)
+			rs.want[ct.Id] = []runtimeapi.ContainerEventType{evCreated}
+			if st.StartedAt != 0 {
+				rs.want[ct.Id] = append(rs.want[ct.Id], evStarted)
+			} else {
+				rs.maybe[ct.Id] = []runtimeapi.ContainerEventType{evStarted}
+			}
+			rs.want[ct.Id] = append(rs.want[ct.Id], evStopped)
+		default:
+			rs.unknown = append(rs.unknown, ct.Id)
+		}
+	}
+	return rs
+}
+
+// counts tallies events by id and type, for the pods whose name starts with prefix.
+func counts(evs []*runtimeapi.ContainerEventResponse, prefix string) map[string]map[runtimeapi.ContainerEventType]int {
+	out := map[string]map[runtimeapi.ContainerEventType]int{}
+	for _, ev := range evs {
+		if !strings.HasPrefix(ev.GetPodSandboxStatus().GetMetadata().GetName(), prefix) {
+			continue
+		}
+		if out[ev.ContainerId] == nil {
+			out[ev.ContainerId] = map[runtimeapi.ContainerEventType]int{}
+		}
+		out[ev.ContainerId][ev.ContainerEventType]++
+	}
+	return out
+}
+
+// lifeProblems compares what a stream (or the union of streams, with atLeast) holds per object with the
+// runtime's final state: every transition of a present object; DELETED, and STOPPED after a STARTED,
+// for an object that is gone; nothing for a present object that did not happen. exactly demands each
+// event exactly once. skip lists gone objects not to check (see the pleg-nri kill test).
+func lifeProblems(got map[string]map[runtimeapi.ContainerEventType]int, rs runtimeState, exactly bool, skip map[string]bool) []string {
+	var out []string
+	bad := func(id, format string, args ...any) {
+		out = append(out, fmt.Sprintf("%s %s: %s", rs.kind[id], short(id), fmt.Sprintf(format, args...)))
+	}
+	for id, want := range rs.want {
+		have := got[id]
+		for _, typ := range want {
+			switch n := have[typ]; {
+			case n == 0:
+				bad(id, "no %s (has %v)", typ, have)
+			case n > 1 && exactly:
+				bad(id, "%s %d times", typ, n)
+			}
+		}
+		for typ, n := range have {
+			switch {
+			case slices.Contains(want, typ) || n == 0:
+			case slices.Contains(rs.maybe[id], typ):
+				if n > 1 && exactly {
+					bad(id, "%s %d times", typ, n)
+				}
+			default:
+				bad(id, "%s, which containerd's state does not imply (it says %v)", typ, want)
+			}
+		}
+	}
+	for id, have := range got {
+		if _, present := rs.want[id]; present || slices.Contains(rs.unknown, id) || skip[id] {
+			continue
+		}
+		rs.kind[id] = "gone object"
+		for typ, n := range have {
+			if n > 1 && exactly {
+				bad(id, "%s %d times", typ, n)
+			}
+		}
+		if have[evDeleted] == 0 {
+			bad(id, "gone from containerd, but no DELETED (has %v)", have)
+		}
+		if have[evStarted] > 0 && have[evStopped] == 0 {
+			bad(id, "STARTED, gone, never STOPPED (has %v)", have)
+		}
+		if have[evCreated] == 0 {
+			bad(id, "events without CREATED (has %v)", have)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// waitLives waits until the recorded events hold every transition the final state implies (the last
+// repairs can take a relist), then a moment more for late duplicates, and returns what is still wrong.
+func waitLives(t *testing.T, rec func() map[string]map[runtimeapi.ContainerEventType]int, rs func() runtimeState, exactly bool, skip map[string]bool) []string {
+	t.Helper()
+	var problems []string
+	_ = harness.WaitFor(context.Background(), 30*time.Second, "every transition in pleg-nri's stream", func() (bool, error) {
+		problems = lifeProblems(rec(), rs(), exactly, skip)
+		return len(problems) == 0, nil
+	})
+	if len(problems) > 0 {
+		return problems
+	}
+	time.Sleep(1500 * time.Millisecond)
+	return lifeProblems(rec(), rs(), exactly, skip)
+}
+
+// poller calls Version and ListContainers through pleg-nri's endpoint every 20ms and records every
+// failure (when, and its code).
+type poller struct {
+	mu       sync.Mutex
+	fails    []callResult
+	oks      []time.Time
+	stop     chan struct{}
+	done     chan struct{}
+	calls    int
+	failures int
+}
+
+type callResult struct {
+	at   time.Time // when the call returned
+	code codes.Code
+	err  string
+}
+
+func startPoller(t *testing.T, socket string) *poller {
+	t.Helper()
+	c := newCRI(t, socket)
+	p := &poller{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			for i, call := range []func(context.Context) error{
+				func(ctx context.Context) error {
+					_, err := c.rt.Version(ctx, &runtimeapi.VersionRequest{})
+					return err
+				},
+				func(ctx context.Context) error {
+					_, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+					return err
+				},
+			} {
+				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := call(cctx)
+				cancel()
+				at := time.Now()
+				p.mu.Lock()
+				p.calls++
+				if err != nil {
+					p.failures++
+					p.fails = append(p.fails, callResult{at: at, code: status.Code(err), err: fmt.Sprintf("call %d: %v", i, err)})
+				} else {
+					p.oks = append(p.oks, at)
+				}
+				p.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(p.halt)
+	return p
+}
+
+func (p *poller) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// outage is one containerd outage: killed at down, answering again (its CRI ready) at up; recovered is
+// when the first call forwarded by pleg-nri succeeded after up.
+type outage struct {
+	down, up, recovered time.Time
+}
+
+// TestFaultContainerdKill: containerd is SIGKILLed and restarted 10 times while pods churn. After
+// all of it, pleg-nri's stream (one subscription, opened before the first kill) holds every transition
+// of every pod exactly once, compared with containerd's final CRI state; the stream never broke; the
+// calls forwarded through pleg-nri failed only with UNAVAILABLE, only after a kill and until the first
+// one that succeeds after containerd is back (never again until the next kill).
+func TestFaultContainerdKill(t *testing.T) {
+	faultContainerdKill(t, 10, 2)
+}
+
+// TestSoakFaultContainerdKill: the same with 50 kills (PLEG_NRI_SOAK_KILLS) and 4 churn workers.
+func TestSoakFaultContainerdKill(t *testing.T) {
+	soak(t)
+	faultContainerdKill(t, soakInt(t, "PLEG_NRI_SOAK_KILLS", 50), 4)
+}
+
+func faultContainerdKill(t *testing.T, kills, workers int) {
+	logOnFailure(t)
+	start := time.Now()
+	p := startPlegNRI(t)
+	prefix := "ckill-" + randomSuffix()
+	ours := recordEvents(t, p.Socket)
+	calls := startPoller(t, p.Socket)
+	direct := newFastCRI(t)
+	gapPod, gapCfg := direct.runPod(prefix + "-gap")
+	ch := startChurn(t, prefix, workers)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	var outages []outage
+	for i := range kills {
+		time.Sleep(time.Duration(1000+r.IntN(1500)) * time.Millisecond)
+		// A container that exits while containerd is down: containerd never tells (no event, no NRI
+		// call): pleg-nri's relist after the restart must.
+		gap := retryUnavailable(t, func() (string, error) {
+			resp, err := direct.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: gapPod,
+				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 0.2; exit 5"), SandboxConfig: gapCfg})
+			if err != nil {
+				return "", err
+			}
+			return resp.ContainerId, nil
+		})
+		retryUnavailable(t, func() (string, error) {
+			_, err := direct.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: gap})
+			return "", err
+		})
+		o := outage{down: time.Now()}
+		if err := env.Kill(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// Down for a moment: some containers exit meanwhile, unseen by containerd.
+		time.Sleep(time.Duration(200+r.IntN(600)) * time.Millisecond)
+		if err := env.Start(context.Background()); err != nil {
+			t.Fatalf("restart %d: %v", i+1, err)
+		}
+		o.up = time.Now()
+		outages = append(outages, o)
+	}
+	time.Sleep(time.Second)
+	ch.halt()
+	calls.halt()
+	t.Logf("churn: %s", ch)
+
+	rec := func() map[string]map[runtimeapi.ContainerEventType]int { return counts(ours.Events(), prefix) }
+	if problems := waitLives(t, rec, func() runtimeState { return readRuntime(t, prefix, ch.startsInterrupted()) }, true, nil); len(problems) > 0 {
+		t.Errorf("pleg-nri's stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	if err := ours.Err(); err != nil {
+		t.Errorf("pleg-nri's event stream broke: %v", err)
+	}
+	// The forwarded calls.
+	calls.mu.Lock()
+	fails, oks := slices.Clone(calls.fails), slices.Clone(calls.oks)
+	t.Logf("forwarded calls: %d, %d failed", calls.calls, calls.failures)
+	calls.mu.Unlock()
+	for i := range outages {
+		o := &outages[i]
+		for _, at := range oks {
+			if !at.Before(o.up) {
+				o.recovered = at
+				break
+			}
+		}
+	}
+	for _, f := range fails {
+		if f.code != codes.Unavailable {
+			t.Errorf("a forwarded call failed with %s, want Unavailable: %s", f.code, f.err)
+		}
+		in := false
+		for _, o := range outages {
+			if !f.at.Before(o.down) && (o.recovered.IsZero() || f.at.Before(o.recovered)) {
+				in = true
+			}
+		}
+		if !in {
+			t.Errorf("a forwarded call failed at %s, outside every outage (from the kill to the first call that succeeds after the restart): %s",
+				f.at.Sub(start).Round(time.Millisecond), f.err)
+		}
+	}
+	var down, lag []time.Duration
+	for _, o := range outages {
+		down = append(down, o.up.Sub(o.down))
+		if !o.recovered.IsZero() {
+			lag = append(lag, o.recovered.Sub(o.up))
+		}
+	}
+	if n := p.metric(t, "pleg_nri_relist_repairs_total", `type="stopped"`); n < 1 {
+		t.Errorf("no STOPPED repaired by a relist: the exits while containerd was down did not happen")
+	}
+	t.Logf("containerd down (kill to CRI ready): %s", spread(down))
+	t.Logf("forwarded calls through pleg-nri failing after containerd's CRI is ready (reconnect): %s", spread(lag))
+	t.Logf("pleg-nri: relist repairs %v, NRI reconnects %v, events reconnects %v",
+		p.metric(t, "pleg_nri_relist_repairs_total"), p.metric(t, "pleg_nri_upstream_reconnects_total", `upstream="nri"`),
+		p.metric(t, "pleg_nri_upstream_reconnects_total", `upstream="events"`))
+}
+
+// newFastCRI is a CRI client on containerd's socket that reconnects quickly after a restart.
+func newFastCRI(t *testing.T) *cri {
+	t.Helper()
+	conn, err := eventbridge.DialCRI("unix://" + env.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &cri{t: t, rt: runtimeapi.NewRuntimeServiceClient(conn), im: runtimeapi.NewImageServiceClient(conn)}
+}
+
+// retryUnavailable retries fn while it fails with Unavailable (a client reconnecting after a restart
+// of containerd), for up to 20s.
+func retryUnavailable(t *testing.T, fn func() (string, error)) string {
+	t.Helper()
+	var out string
+	var fatal error
+	err := harness.WaitFor(context.Background(), 20*time.Second, "a call to succeed after containerd's restart", func() (bool, error) {
+		var err error
+		out, err = fn()
+		switch {
+		case err == nil:
+			return true, nil
+		case status.Code(err) == codes.Unavailable:
+			return false, err
+		}
+		fatal = err
+		return true, nil
+	})
+	if err == nil {
+		err = fatal
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// spread renders a set of durations as min/median/max.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("n=%d min %s median %s max %s", len(s), s[0].Round(time.Millisecond),
+		s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
+
+func randomSuffix() string {
+	return fmt.Sprintf("%04x", rand.IntN(1<<16))
+}
+
+// TestFaultPlegNRIKill: pleg-nri is SIGKILLed and restarted 10 times while pods churn. Each restart
+// starts from the checkpoint: it emits nothing the checkpoint says was received (so nothing at all for
+// the pods that did not change, which the test keeps), and the transitions that happened meanwhile
+// reach a subscriber that connects after the restart. Over all the streams, every transition of every
+// pod is there, compared with containerd's final state; the duplicates (events received after the last
+// checkpoint write before a kill, emitted again) are counted.
+func TestFaultPlegNRIKill(t *testing.T) {
+	faultPlegNRIKill(t, 10, 2)
+}
+
+// TestSoakFaultPlegNRIKill: the same with 50 kills (PLEG_NRI_SOAK_KILLS) and 4 churn workers.
+func TestSoakFaultPlegNRIKill(t *testing.T) {
+	soak(t)
+	faultPlegNRIKill(t, soakInt(t, "PLEG_NRI_SOAK_KILLS", 50), 4)
+}
+
+// plegSegment is what one pleg-nri process's subscriber received, and the checkpoint it started from.
+type plegSegment struct {
+	rec      *eventRecorder
+	baseline map[string]pleg.Phase
+	started  time.Time // the process was started
+	ready    time.Time // its /readyz answered
+}
+
+func faultPlegNRIKill(t *testing.T, kills, workers int) {
+	logOnFailure(t)
+	prefix := "pkill-" + randomSuffix()
+	stablePrefix := prefix + "-stable"
+	p := startPlegNRI(t)
+	// Pods that never change: no restart may emit anything about them.
+	stable := newCRI(t, env.Address)
+	var stableIDs []string
+	for i := range 3 {
+		podID, podCfg := stable.runPod(fmt.Sprintf("%s-%d", stablePrefix, i))
+		ctr := stable.create(podID, podCfg, containerConfig("app", "sleep 3600"))
+		stable.start(ctr)
+		done := stable.create(podID, podCfg, containerConfig("done", "exit 3"))
+		stable.start(done)
+		stable.waitState(done, runtimeapi.ContainerState_CONTAINER_EXITED)
+		stableIDs = append(stableIDs, podID, ctr, done)
+	}
+	segs := []*plegSegment{{rec: recordEvents(t, p.Socket), baseline: map[string]pleg.Phase{}}}
+	// Once the subscriber got them, the stable pods are in the checkpoint (written at once after the
+	// startup replay is taken): from then on no restart may emit anything about them.
+	err := harness.WaitFor(context.Background(), 10*time.Second, "the stable pods in the checkpoint", func() (bool, error) {
+		ck, err := pleg.ReadCheckpoint(filepath.Join(p.stateDir(), "checkpoint"))
+		if err != nil {
+			return false, err
+		}
+		have := map[string]bool{}
+		for _, o := range ck.Objects {
+			have[o.ID] = true
+		}
+		for _, id := range stableIDs {
+			if !have[id] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := startChurn(t, prefix, workers)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	var restored []float64
+	for i := range kills {
+		time.Sleep(time.Duration(300+r.IntN(1200)) * time.Millisecond)
+		p.kill()
+		ck, err := pleg.ReadCheckpoint(filepath.Join(p.stateDir(), "checkpoint"))
+		if err != nil {
+			t.Fatalf("kill %d: the checkpoint: %v", i+1, err)
+		}
+		base := map[string]pleg.Phase{}
+		for _, o := range ck.Objects {
+			base[o.ID] = o.Phase
+		}
+		// Down for a moment: pods go on changing.
+		time.Sleep(time.Duration(200+r.IntN(800)) * time.Millisecond)
+		seg := &plegSegment{baseline: base, started: time.Now()}
+		p.start(t)
+		seg.ready = time.Now()
+		seg.rec = recordEvents(t, p.Socket)
+		segs = append(segs, seg)
+		restored = append(restored, p.metric(t, "pleg_nri_checkpoint_restored_objects"))
+		if n := p.metric(t, "pleg_nri_checkpoint_restores_total", `result="restored"`); n != 1 {
+			t.Errorf("restart %d: checkpoint restores %v, want 1 (log above)", i+1, n)
+		}
+	}
+	time.Sleep(time.Second)
+	ch.halt()
+	t.Logf("churn: %s", ch)
+
+	// Every restart: nothing the checkpoint says was received, and nothing about the stable pods.
+	union := func() map[string]map[runtimeapi.ContainerEventType]int {
+		out := map[string]map[runtimeapi.ContainerEventType]int{}
+		for _, s := range segs {
+			for id, m := range counts(s.rec.Events(), prefix) {
+				if out[id] == nil {
+					out[id] = map[runtimeapi.ContainerEventType]int{}
+				}
+				for typ, n := range m {
+					out[id][typ] += n
+				}
+			}
+		}
+		return out
+	}
+	// Objects whose events were received after the last checkpoint write before a kill and that were
+	// gone before the next pleg-nri could see them: nobody can tell their end (a known limit, counted).
+	unseen := func() map[string]bool {
+		out := map[string]bool{}
+		for k := 0; k+1 < len(segs); k++ {
+			for id := range counts(segs[k].rec.Events(), prefix) {
+				if _, known := segs[k+1].baseline[id]; known {
+					continue
+				}
+				later := false
+				for _, s := range segs[k+1:] {
+					if _, ok := counts(s.rec.Events(), prefix)[id]; ok {
+						later = true
+					}
+				}
+				if !later {
+					out[id] = true
+				}
+			}
+		}
+		return out
+	}
+	// Present objects are not skipped by lifeProblems whatever unseen says: only gone ones are.
+	problems := waitLives(t, union, func() runtimeState { return readRuntime(t, prefix, ch.startsInterrupted()) }, false, unseen())
+	if len(problems) > 0 {
+		t.Errorf("pleg-nri's streams against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	redelivered, within := 0, 0
+	seen := map[string]map[runtimeapi.ContainerEventType]bool{}
+	for k, s := range segs {
+		inSeg := map[string]map[runtimeapi.ContainerEventType]int{}
+		for _, ev := range s.rec.Events() {
+			name := ev.GetPodSandboxStatus().GetMetadata().GetName()
+			if !strings.HasPrefix(name, prefix) {
+				continue
+			}
+			id, typ := ev.ContainerId, ev.ContainerEventType
+			if strings.HasPrefix(name, stablePrefix) && k > 0 {
+				t.Errorf("restart %d emitted %s for %s of a pod that did not change", k, typ, short(id))
+			}
+			if ph := eventPhase(typ); ph <= s.baseline[id] {
+				t.Errorf("restart %d emitted %s for %s, which its checkpoint says was received (%s)", k, typ, short(id), s.baseline[id])
+			}
+			if inSeg[id] == nil {
+				inSeg[id] = map[runtimeapi.ContainerEventType]int{}
+			}
+			if inSeg[id][typ]++; inSeg[id][typ] > 1 {
+				within++
+				t.Errorf("process %d emitted %s for %s twice", k, typ, short(id))
+			}
+			if seen[id] == nil {
+				seen[id] = map[runtimeapi.ContainerEventType]bool{}
+			}
+			if seen[id][typ] && inSeg[id][typ] == 1 {
+				redelivered++
+			}
+			seen[id][typ] = true
+		}
+	}
+	for _, id := range stableIDs {
+		if _, ok := seen[id]; !ok {
+			t.Errorf("the stable object %s is not in the first stream", short(id))
+		}
+	}
+	for k, s := range segs {
+		if err := s.rec.Err(); err != nil && k == len(segs)-1 {
+			t.Errorf("the last stream broke: %v", err)
+		}
+	}
+	var startup []time.Duration
+	for _, s := range segs[1:] {
+		startup = append(startup, s.ready.Sub(s.started))
+	}
+	t.Logf("restarts: %d; process start to /readyz: %s; objects restored per restart: %v", kills, spread(startup), restored)
+	untold := 0
+	final, all := readRuntime(t, prefix, ch.startsInterrupted()), union()
+	for id := range unseen() {
+		if _, present := final.want[id]; !present && all[id][evDeleted] == 0 {
+			untold++
+		}
+	}
+	t.Logf("events emitted again after a kill (received after the last checkpoint write): %d; objects gone with their end untold: %d",
+		redelivered, untold)
+}
+
+// eventPhase is the phase an event type reports.
+func eventPhase(t runtimeapi.ContainerEventType) pleg.Phase {
+	switch t {
+	case evCreated:
+		return pleg.PhaseCreated
+	case evStarted:
+		return pleg.PhaseRunning
+	case evStopped:
+		return pleg.PhaseExited
+	}
+	return pleg.PhaseRemoved
+}
+
+// TestFaultNRIDrop: containerd drops pleg-nri's NRI connection (a request that exceeds
+// plugin_request_timeout, 2s: pleg-nri is stopped with SIGSTOP, as a node under CPU starvation or a
+// frozen cgroup would stall it) while pods are made, run, exit and are removed. Once it runs again it
+// reconnects, resynchronizes, and its stream (never broken) holds every transition exactly once.
+func TestFaultNRIDrop(t *testing.T) {
+	faultNRIDrop(t, 1)
+}
+
+// TestSoakFaultNRIDrop: 10 drops (PLEG_NRI_SOAK_DROPS).
+func TestSoakFaultNRIDrop(t *testing.T) {
+	soak(t)
+	faultNRIDrop(t, soakInt(t, "PLEG_NRI_SOAK_DROPS", 10))
+}
+
+func faultNRIDrop(t *testing.T, drops int) {
+	logOnFailure(t)
+	prefix := "nridrop-" + randomSuffix()
+	p := startPlegNRI(t)
+	ours := recordEvents(t, p.Socket)
+	direct := newCRI(t, env.Address)
+	stableID, stableCfg := direct.runPod(prefix + "-stable")
+	keep := direct.create(stableID, stableCfg, containerConfig("keep", "sleep 3600"))
+	direct.start(keep)
+	ours.wait(t, keep, evStarted)
+	var stalls, reconnects []time.Duration
+	for i := range drops {
+		before := p.metric(t, "pleg_nri_upstream_reconnects_total", `upstream="nri"`)
+		logOffset := env.LogSize()
+		p.signal(t, syscall.SIGSTOP)
+		stopped := time.Now()
+		// containerd calls pleg-nri's RunPodSandbox and waits 2s for it, then drops the plugin and goes
+		// on; what follows happens without pleg-nri's NRI connection.
+		podID, podCfg := direct.runPod(fmt.Sprintf("%s-%d", prefix, i))
+		stalls = append(stalls, time.Since(stopped))
+		quick := direct.create(podID, podCfg, containerConfig("quick", "exit 7"))
+		direct.start(quick)
+		run := direct.create(podID, podCfg, containerConfig("run", "sleep 3600"))
+		direct.start(run)
+		gone := direct.create(stableID, stableCfg, containerConfig(fmt.Sprintf("gone-%d", i), "sleep 3600"))
+		direct.start(gone)
+		direct.waitState(quick, runtimeapi.ContainerState_CONTAINER_EXITED)
+		direct.stop(gone, 0)
+		direct.remove(gone)
+		resumed := time.Now()
+		p.signal(t, syscall.SIGCONT)
+		err := harness.WaitFor(context.Background(), 20*time.Second, "pleg-nri's NRI reconnect", func() (bool, error) {
+			return p.metric(t, "pleg_nri_upstream_reconnects_total", `upstream="nri"`) > before &&
+				p.metric(t, "pleg_nri_upstream_connected", `upstream="nri"`) == 1, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reconnects = append(reconnects, time.Since(resumed))
+		if log := env.LogSince(logOffset); !strings.Contains(log, "closing plugin") {
+			t.Errorf("drop %d: containerd's log does not say it closed the plugin: the scenario did not happen:\n%s", i+1, log)
+		}
+		// After the reconnect the hooks work again: a new container's events come at once.
+		after := direct.create(podID, podCfg, containerConfig("after", "sleep 3600"))
+		direct.start(after)
+		ours.wait(t, after, evStarted)
+	}
+	rec := func() map[string]map[runtimeapi.ContainerEventType]int { return counts(ours.Events(), prefix) }
+	if problems := waitLives(t, rec, func() runtimeState { return readRuntime(t, prefix, nil) }, true, nil); len(problems) > 0 {
+		t.Errorf("pleg-nri's stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	if err := ours.Err(); err != nil {
+		t.Errorf("pleg-nri's event stream broke: %v", err)
+	}
+	t.Logf("RunPodSandbox held by the stalled plugin: %s; SIGCONT to NRI registered again: %s", spread(stalls), spread(reconnects))
+}
