@@ -16,16 +16,18 @@ package pleg
 // subscriber's Next has taken it (or it was coalesced away, or its subscriber is gone), and, while the
 // startup replay is kept for subscribers yet to come, once the replay has been handed to one. An event
 // still queued for a subscriber when pleg-nri is killed is therefore emitted again by the next pleg-nri:
-// a transition is never lost to a crash, at the price of duplicates (see "Crashes" below).
+// duplicates rather than losses (see "Crashes" below for what is left).
 //
 // When it is written. emit marks the state dirty; the writer goroutine of Run writes at most once per
 // CheckpointInterval (and after a short settle delay, so a burst of events makes one write), again while
 // the watermark lags the events emitted, at once when a subscriber takes the startup replay (a
 // restart's repairs are then recorded without waiting), and once more when Run ends (a clean
-// shutdown). The NRI hooks
-// and the event path never wait for it: the snapshot is taken under PLEG.mu (pointer copies of
-// immutable statuses), the encoding and the write happen outside it. The write is atomic and durable:
-// a temporary file in the same directory, fsync, rename over the checkpoint, fsync of the directory.
+// shutdown). The NRI hooks and the event path never wait for it: the snapshot is taken under PLEG.mu
+// (pointer copies of immutable statuses), the encoding and the write happen outside it. The write is
+// atomic and durable: a temporary file in the same directory, fsync, rename over the checkpoint, fsync
+// of the directory. Cost for 1000 containers in 250 pods (BenchmarkCheckpoint, a loaded 2-core VM):
+// 2.1 MB; snapshot under the lock ~0.4 ms, encoding ~2 ms when the statuses are unchanged (~25 ms
+// when all are new), write with fsyncs ~5-9 ms; reading and restoring it at startup ~20 ms.
 //
 // At startup (New) the checkpoint is the baseline of the state: its objects are known, in their
 // recorded phase, with their recorded status, and no event is emitted for them. NRI's Synchronize and
