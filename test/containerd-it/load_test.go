@@ -339,11 +339,15 @@ type slowSubscribersResult struct {
 
 // runSlowSubscribers runs pods cycles of a host-network pod with one container through pleg-nri's
 // endpoint (queue bound queue), with healthy subscribers that read and one that never reads (after
-// baseline cycles without it, for reference), and checks the claims: every pod call completes; only the stuck subscriber is evicted; each healthy subscriber
-// received every event of every pod of the workload, in order, and the counters account exactly for
-// every event (received + coalesced-away per healthy subscriber == emitted; the stuck one's offered ==
-// coalesced + dropped, as its eviction log line says); the stuck subscriber, when it reads again, gets
-// what was buffered and then RESOURCE_EXHAUSTED.
+// baseline cycles without it, for reference), and checks the claims:
+//   - every pod call through pleg-nri completes;
+//   - only the stuck subscriber is evicted;
+//   - each healthy subscriber receives every event of every pod of the workload, in order;
+//   - the counters account exactly for every event: for the stuck one, offered == delivered (to its
+//     stream) + coalesced + dropped, as its eviction log line says; the coalesced counter is its
+//     coalesced plus whatever a healthy subscriber did not receive of the events emitted;
+//   - the stuck subscriber, when it reads again, gets exactly the events delivered to its stream before
+//     the eviction, then RESOURCE_EXHAUSTED.
 func runSlowSubscribers(t *testing.T, baseline, pods, healthy, queue, workers int) slowSubscribersResult {
 	t.Helper()
 	logOnFailure(t)
