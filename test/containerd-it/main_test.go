@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -34,6 +36,14 @@ func runTests(m *testing.M) (code int) {
 		if err := env.Teardown(context.Background()); err != nil {
 			fmt.Fprintf(os.Stderr, "FAIL: integration environment teardown: %v\n", err)
 			code = 1
+		}
+		// With containerd gone (its waiter goroutine with it), every goroutine the tests started must
+		// be gone too.
+		if code == 0 {
+			if err := goleak.Find(); err != nil {
+				fmt.Fprintf(os.Stderr, "FAIL: goroutines left behind by the tests: %v\n", err)
+				code = 1
+			}
 		}
 	}()
 	if err := env.Start(ctx); err != nil {
