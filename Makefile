@@ -113,7 +113,7 @@ bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); write
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
 
 .PHONY: bench-kubelet
-bench-kubelet: deps ## A real kubelet's crash-to-restart time: GenericPLEG, EventedPLEG on containerd, on pleg-nri (~4 min); writes docs/kubelet-bench.md.
+bench-kubelet: deps ## A real kubelet's crash-to-restart time: GenericPLEG, EventedPLEG on containerd, on pleg-nri (~6 min); writes docs/kubelet-bench.md.
 	PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 20m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up

@@ -9,10 +9,6 @@ import (
 	"testing"
 )
 
-// slowExitEnv turns TestSlowExitHandling on. It reproduces a known pleg-nri bug (it fails on setup 3
-// until that is fixed), so make test does not run it.
-const slowExitEnv = "PLEG_NRI_KUBELET_SLOW_EXIT"
-
 // slowDelete is how long the runc wrapper of TestSlowExitHandling makes `runc delete` take.
 const slowDelete = "2"
 
@@ -24,14 +20,11 @@ const slowDelete = "2"
 // containerd's RUNNING, and caches it with a newer timestamp than pleg-nri's events (the CRI answer has
 // no timestamp of its own, so the kubelet uses its own clock): it then reports the exited container as
 // running, and keeps doing so until its next relist of the pod (up to 300 s) or the pod's next event.
-// With containerd's own stream (setup 2) the STOPPED event comes after the status update, and the
-// kubelet gets it right.
+// pleg-nri now holds such reads until containerd's answer catches up with the events it sent. With
+// containerd's own stream (setup 2) the STOPPED event comes after the status update.
 //
 // Each setup wants the waiter restarted once with its last state "terminated, exit code 7".
 func TestSlowExitHandling(t *testing.T) {
-	if os.Getenv(slowExitEnv) == "" {
-		t.Skipf("reproduces a known pleg-nri bug (fails on setup 3): run with %s=1", slowExitEnv)
-	}
 	ctx := context.Background()
 	wrapper := filepath.Join(env.Dir, "slow-runc")
 	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && sleep %s && break; done\nexec %s/runc \"$@\"\n",
