@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -70,6 +71,9 @@ type churn struct {
 	// interrupted are the containers whose StartContainer failed (containerd killed during it): the
 	// process may have run without containerd ever recording it.
 	interrupted map[string]bool
+	// removals are the objects whose removal failed (containerd killed during it): containerd may have
+	// told NRI (RemoveContainer, RemovePodSandbox come before its store delete) and not removed them.
+	removals map[string]bool
 }
 
 func startChurn(t *testing.T, prefix string, workers int) *churn {
@@ -80,7 +84,8 @@ func startChurn(t *testing.T, prefix string, workers int) *churn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &churn{t: t, prefix: prefix, rt: runtimeapi.NewRuntimeServiceClient(conn), stop: make(chan struct{})}
+	c := &churn{t: t, prefix: prefix, rt: runtimeapi.NewRuntimeServiceClient(conn), stop: make(chan struct{}),
+		interrupted: map[string]bool{}, removals: map[string]bool{}}
 	t.Cleanup(func() {
 		c.halt()
 		removeTestPods(t, c.rt, prefix)
@@ -166,9 +171,6 @@ func (c *churn) worker(w int) {
 			cancel()
 			if !c.count(err, nil) {
 				c.mu.Lock()
-				if c.interrupted == nil {
-					c.interrupted = map[string]bool{}
-				}
 				c.interrupted[cr.ContainerId] = true
 				c.mu.Unlock()
 			}
@@ -188,12 +190,7 @@ func (c *churn) worker(w int) {
 			}
 			continue
 		case 2: // the containers removed, the pod left stopped
-			for _, id := range ctrs {
-				ctx, cancel := call()
-				_, err := c.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
-				cancel()
-				c.count(err, nil)
-			}
+			c.removeContainers(ctrs)
 			ctx, cancel := call()
 			_, err := c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
 			cancel()
@@ -212,28 +209,71 @@ func (c *churn) worker(w int) {
 		_, err = c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod})
 		cancel()
 		c.count(err, nil)
-		for _, id := range ctrs {
-			ctx, cancel := call()
-			_, err := c.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
-			cancel()
-			c.count(err, nil)
+		if !c.removeContainers(ctrs) {
+			continue // not with containers left in it (see above): the cleanup removes it
 		}
 		ctx, cancel = call()
 		_, err = c.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod})
 		cancel()
-		c.count(err, nil)
+		if !c.count(err, nil) {
+			c.mu.Lock()
+			c.removals[pod] = true
+			c.mu.Unlock()
+		}
 	}
 }
 
-// startsInterrupted returns the containers whose start was cut short.
-func (c *churn) startsInterrupted() map[string]bool {
+// removeContainers removes the containers; it returns false if a removal failed.
+func (c *churn) removeContainers(ids []string) bool {
+	ok := true
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := c.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+		cancel()
+		if !c.count(err, nil) {
+			ok = false
+			c.mu.Lock()
+			c.removals[id] = true
+			c.mu.Unlock()
+		}
+	}
+	return ok
+}
+
+// uncertain returns the events that may or may not be there: STARTED and STOPPED of the containers
+// whose start was cut short, DELETED of the objects whose removal was (pleg-nri observes NRI's
+// RemoveContainer and RemovePodSandbox, which containerd sends before its store delete: killed in
+// between, containerd lists the object again after its restart, and pleg-nri has told its DELETED).
+func (c *churn) uncertain() map[string][]runtimeapi.ContainerEventType {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := map[string]bool{}
+	out := map[string][]runtimeapi.ContainerEventType{}
 	for id := range c.interrupted {
-		out[id] = true
+		out[id] = []runtimeapi.ContainerEventType{evStarted, evStopped}
+	}
+	for id := range c.removals {
+		out[id] = append(out[id], evDeleted)
 	}
 	return out
+}
+
+// sandboxUnknown matches containerd's log line for a sandbox whose status it could not load when it
+// restarted (its shim did not answer in time): the CRI then reports the sandbox NOTREADY, until a later
+// restart loads it READY again. pleg-nri's relist reports the NOTREADY as a STOPPED, which cannot be
+// taken back.
+var sandboxUnknown = regexp.MustCompile(`Failed to load sandbox status for \\"([0-9a-f]{64})\\"`)
+
+// sandboxesUnknown adds to uncertain a maybe-STOPPED for each sandbox containerd's log (since offset)
+// says it could not load, and returns how many.
+func sandboxesUnknown(offset int64, uncertain map[string][]runtimeapi.ContainerEventType) int {
+	n := 0
+	for _, m := range sandboxUnknown.FindAllStringSubmatch(env.LogSince(offset), -1) {
+		if !slices.Contains(uncertain[m[1]], evStopped) {
+			uncertain[m[1]] = append(uncertain[m[1]], evStopped)
+			n++
+		}
+	}
+	return n
 }
 
 func (c *churn) String() string {
@@ -251,11 +291,29 @@ func removeTestPods(t *testing.T, rt runtimeapi.RuntimeServiceClient, prefix str
 		t.Logf("cleanup: ListPodSandbox: %v", err)
 		return
 	}
+	ctrs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Logf("cleanup: ListContainers: %v", err)
+		return
+	}
+	left := 0
 	for _, sb := range resp.Items {
 		if strings.HasPrefix(sb.GetMetadata().GetName(), prefix) {
 			_, _ = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
-			_, _ = rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+			// Its containers first: see the NOTE in churn.worker.
+			for _, c := range ctrs.Containers {
+				if c.PodSandboxId == sb.Id {
+					_, _ = rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id})
+				}
+			}
+			if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+				left++
+				t.Logf("cleanup: RemovePodSandbox %s: %v", short(sb.Id), err)
+			}
 		}
+	}
+	if left > 0 {
+		t.Logf("cleanup: %d pods left to the harness's teardown", left)
 	}
 }
 
@@ -270,15 +328,16 @@ type runtimeState struct {
 	// maybe is, by id, the events that may or may not be there, at most once: those of a container
 	// whose start was cut short by a kill of containerd (the process may have run, and exited, without
 	// containerd ever recording it: it reports the container CREATED, or EXITED with no start time,
-	// while pleg-nri saw its /tasks/start and /tasks/exit, or not).
+	// while pleg-nri saw its /tasks/start and /tasks/exit, or not), and the STOPPED of a sandbox
+	// containerd reported NOTREADY for a while (see sandboxesUnknown).
 	maybe map[string][]runtimeapi.ContainerEventType
 	// unknown lists containers in the UNKNOWN state (containerd could not tell): not checked.
 	unknown []string
 }
 
-// readRuntime reads the final state of the pods whose name starts with prefix; interrupted are the
-// containers whose start was cut short (see churn).
-func readRuntime(t *testing.T, prefix string, interrupted map[string]bool) runtimeState {
+// readRuntime reads the final state of the pods whose name starts with prefix; uncertain are events
+// that may or may not be there (see runtimeState.maybe).
+func readRuntime(t *testing.T, prefix string, uncertain map[string][]runtimeapi.ContainerEventType) runtimeState {
 	t.Helper()
 	c := newCRI(t, env.Address)
 	rs := runtimeState{want: map[string][]runtimeapi.ContainerEventType{}, kind: map[string]string{},
@@ -311,9 +370,6 @@ func readRuntime(t *testing.T, prefix string, interrupted map[string]bool) runti
 		switch ct.State {
 		case runtimeapi.ContainerState_CONTAINER_CREATED:
 			rs.want[ct.Id] = []runtimeapi.ContainerEventType{evCreated}
-			if interrupted[ct.Id] {
-				rs.maybe[ct.Id] = []runtimeapi.ContainerEventType{evStarted, evStopped}
-			}
 		case runtimeapi.ContainerState_CONTAINER_RUNNING:
 			rs.want[ct.Id] = []runtimeapi.ContainerEventType{evCreated, evStarted}
 		case runtimeapi.ContainerState_CONTAINER_EXITED:
@@ -327,6 +383,11 @@ func readRuntime(t *testing.T, prefix string, interrupted map[string]bool) runti
 			rs.want[ct.Id] = append(rs.want[ct.Id], evStopped)
 		default:
 			rs.unknown = append(rs.unknown, ct.Id)
+		}
+	}
+	for id, evs := range uncertain {
+		if _, ok := rs.want[id]; ok {
+			rs.maybe[id] = append(rs.maybe[id], evs...)
 		}
 	}
 	return rs
@@ -431,9 +492,9 @@ type poller struct {
 }
 
 type callResult struct {
-	at   time.Time // when the call returned
-	code codes.Code
-	err  string
+	start, at time.Time // when the call was made, when it returned
+	code      codes.Code
+	err       string
 }
 
 func startPoller(t *testing.T, socket string) *poller {
@@ -458,6 +519,7 @@ func startPoller(t *testing.T, socket string) *poller {
 					return err
 				},
 			} {
+				started := time.Now()
 				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				err := call(cctx)
 				cancel()
@@ -466,7 +528,7 @@ func startPoller(t *testing.T, socket string) *poller {
 				p.calls++
 				if err != nil {
 					p.failures++
-					p.fails = append(p.fails, callResult{at: at, code: status.Code(err), err: fmt.Sprintf("call %d: %v", i, err)})
+					p.fails = append(p.fails, callResult{start: started, at: at, code: status.Code(err), err: fmt.Sprintf("call %d: %v", i, err)})
 				} else {
 					p.oks = append(p.oks, at)
 				}
@@ -510,7 +572,7 @@ func TestSoakFaultContainerdKill(t *testing.T) {
 
 func faultContainerdKill(t *testing.T, kills, workers int) {
 	logOnFailure(t)
-	start := time.Now()
+	start, logStart := time.Now(), env.LogSize()
 	p := startPlegNRI(t)
 	prefix := "ckill-" + randomSuffix()
 	ours := recordEvents(t, p.Socket)
@@ -554,7 +616,11 @@ func faultContainerdKill(t *testing.T, kills, workers int) {
 	t.Logf("churn: %s", ch)
 
 	rec := func() map[string]map[runtimeapi.ContainerEventType]int { return counts(ours.Events(), prefix) }
-	if problems := waitLives(t, rec, func() runtimeState { return readRuntime(t, prefix, ch.startsInterrupted()) }, true, nil); len(problems) > 0 {
+	uncertain := ch.uncertain()
+	if n := sandboxesUnknown(logStart, uncertain); n > 0 {
+		t.Logf("containerd could not load the status of %d sandboxes at a restart (reported NOTREADY, then READY again)", n)
+	}
+	if problems := waitLives(t, rec, func() runtimeState { return readRuntime(t, prefix, uncertain) }, true, nil); len(problems) > 0 {
 		t.Errorf("pleg-nri's stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
 	if err := ours.Err(); err != nil {
@@ -574,20 +640,40 @@ func faultContainerdKill(t *testing.T, kills, workers int) {
 			}
 		}
 	}
+	// A call fails with Unavailable from a kill until pleg-nri reaches containerd again; one made while
+	// containerd was starting (its socket answers, its CRI is not ready yet) may instead wait in
+	// containerd until its deadline.
+	waited := 0
 	for _, f := range fails {
-		if f.code != codes.Unavailable {
+		switch f.code {
+		case codes.Unavailable:
+			in := false
+			for _, o := range outages {
+				if !f.at.Before(o.down) && (o.recovered.IsZero() || f.at.Before(o.recovered)) {
+					in = true
+				}
+			}
+			if !in {
+				t.Errorf("a forwarded call failed at %s, outside every outage (from the kill to the first call that succeeds after the restart): %s",
+					f.at.Sub(start).Round(time.Millisecond), f.err)
+			}
+		case codes.DeadlineExceeded:
+			in := false
+			for _, o := range outages {
+				if !f.start.Before(o.down) && f.start.Before(o.up) {
+					in = true
+				}
+			}
+			if !in {
+				t.Errorf("a forwarded call made at %s, while containerd was up, timed out: %s", f.start.Sub(start).Round(time.Millisecond), f.err)
+			}
+			waited++
+		default:
 			t.Errorf("a forwarded call failed with %s, want Unavailable: %s", f.code, f.err)
 		}
-		in := false
-		for _, o := range outages {
-			if !f.at.Before(o.down) && (o.recovered.IsZero() || f.at.Before(o.recovered)) {
-				in = true
-			}
-		}
-		if !in {
-			t.Errorf("a forwarded call failed at %s, outside every outage (from the kill to the first call that succeeds after the restart): %s",
-				f.at.Sub(start).Round(time.Millisecond), f.err)
-		}
+	}
+	if waited > 0 {
+		t.Logf("%d forwarded calls made while containerd was starting waited for it until their 5s deadline", waited)
 	}
 	var down, lag []time.Duration
 	for _, o := range outages {
@@ -790,7 +876,7 @@ func faultPlegNRIKill(t *testing.T, kills, workers int) {
 		return out
 	}
 	// Present objects are not skipped by lifeProblems whatever unseen says: only gone ones are.
-	problems := waitLives(t, union, func() runtimeState { return readRuntime(t, prefix, ch.startsInterrupted()) }, false, unseen())
+	problems := waitLives(t, union, func() runtimeState { return readRuntime(t, prefix, ch.uncertain()) }, false, unseen())
 	if len(problems) > 0 {
 		t.Errorf("pleg-nri's streams against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
@@ -842,7 +928,7 @@ func faultPlegNRIKill(t *testing.T, kills, workers int) {
 	}
 	t.Logf("restarts: %d; process start to /readyz: %s; objects restored per restart: %v", kills, spread(startup), restored)
 	untold := 0
-	final, all := readRuntime(t, prefix, ch.startsInterrupted()), union()
+	final, all := readRuntime(t, prefix, ch.uncertain()), union()
 	for id := range unseen() {
 		if _, present := final.want[id]; !present && all[id][evDeleted] == 0 {
 			untold++
@@ -885,6 +971,7 @@ func faultNRIDrop(t *testing.T, drops int) {
 	p := startPlegNRI(t)
 	ours := recordEvents(t, p.Socket)
 	direct := newCRI(t, env.Address)
+	t.Cleanup(func() { removeTestPods(t, direct.rt, prefix) }) // before runPod's: containers first
 	stableID, stableCfg := direct.runPod(prefix + "-stable")
 	keep := direct.create(stableID, stableCfg, containerConfig("keep", "sleep 3600"))
 	direct.start(keep)
