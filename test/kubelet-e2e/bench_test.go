@@ -222,14 +222,13 @@ func benchMarkdown(runs []*benchRun) string {
 		commandOutput(kubeletBinary, "--version"), strings.Fields(commandOutput(env.BinDir+"/containerd", "--version") + " ? ? ?")[2],
 		runtime.NumCPU(), commandOutput("uname", "-r"))
 	p("")
-	p("Each setup runs its own kubelet against the same containerd, %d rounds of the three setups in turn: %d pods, %d",
+	p("Each setup runs its own kubelet against the same containerd; %d rounds of the three setups in turn, %d pods of %d",
 		benchRounds, benchPods, benchContainers)
-	p("busybox container(s) each, per round. Each container")
-	p("exits 1 once, the first %s after it started and each %s after the one before it, and the kubelet restarts",
+	p("busybox container(s) per round. Each container exits 1 once (the first %s after it started, each next one %s",
 		benchFirstExit, benchSpacing)
-	p("it (a container's first restart has no crash-loop back-off). From containerd's statuses, in nanoseconds: the")
-	p("crashed container's `finished_at` to its replacement's `created_at` (the kubelet noticed the exit and acted) and")
-	p("`started_at` (the replacement runs).")
+	p("later) and the kubelet restarts it: a container's first restart has no crash-loop back-off. From containerd's")
+	p("statuses, in nanoseconds: the crashed container's `finished_at` to its replacement's `created_at` (the kubelet")
+	p("noticed the exit and acted) and `started_at` (the replacement runs).")
 	p("")
 	p("| setup | restarts | exit → created p50 | p90 | max | exit → started p50 | p90 | max |")
 	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

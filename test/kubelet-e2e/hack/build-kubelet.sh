@@ -39,7 +39,8 @@ log "building kubelet $KUBELET_VERSION into $out (takes several minutes)"
 start=$SECONDS
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"
-src=$(go mod download -json "k8s.io/kubernetes@$KUBELET_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+# From the scratch directory: outside any module, so no go.mod or go.sum of the caller is touched.
+src=$(cd "$out.tmp/src" && go mod download -json "k8s.io/kubernetes@$KUBELET_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [ -n "$src" ] && [ -f "$src/go.mod" ] || die "go mod download k8s.io/kubernetes@$KUBELET_VERSION failed"
 grep -q '^[[:space:]]*EventedPLEG[[:space:]]*featuregate.Feature' "$src/pkg/features/kube_features.go" ||
 	die "k8s.io/kubernetes $KUBELET_VERSION has no EventedPLEG feature gate"
