@@ -42,7 +42,7 @@ type Options struct {
 	Binary string
 	// Env is the containerd it attaches to: its NRI socket, its events and its CRI.
 	Env *harness.Env
-	// Dir holds its socket; it must exist.
+	// Dir holds its socket and its checkpoint; it must exist.
 	Dir string
 	// Extra flags come after the defaults, so they override them.
 	Extra []string
@@ -72,20 +72,17 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{Socket: filepath.Join(opts.Dir, "run", "cri.sock"), MetricsAddr: addr, binary: opts.Binary}
-	d.args = []string{
+	d.args = append([]string{
 		"--nri-socket", opts.Env.NRISocket,
 		"--containerd-address", opts.Env.Address,
 		"--runtime-endpoint", "unix://" + opts.Env.Address,
 		"--listen", "unix://" + d.Socket,
 		"--metrics-address", d.MetricsAddr,
 		"--log-level", "debug",
-	}
-	// A daemon that keeps a checkpoint keeps it in the test's directory, never in the machine's
-	// default one (which other tests' daemons would share).
-	if hasFlag(opts.Binary, "state-dir") {
-		d.args = append(d.args, "--state-dir", filepath.Join(opts.Dir, "state"))
-	}
-	d.args = append(d.args, opts.Extra...)
+		// Its checkpoint in the test's directory, never in the machine's default one (which other
+		// tests' daemons would share).
+		"--state-dir", filepath.Join(opts.Dir, "state"),
+	}, opts.Extra...)
 	if err := d.start(ctx); err != nil {
 		d.Stop()
 		return nil, err
@@ -237,12 +234,6 @@ lines:
 		}
 	}
 	return sum, sc.Err()
-}
-
-// hasFlag says whether the binary's --help lists the flag.
-func hasFlag(binary, flag string) bool {
-	out, _ := exec.Command(binary, "--help").CombinedOutput()
-	return strings.Contains(string(out), "-"+flag+" ")
 }
 
 // FreeLoopbackAddr returns a 127.0.0.1 address with a port nobody listens on right now.
