@@ -143,6 +143,15 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	if err := n.k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The kubelet answers before its PLEG runs: wait for the generic PLEG's first relist (at its start)
+	// and, with EventedPLEG, for the stream.
+	err = harness.WaitFor(ctx, 60*time.Second, "the kubelet's PLEG to start", func() (bool, error) {
+		m := n.plegMetrics()
+		return m.Relists >= 1 && (!s.Evented || m.ConnSuccess >= 1), nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, n.k.LogTail(60))
+	}
 	n.started = time.Now()
 	n.dups = watchDuplicates(t, n.cri)
 	return n
@@ -254,12 +263,14 @@ func (n *node) plegMetrics() plegMetrics {
 	}
 }
 
-// periodicRelists is how many of the generic PLEG's periodic relists (every 300 s while EventedPLEG is
-// on, the first at start) can fall between two metric readings: the relists that are not a fallback.
+// periodicRelists is how many of the generic PLEG's periodic relists (while EventedPLEG is on: the
+// first at its start, before n.started, then every 300 s) can fall between two metric readings: the
+// relists that are not a fallback. It allows a few seconds of slack on each side.
 func (n *node) periodicRelists(from, to time.Time) float64 {
+	const slack = 10 * time.Second
 	count := 0
-	for at := n.started.Add(-time.Minute); !at.After(to.Add(2 * time.Second)); at = at.Add(eventedRelistPeriod) {
-		if !at.Before(from.Add(-2 * time.Second)) {
+	for at := n.started.Add(eventedRelistPeriod - slack); !at.After(to.Add(slack)); at = at.Add(eventedRelistPeriod) {
+		if !at.Before(from.Add(-2 * slack)) {
 			count++
 		}
 	}
