@@ -284,32 +284,50 @@ func (c *churn) String() string {
 
 // removeTestPods stops and removes every pod whose name starts with prefix.
 func removeTestPods(t *testing.T, rt runtimeapi.RuntimeServiceClient, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		t.Logf("cleanup: ListPodSandbox: %v", err)
-		return
+	// Each call has its own deadline: a slow one must not fail all the others.
+	call := func(fn func(context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return fn(ctx)
 	}
-	ctrs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	var sbs *runtimeapi.ListPodSandboxResponse
+	var ctrs *runtimeapi.ListContainersResponse
+	err := call(func(ctx context.Context) (err error) {
+		if sbs, err = rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
+			return err
+		}
+		ctrs, err = rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		return err
+	})
 	if err != nil {
-		t.Logf("cleanup: ListContainers: %v", err)
+		t.Logf("cleanup: listing: %v", err)
 		return
 	}
 	left := 0
-	for _, sb := range resp.Items {
-		if strings.HasPrefix(sb.GetMetadata().GetName(), prefix) {
-			_, _ = rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
-			// Its containers first: see the NOTE in churn.worker.
-			for _, c := range ctrs.Containers {
-				if c.PodSandboxId == sb.Id {
-					_, _ = rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id})
-				}
+	for _, sb := range sbs.Items {
+		if !strings.HasPrefix(sb.GetMetadata().GetName(), prefix) {
+			continue
+		}
+		_ = call(func(ctx context.Context) error {
+			_, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
+			return err
+		})
+		// Its containers first: see the NOTE in churn.worker.
+		for _, c := range ctrs.Containers {
+			if c.PodSandboxId == sb.Id {
+				_ = call(func(ctx context.Context) error {
+					_, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.Id})
+					return err
+				})
 			}
-			if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-				left++
-				t.Logf("cleanup: RemovePodSandbox %s: %v", short(sb.Id), err)
-			}
+		}
+		err := call(func(ctx context.Context) error {
+			_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+			return err
+		})
+		if err != nil {
+			left++
+			t.Logf("cleanup: RemovePodSandbox %s: %v", short(sb.Id), err)
 		}
 	}
 	if left > 0 {
