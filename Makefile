@@ -78,7 +78,7 @@ fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 1
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for fn in $$(cat $$dir/*_test.go 2>/dev/null | sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p'); do \
 	    echo "fuzz: $$fn in $$pkg for $(FUZZTIME)"; \
-	    $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1 | { grep -v '^time=' || true; }; \
+	    $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg 2>&1 | { grep -v '^time=' || true; }; \
 	  done; \
 	done
 
