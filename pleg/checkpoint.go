@@ -583,6 +583,14 @@ func restoreObject(o *object, c *ckptObject) {
 	o.phase, o.emitted = c.phase, c.phase
 	o.started = c.flags&ckptStarted != 0
 	o.exited = c.flags&ckptExited != 0
+	if o.kind == KindContainer && c.phase == PhaseCreated && !o.started {
+		// The checkpoint can be older than a STARTED a subscriber already took (it records up to ~1 s
+		// late): if this container turns out gone at startup, it may have run and exited meanwhile,
+		// and a STOPPED must then not be missing. Whether it ran is lost with it, so its end is told
+		// as an unobserved exit (255, Unknown), as for any running container that vanished; a
+		// container that never started gets that one STOPPED too (at-least-once after a crash).
+		o.exited = true
+	}
 	o.corrected = c.flags&ckptCorrected != 0
 	o.created = c.created
 	o.stoppedReason = c.stoppedReason
