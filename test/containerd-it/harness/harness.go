@@ -374,7 +374,7 @@ func (e *Env) Restart(ctx context.Context) error {
 func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
 	if e.cmd == nil {
 		// Not our child (loaded from env.json): signal the recorded pid.
-		if e.PID == 0 || !alive(e.PID) {
+		if e.PID == 0 || !Alive(e.PID) {
 			e.PID = 0
 			return nil
 		}
@@ -409,7 +409,7 @@ func (e *Env) Running() bool {
 			return true
 		}
 	}
-	return e.PID != 0 && alive(e.PID)
+	return e.PID != 0 && Alive(e.PID)
 }
 
 // LogTail returns the last n lines of containerd's log.
@@ -467,8 +467,8 @@ func (e *Env) Exports() string {
 	return strings.ReplaceAll(b.String(), `"`+e.BinDir+`:$PATH"`, `"`+e.BinDir+`:${PATH}"`)
 }
 
-// alive says whether pid is a live process (not a zombie).
-func alive(pid int) bool {
+// Alive says whether pid is a live process (not a zombie).
+func Alive(pid int) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false
@@ -483,7 +483,7 @@ func alive(pid int) bool {
 
 func waitGone(ctx context.Context, pid int, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
-	for alive(pid) {
+	for Alive(pid) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
 		}

@@ -83,7 +83,7 @@ func (e *Env) ownedProcesses() []int {
 	var pids []int
 	for _, ent := range entries {
 		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !alive(pid) {
+		if err != nil || pid == self || !Alive(pid) {
 			continue
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -119,8 +119,8 @@ func (e *Env) killProcesses() {
 	}
 }
 
-// mountsUnder lists the mount points at or below dir, deepest first.
-func mountsUnder(dir string) []string {
+// MountsUnder lists the mount points at or below dir, deepest first.
+func MountsUnder(dir string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
@@ -162,9 +162,12 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-func (e *Env) unmountAll() {
+func (e *Env) unmountAll() { UnmountAll(e.Dir) }
+
+// UnmountAll unmounts everything at or below dir, deepest first (lazily when a mount is busy).
+func UnmountAll(dir string) {
 	for attempt := 0; attempt < 5; attempt++ {
-		mps := mountsUnder(e.Dir)
+		mps := MountsUnder(dir)
 		if len(mps) == 0 {
 			return
 		}
@@ -176,8 +179,8 @@ func (e *Env) unmountAll() {
 	}
 }
 
-// cgroupRoots lists the mounted cgroup hierarchies (v1 controllers or the v2 unified tree).
-func cgroupRoots() []string {
+// CgroupRoots lists the mounted cgroup hierarchies (v1 controllers or the v2 unified tree).
+func CgroupRoots() []string {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil
@@ -207,7 +210,7 @@ func cgroupRoots() []string {
 // cgroupDirs lists the environment's cgroup directories, deepest first.
 func (e *Env) cgroupDirs() []string {
 	var dirs []string
-	for _, root := range cgroupRoots() {
+	for _, root := range CgroupRoots() {
 		top := filepath.Join(root, e.CgroupParent)
 		_ = filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
@@ -278,7 +281,7 @@ func (e *Env) Leftovers() []string {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 	}
-	for _, mp := range mountsUnder(e.Dir) {
+	for _, mp := range MountsUnder(e.Dir) {
 		out = append(out, "mount "+mp)
 	}
 	for _, d := range e.cgroupDirs() {
@@ -302,7 +305,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		e, err := Load(dir)
-		if err != nil || e.Owner == 0 || alive(e.Owner) {
+		if err != nil || e.Owner == 0 || Alive(e.Owner) {
 			continue
 		}
 		e.SetLog(log)

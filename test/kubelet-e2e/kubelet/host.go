@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -124,7 +123,7 @@ func (k *Kubelet) Teardown(ctx context.Context) error {
 	for _, l := range k.logSymlinks() {
 		_ = os.Remove(l)
 	}
-	unmountAll(k.Dir)
+	harness.UnmountAll(k.Dir)
 	k.killProcesses()
 	removeCgroups(k.CgroupRoot)
 	if err := k.Host.restore(); err != nil {
@@ -158,7 +157,7 @@ func (k *Kubelet) Leftovers() []string {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 	}
-	for _, mp := range mountsUnder(k.Dir) {
+	for _, mp := range harness.MountsUnder(k.Dir) {
 		out = append(out, "mount "+mp)
 	}
 	for _, d := range cgroupDirs(k.CgroupRoot) {
@@ -256,7 +255,7 @@ func (k *Kubelet) ownedProcesses() []int {
 	var pids []int
 	for _, ent := range entries {
 		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !alive(pid) {
+		if err != nil || pid == self || !harness.Alive(pid) {
 			continue
 		}
 		cgroups, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -300,7 +299,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		k, err := Load(dir)
-		if err != nil || k.Owner == 0 || alive(k.Owner) {
+		if err != nil || k.Owner == 0 || harness.Alive(k.Owner) {
 			continue
 		}
 		fmt.Fprintf(log, "kubelet: tearing down stale kubelet %s (owner %d is gone)\n", dir, k.Owner)
@@ -343,22 +342,9 @@ func Lock(ctx context.Context, log io.Writer) (func(), error) {
 	}
 }
 
-// alive says whether pid is a live process (not a zombie).
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
-
 func waitGone(pid int, limit time.Duration) {
 	deadline := time.Now().Add(limit)
-	for alive(pid) && time.Now().Before(deadline) {
+	for harness.Alive(pid) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
@@ -377,97 +363,11 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// mountsUnder lists the mount points at or below dir, deepest first.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// unmountAll unmounts everything at or below dir (the kubelet bind-mounts its root dir onto itself).
-func unmountAll(dir string) {
-	for attempt := 0; attempt < 5; attempt++ {
-		mps := mountsUnder(dir)
-		if len(mps) == 0 {
-			return
-		}
-		for _, mp := range mps {
-			if err := syscall.Unmount(mp, 0); err != nil {
-				_ = syscall.Unmount(mp, syscall.MNT_DETACH)
-			}
-		}
-	}
-}
-
-// cgroupRoots lists the mounted cgroup hierarchies (v1 controllers and the v2 tree).
-func cgroupRoots() []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	seen := map[string]bool{}
-	var roots []string
-	for _, l := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(l)
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		if fs := fields[sep+1]; (fs == "cgroup" || fs == "cgroup2") && !seen[fields[4]] {
-			seen[fields[4]] = true
-			roots = append(roots, fields[4])
-		}
-	}
-	return roots
-}
-
 // makeCgroup creates the cgroup path in every hierarchy; in cpuset it copies each new level's cpus and
 // mems from its parent (a cpuset cgroup without them cannot hold a process).
 func makeCgroup(path string) error {
 	parts := strings.Split(strings.Trim(path, "/"), "/")
-	for _, root := range cgroupRoots() {
+	for _, root := range harness.CgroupRoots() {
 		cur := root
 		for _, p := range parts {
 			parent := cur
@@ -498,7 +398,7 @@ func cgroupDirs(path string) []string {
 		return nil // never the whole hierarchy
 	}
 	var dirs []string
-	for _, root := range cgroupRoots() {
+	for _, root := range harness.CgroupRoots() {
 		_ = filepath.WalkDir(filepath.Join(root, path), func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)

@@ -304,7 +304,7 @@ func httpOK(url string) error {
 // as they do when a kubelet restarts on a node.
 func (k *Kubelet) Stop() {
 	if k.cmd == nil {
-		if k.PID != 0 && alive(k.PID) && k.ownsPID(k.PID) {
+		if k.PID != 0 && harness.Alive(k.PID) && k.ownsPID(k.PID) {
 			_ = syscall.Kill(k.PID, syscall.SIGKILL)
 			waitGone(k.PID, 10*time.Second)
 		}
