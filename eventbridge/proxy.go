@@ -217,11 +217,11 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	start := p.now()
 	var err error
 	if isUnary(method) {
-		if stale := staleChecks[method]; stale != nil && p.fresh != nil && p.fresh.AnyStoppedAhead() {
-			err = p.forwardFresh(ss, method, stale)
-		} else {
-			err = p.forwardUnary(ss, method)
+		var stale func([]byte, Freshness) bool
+		if p.fresh != nil && p.fresh.AnyStoppedAhead() {
+			stale = staleChecks[method]
 		}
+		err = p.forwardUnary(ss, method, stale)
 	} else {
 		err = p.forward(ss, method)
 	}
@@ -252,32 +252,6 @@ func isUnary(method string) bool {
 	unary := !md.IsStreamingClient() && !md.IsStreamingServer()
 	unaryMethods.Store(method, unary)
 	return unary
-}
-
-// forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
-// path (no goroutine). On the wire it is the same as forward.
-func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string) error {
-	var req, resp frame
-	defer req.free()
-	defer resp.free()
-	if err := ss.RecvMsg(&req); err != nil {
-		return err
-	}
-	ctx := ss.Context()
-	md, _ := metadata.FromIncomingContext(ctx)
-	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
-	var hdr, trl metadata.MD
-	err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
-	if len(hdr) > 0 {
-		if herr := ss.SetHeader(forwardableMD(hdr)); herr != nil {
-			return herr
-		}
-	}
-	ss.SetTrailer(forwardableMD(trl))
-	if err != nil {
-		return err
-	}
-	return ss.SendMsg(&resp)
 }
 
 // staleChecks are, per status-reading method, the check that its answer (encoded) shows an object running
@@ -337,50 +311,51 @@ func staleSandbox(id string, st runtimeapi.PodSandboxState, f Freshness) bool {
 	return id != "" && st == runtimeapi.PodSandboxState_SANDBOX_READY && f.StoppedAhead(id)
 }
 
-// forwardFresh proxies a status read like forwardUnary, but asks the runtime again while its answer is
-// older than the event stream (stale says so), within p.freshWait. The client gets the last answer as the
-// runtime sent it.
-func (p *Proxy) forwardFresh(ss grpc.ServerStream, method string, stale func([]byte, Freshness) bool) error {
+// forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
+// path (no goroutine). On the wire it is the same as forward. With a stale check (a status read while
+// the event stream is ahead of the runtime, see WithFreshness), it asks the runtime again while the
+// answer is older than the stream, within p.freshWait; the client gets the last answer as the runtime
+// sent it.
+func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, stale func([]byte, Freshness) bool) error {
 	var req frame
+	defer req.free()
 	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	in := req.bytes()
-	req.free()
+	if stale != nil {
+		// The request may be sent more than once: keep its bytes (a sent buffer goes to gRPC).
+		b := req.bytes()
+		req.free()
+		req.data = b
+	}
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
 	start := p.now()
 	delay := freshRetryMin
 	held := false
+	var resp frame
+	defer resp.free()
 	for {
-		var resp frame
 		var hdr, trl metadata.MD
-		err := p.backend.Invoke(ctx, method, &frame{data: in}, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
-		var out []byte
-		if err == nil {
-			out = resp.bytes()
-			resp.free()
-		}
-		if err == nil && stale(out, p.fresh) && p.now().Add(delay).Sub(start) < p.freshWait {
-			held = true
-			select {
-			case <-time.After(delay):
-			case <-ctx.Done():
-				return status.FromContextError(ctx.Err()).Err()
+		err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
+		if err == nil && stale != nil && stale(resp.bytes(), p.fresh) {
+			if p.now().Add(delay).Sub(start) < p.freshWait {
+				held = true
+				resp.free()
+				select {
+				case <-time.After(delay):
+				case <-ctx.Done():
+					return status.FromContextError(ctx.Err()).Err()
+				}
+				delay = min(2*delay, freshRetryMax)
+				continue
 			}
-			delay = min(2*delay, freshRetryMax)
-			continue
-		}
-		if held {
-			caughtUp := err == nil && !stale(out, p.fresh)
-			if m, ok := p.metrics.(FreshnessMetrics); ok {
-				m.StaleRead(method, p.now().Sub(start), caughtUp)
-			}
-			if !caughtUp && err == nil {
-				log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
-					Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
-			}
+			p.staleRead(method, start, false)
+			log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
+				Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
+		} else if held {
+			p.staleRead(method, start, err == nil)
 		}
 		if len(hdr) > 0 {
 			if herr := ss.SetHeader(forwardableMD(hdr)); herr != nil {
@@ -391,7 +366,14 @@ func (p *Proxy) forwardFresh(ss grpc.ServerStream, method string, stale func([]b
 		if err != nil {
 			return err
 		}
-		return ss.SendMsg(&frame{data: out})
+		return ss.SendMsg(&resp)
+	}
+}
+
+// staleRead reports a status read the runtime first answered with an older state than the event stream.
+func (p *Proxy) staleRead(method string, start time.Time, caughtUp bool) {
+	if m, ok := p.metrics.(FreshnessMetrics); ok {
+		m.StaleRead(method, p.now().Sub(start), caughtUp)
 	}
 }
 
