@@ -29,24 +29,6 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
-// kill kills pleg-nri with SIGKILL and waits for it.
-func (p *plegNRI) kill() {
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-	p.cmd = nil
-}
-
-// signal sends sig to pleg-nri.
-func (p *plegNRI) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signal %s to pleg-nri: %v", sig, err)
-	}
-}
-
 // stateDir is the pleg-nri's state directory (startPlegNRI's default).
 func (p *plegNRI) stateDir() string {
 	return filepath.Join(filepath.Dir(filepath.Dir(p.Socket)), "state")

@@ -414,7 +414,7 @@ func runSlowSubscribers(t *testing.T, baseline, pods, healthy, queue, workers in
 	})
 	res.coalesced = p.metric(t, "pleg_nri_events_coalesced_total") - coalesced0
 	res.evicted = p.metric(t, "pleg_nri_subscribers_evicted_total") - evicted0
-	res.rss, res.hwm = processMemory(t, p.cmd.Process.Pid)
+	res.rss, res.hwm = processMemory(t, p.PID)
 
 	// Who was evicted, and what the stuck one was offered.
 	if res.evicted != 1 {
@@ -651,7 +651,7 @@ func runBurst(t *testing.T, pods, containers, readers, workers int) {
 		t.FailNow()
 	}
 	up := time.Since(start)
-	_, hwmUp := processMemory(t, p.cmd.Process.Pid)
+	_, hwmUp := processMemory(t, p.PID)
 	parallelT(t, pods, workers, func(i int) error {
 		if err := stopAndRemovePod(ctx, rt, runs[i].pod); err != nil {
 			return fmt.Errorf("pod %d: %w", i, err)
@@ -692,7 +692,7 @@ func runBurst(t *testing.T, pods, containers, readers, workers int) {
 	got := waitStable(t, "emitted events", 2*time.Second, time.Minute, emitted) - emitted0
 	coalesced := p.metric(t, "pleg_nri_events_coalesced_total") - coalesced0
 	evicted := p.metric(t, "pleg_nri_subscribers_evicted_total") - evicted0
-	rss, hwm := processMemory(t, p.cmd.Process.Pid)
+	rss, hwm := processMemory(t, p.PID)
 
 	theirKeys := multiset(mine(theirs.Events()))
 	for i, r := range rs {

@@ -161,6 +161,24 @@ func (d *Daemon) Stop() {
 	d.cmd, d.PID = nil, 0
 }
 
+// Kill kills pleg-nri with SIGKILL and waits for it. It does nothing when it is not running.
+func (d *Daemon) Kill() {
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Kill()
+	<-d.exited
+	d.cmd, d.PID = nil, 0
+}
+
+// Signal sends sig to pleg-nri.
+func (d *Daemon) Signal(sig syscall.Signal) error {
+	if d.cmd == nil {
+		return errors.New("pleg-nri is not running")
+	}
+	return d.cmd.Process.Signal(sig)
+}
+
 // Restart stops pleg-nri and starts it again with the same flags (the same socket and metrics
 // address), and waits until it is ready.
 func (d *Daemon) Restart(ctx context.Context) error {
