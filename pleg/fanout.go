@@ -8,11 +8,13 @@ import (
 	"github.com/containerd/log"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // fanout hands every emitted event to every subscriber. Publishing never blocks: each subscriber has a
-// bounded ring; a full ring is first coalesced (only the newest event of each pod is kept), and a
-// subscriber whose ring is still full is evicted: its Next returns RESOURCE_EXHAUSTED.
+// bounded ring; a full ring is first coalesced (an event is dropped when a newer event of its pod
+// supersedes it, see supersedes), and a subscriber whose ring is still full is evicted: its Next returns
+// RESOURCE_EXHAUSTED.
 //
 // publish is called by one goroutine at a time (under PLEG.mu); Subscribe and Close may run at any time.
 type fanout struct {
@@ -72,8 +74,8 @@ type SubscriptionStats struct {
 	// Delivered is the number of events Next returned (to a stream server, that is events handed to
 	// its transport, which a client that stopped reading may not have received yet).
 	Delivered uint64
-	// Coalesced is the number of queued events replaced by a newer event of the same pod in a full
-	// queue (the newer one carries the whole pod status).
+	// Coalesced is the number of queued events a newer event of the same pod superseded in a full queue
+	// (the newer one carries the whole pod status; see supersedes).
 	Coalesced uint64
 	// Dropped is the number of events discarded undelivered: at eviction, the queue and the event that
 	// did not fit; at Close, the queue.
@@ -166,7 +168,7 @@ func (s *Subscription) push(ev Event) bool {
 	}
 	s.stats.Offered++
 	if s.n == len(s.buf) {
-		if removed := s.coalesceLocked(podKey(ev)); removed > 0 {
+		if removed := s.coalesceLocked(ev); removed > 0 {
 			s.stats.Coalesced += uint64(removed)
 			s.f.metrics.EventsCoalesced(removed)
 		}
@@ -189,22 +191,16 @@ func (s *Subscription) push(ev Event) bool {
 	return false
 }
 
-// coalesceLocked keeps only the newest queued event of each pod, and none of the pod newKey (the event
-// about to be queued is newer than them all). It returns how many events it removed.
-func (s *Subscription) coalesceLocked(newKey string) int {
+// coalesceLocked drops the queued events that a newer event of their pod supersedes (a queued one, or
+// next, the event about to be queued). It returns how many events it removed.
+func (s *Subscription) coalesceLocked(next Event) int {
 	size := len(s.buf)
-	seen := make(map[string]struct{}, s.n)
-	seen[newKey] = struct{}{}
-	keep := make([]bool, s.n)
+	keep := coalesceKeep(s.n, func(i int) Event { return s.buf[(s.head+i)%size] }, next)
 	kept := 0
-	for i := s.n - 1; i >= 0; i-- {
-		k := podKey(s.buf[(s.head+i)%size])
-		if _, dup := seen[k]; dup {
-			continue
+	for _, k := range keep {
+		if k {
+			kept++
 		}
-		seen[k] = struct{}{}
-		keep[i] = true
-		kept++
 	}
 	if kept == s.n {
 		return 0
@@ -220,6 +216,56 @@ func (s *Subscription) coalesceLocked(newKey string) int {
 	removed := s.n - kept
 	s.buf, s.head, s.n = out, 0, kept
 	return removed
+}
+
+// coalesceKeep says which of n queued events (at(0) the oldest) a coalescing keeps, next being the event
+// about to be queued after them.
+func coalesceKeep(n int, at func(int) Event, next Event) []bool {
+	newer := make(map[string]uint8, n) // pod key -> the types of the pod's newer events
+	newer[podKey(next)] = typeBit(next)
+	keep := make([]bool, n)
+	for i := n - 1; i >= 0; i-- {
+		ev := at(i)
+		k := podKey(ev)
+		keep[i] = !supersedes(newer[k], ev.Response.GetContainerEventType())
+		newer[k] |= typeBit(ev)
+	}
+	return keep
+}
+
+func typeBit(ev Event) uint8 { return 1 << uint(ev.Response.GetContainerEventType()&7) }
+
+// supersedes reports whether newer events of a pod, of the types in the set newer (typeBit), make an unread
+// event of type t of the same pod redundant for the kubelet, so a full queue may drop it (issue 11). Every
+// event carries the whole pod status; kubelet 1.35/1.36 write the status of a STARTED or STOPPED into the
+// pod cache, write nothing for a CREATED and delete the pod's entry on its sandbox's DELETED; kubelet 1.37
+// relists the pod on a STOPPED. So:
+//   - a CREATED is superseded by any newer event;
+//   - a STARTED by a newer STARTED or STOPPED (a newer status written);
+//   - a STOPPED only by a newer STOPPED (a STARTED would lose 1.37's relist);
+//   - a DELETED by a newer STARTED, STOPPED or DELETED (a newer sandbox of the pod writes its status over
+//     it, a later DELETED deletes as much).
+//
+// Never a STARTED or STOPPED by a CREATED or DELETED. The relation is transitive, so dropping an event
+// that a dropped newer one superseded is safe.
+func supersedes(newer uint8, t runtimeapi.ContainerEventType) bool {
+	const (
+		created = 1 << runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+		started = 1 << runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+		stopped = 1 << runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+		deleted = 1 << runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
+	)
+	switch t {
+	case runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT:
+		return newer&(created|started|stopped|deleted) != 0
+	case runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT:
+		return newer&(started|stopped) != 0
+	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
+		return newer&stopped != 0
+	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
+		return newer&(started|stopped|deleted) != 0
+	}
+	return false
 }
 
 func (s *Subscription) clearLocked() {

@@ -16,9 +16,9 @@ import (
 // A subscriber that subscribes while the replay is kept gets it first (every event emitted since the
 // start, in order), then every event from then on; a subscriber that subscribes later gets only the
 // events from then on. The replay is kept until StartupReplay after the startup reconciliation (the
-// first successful relist) and is bounded like a subscriber's queue: when full, the events of one pod
-// are coalesced to the newest (each carries the whole pod status); when still full, the replay is
-// dropped, with a log line and a metric, and later subscribers get only the events from then on.
+// first successful relist) and is bounded like a subscriber's queue: when full, it is coalesced like a
+// subscriber's queue (supersedes in fanout.go); when still full, the replay is dropped, with a log line
+// and a metric, and later subscribers get only the events from then on.
 //
 // While the replay is kept, publish and subscribe serialize on fanout.mu, so an event is either in the
 // replay handed to a new subscriber or pushed to it, never both and never neither. Once it is dropped
@@ -95,7 +95,7 @@ func (f *fanout) replayPublish(ctx context.Context, ev Event) []*Subscription {
 	r := &f.replay
 	if r.open.Load() {
 		if len(r.events) == f.limit {
-			r.events = coalesceEvents(r.events, podKey(ev))
+			r.events = coalesceEvents(r.events, ev)
 		}
 		if len(r.events) == f.limit {
 			f.dropReplayLocked()
@@ -128,17 +128,10 @@ func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
 	}
 }
 
-// coalesceEvents keeps only the newest event of each pod, and none of the pod newKey.
-func coalesceEvents(evs []Event, newKey string) []Event {
-	seen := map[string]bool{newKey: true}
-	keep := make([]bool, len(evs))
-	for i := len(evs) - 1; i >= 0; i-- {
-		k := podKey(evs[i])
-		if !seen[k] {
-			seen[k] = true
-			keep[i] = true
-		}
-	}
+// coalesceEvents drops the events that a newer event of their pod supersedes (next being the event about
+// to be appended).
+func coalesceEvents(evs []Event, next Event) []Event {
+	keep := coalesceKeep(len(evs), func(i int) Event { return evs[i] }, next)
 	out := evs[:0]
 	for i, ev := range evs {
 		if keep[i] {
