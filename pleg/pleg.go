@@ -78,6 +78,9 @@ type Event struct {
 	seq uint64
 	// wire caches Response's encoding for every copy of the event (nil: not cached).
 	wire *wireCache
+	// notReplayed leaves the event out of the startup replay (replay.go): the DELETED of a sandbox whose
+	// pod has a newer live sandbox.
+	notReplayed bool
 }
 
 type wireCache struct {

@@ -20,6 +20,12 @@ import (
 // subscriber's queue (supersedes in fanout.go); when still full, the replay is dropped, with a log line
 // and a metric, and later subscribers get only the events from then on.
 //
+// The replay leaves out the DELETED of a sandbox whose pod (uid) had a newer live sandbox when it was
+// emitted (issue 11): kubelet 1.35/1.36 apply a sandbox's DELETED with cache.Delete(uid), whatever its
+// time, so an old sandbox removed while pleg-nri was down would wipe the live sandbox's status from the
+// cache until the kubelet's next relist. A subscriber connected when it is emitted gets it, as from
+// containerd's stream, where the kubelet's own garbage collection orders it.
+//
 // While the replay is kept, publish and subscribe serialize on fanout.mu, so an event is either in the
 // replay handed to a new subscriber or pushed to it, never both and never neither. Once it is dropped
 // publish is lock-free again.
@@ -121,6 +127,9 @@ func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
 	}
 	r.taken = true
 	for _, ev := range r.events {
+		if ev.notReplayed {
+			continue
+		}
 		s.push(ev) // cannot evict: the replay is no longer than the queue
 	}
 	if len(r.events) > 0 && log.GetLevel() >= log.DebugLevel {

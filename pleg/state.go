@@ -756,6 +756,9 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 		SourceTime: c.at,
 		wire:       &wireCache{},
 	}
+	if o.kind == KindSandbox && t == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT && s.fan.replay.open.Load() {
+		ev.notReplayed = s.hasNewerLiveSandbox(p)
+	}
 	var latency time.Duration
 	if !c.at.IsZero() {
 		latency = now.Sub(c.at)
@@ -771,6 +774,22 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 	if s.ckptWake != nil {
 		s.checkpointEmitted(o, t)
 	}
+}
+
+// hasNewerLiveSandbox reports whether p's pod (uid) has another sandbox, created after p's, that is not
+// removed. It scans every pod: only the startup replay asks.
+func (s *state) hasNewerLiveSandbox(p *pod) bool {
+	uid := p.sandbox.sbase.GetMetadata().GetUid()
+	if uid == "" {
+		return false
+	}
+	for _, q := range s.pods {
+		if q != p && q.sandbox.phase < PhaseRemoved && q.sandbox.sbase.GetMetadata().GetUid() == uid &&
+			q.sandbox.sbase.GetCreatedAt() >= p.sandbox.sbase.GetCreatedAt() {
+			return true
+		}
+	}
+	return false
 }
 
 // forget tombstones an id the state never tracked and discards what was held for it.
