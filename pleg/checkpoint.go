@@ -569,6 +569,9 @@ func (s *state) restore(c *checkpoint) int {
 			p.nextOrder++
 			restoreObject(o, cc)
 			o.cbase, o.ceff = cc.container, cc.container
+			if o.phase >= PhaseExited {
+				o.stoppedSt = o.ceff // what its last STOPPED carried, as received
+			}
 			o.complete = true
 			p.containers[o.id] = o
 			s.objects[o.id] = o

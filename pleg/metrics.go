@@ -69,8 +69,10 @@ type Metrics interface {
 	// EventEmitted counts an event handed to the fan-out, by type, object kind and the input that caused
 	// it; latency is from that input's SourceTime to the emission.
 	EventEmitted(t runtimeapi.ContainerEventType, kind Kind, src Source, latency time.Duration)
-	// EventCorrected counts a corrected STOPPED event (the container turned out OOM-killed after its
-	// STOPPED event said otherwise). It is also counted by EventEmitted.
+	// EventCorrected counts a corrected STOPPED event: the container's status changed, after its STOPPED
+	// event, in a field the kubelet reads from an exited container (an OOM learnt late, or containerd's
+	// final exit code, reason, message or times differing from the fast inputs'). src is the input that
+	// brought the change. It is also counted by EventEmitted.
 	EventCorrected(kind Kind, src Source)
 	// ObjectDropped counts an object forgotten without any event, by kind and reason (Drop* constants).
 	ObjectDropped(kind Kind, reason string)
@@ -78,7 +80,8 @@ type Metrics interface {
 	// verify is set for the delayed verification call after a STARTED/STOPPED built from fast facts.
 	StatusCall(kind Kind, verify bool, result string, d time.Duration)
 	// StatusMismatch counts a verification answer that differed from the status already emitted (the
-	// cache is updated; an OOMKilled difference also gives a corrected STOPPED).
+	// cache is updated; a difference in a field the kubelet reads from an exited container also gives a
+	// corrected STOPPED).
 	StatusMismatch(kind Kind)
 	// Subscribers reports the number of subscribers after a change.
 	Subscribers(n int)

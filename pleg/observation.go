@@ -156,6 +156,11 @@ type Observation struct {
 	SandboxStatus   *runtimeapi.PodSandboxStatus
 	ContainerStatus *runtimeapi.ContainerStatus
 
+	// StatusChanged says the object's CRI status changed in a way no phase tells (NRI's
+	// PostUpdateContainer: containerd stored new resources): the state asks containerd for it again, and
+	// the pod's later events wait for that answer.
+	StatusChanged bool
+
 	// SourceTime is when the input saw the fact (the task event's timestamp, the NRI callback's arrival);
 	// the latency metric measures from it to the send.
 	SourceTime time.Time

@@ -45,6 +45,8 @@ type Config struct {
 	StatusTimeout time.Duration
 	// VerifyDelay is how long after a STARTED or STOPPED built from fast facts the container's CRI status
 	// is fetched to verify it (and catch a late OOMKilled); default DefaultVerifyDelay, negative disables.
+	// An exit is asked again, with a doubling delay (at most maxVerifyAttempts calls), until containerd's
+	// answer shows it; an answer that differs in a field the kubelet reads gives a corrected STOPPED.
 	VerifyDelay time.Duration
 	// StatusWorkers is the number of concurrent status calls; default DefaultStatusWorkers.
 	StatusWorkers int

@@ -17,8 +17,9 @@ package pleg
 //	               sandbox:     |         sandbox: NOTREADY  |   ^         sandbox: after the
 //	      |        READY        |         container: exit    +---+         DELETED of each of
 //	      |                     |         code, finished_at,  OOM learnt   its containers
-//	      |                     |         reason              later: one
-//	      |                     |                             corrected STOPPED (OOMKilled)
+//	      |                     |         reason              later, or containerd's
+//	      |                     |                             verified exit differs: a
+//	      |                     |                             corrected STOPPED
 //	      |                     +-- Removed (vanished while running): STOPPED (exit 255,
 //	      |                         reason Unknown, as containerd for an unseen exit), DELETED
 //	      +-- Removed, never started: DELETED only
@@ -28,6 +29,11 @@ package pleg
 // it exited or ever started (created-then-removed gives CREATED, DELETED). A removed sandbox takes its
 // remaining containers with it (their DELETED first). A deleted id is tombstoned for tombTTL: later
 // observations of it are ignored.
+//
+// A STOPPED built from the fast inputs is verified against containerd's ContainerStatus, asked again
+// with backoff until containerd's answer shows the exit. A container whose status changed without a
+// phase (NRI's PostUpdateContainer: new resources) is asked again, and its pod's events wait for that
+// answer, so no event carries the old status.
 //
 // Per pod, events leave in the order their transitions were observed (a FIFO of objects with pending
 // transitions); an object that waits for its first CRI status holds back the events of its pod behind
@@ -91,11 +97,26 @@ type object struct {
 	fetchStart   time.Time // when the current fetch started
 	fetchGaveUp  bool      // the CRI never gave a status that caught up: synthesize what is missing
 	verifying    bool      // a verification call is outstanding
+	// verifyExit says the outstanding verification checks an exit: it is asked again (verifyAttempt,
+	// with backoff, bounded) until containerd's answer shows the exit.
+	verifyExit    bool
+	verifyAttempt int
+
+	// stale says containerd's status changed in a way no phase tells (a resource update, NRI's
+	// PostUpdateContainer): the pod's events wait until a refresh call answered (or failed).
+	stale        bool
+	refreshing   bool // a refresh call is outstanding
+	refreshAgain bool // the status changed again while it was: ask once more after its answer
 
 	stoppedReason  string // reason carried by the STOPPED event
 	corrected      bool   // a corrected STOPPED was emitted
 	needCorrection bool   // a corrected STOPPED is due
 	oomCause       cause  // the input that reported the OOM
+	// stoppedSt is the container status the last STOPPED carried: a later status that differs from it
+	// in a field the kubelet reads from an exited container (exitDiffers) gives a corrected STOPPED.
+	stoppedSt *runtimeapi.ContainerStatus
+	// statusCause is the input of the last status answer (the cause of a correction it brings).
+	statusCause cause
 
 	// emitSeq is, per phase, the fan-out sequence number of the event emitted for it (0: none, or
 	// restored from the checkpoint): the checkpoint records a phase only once its events were received.
@@ -299,7 +320,11 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 		}
 	}
 	derived := PhaseNone
+	if ob.StatusChanged && o.kind == KindContainer && o.phase < PhaseRemoved {
+		s.startRefresh(o)
+	}
 	if ob.ContainerStatus != nil && o.kind == KindContainer {
+		o.statusCause = cause{ob.Source, ob.SourceTime}
 		derived = s.setContainerBase(o, ob.ContainerStatus, ob.Source)
 		if ob.ContainerStatus.Reason == reasonOOMKilled && o.oomCause.at.IsZero() {
 			o.oomCause = cause{ob.Source, ob.SourceTime}
@@ -404,8 +429,7 @@ func (s *state) refresh(ctx context.Context, o *object) {
 			at = s.clock.Now()
 		}
 		o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
-		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && !o.corrected &&
-			o.stoppedReason != reasonOOMKilled && o.ceff.GetReason() == reasonOOMKilled {
+		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && o.complete && exitDiffers(o.stoppedSt, o.ceff) {
 			o.needCorrection = true
 		}
 	}
@@ -432,6 +456,18 @@ func (s *state) ensureFetch(o *object) {
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: now})
 }
 
+// startRefresh asks containerd again for a container's status after a change no phase tells; the pod's
+// events wait for the answer (ready).
+func (s *state) startRefresh(o *object) {
+	o.stale = true
+	if o.refreshing {
+		o.refreshAgain = true
+		return
+	}
+	o.refreshing = true
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, refresh: true, due: s.clock.Now()})
+}
+
 // retryFetch schedules the next attempt of an object's status call.
 func (s *state) retryFetch(o *object, limit time.Duration) {
 	o.fetching = true
@@ -446,11 +482,31 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 		return
 	}
 	logger := log.G(ctx).WithField(o.kind.String(), o.id)
+	if r.req.refresh {
+		o.refreshing = false
+		if o.refreshAgain {
+			o.refreshAgain = false
+			s.startRefresh(o)
+		} else {
+			o.stale = false
+		}
+		if r.err != nil {
+			// Nothing better to tell: the pod's events go on with the status known.
+			logger.WithError(r.err).Debug("refresh status call failed")
+		} else {
+			s.update(ctx, o, statusObs(o, r))
+		}
+		s.flush(ctx, o.pod)
+		return
+	}
 	if r.req.verify {
 		o.verifying = false
 		if r.err != nil {
 			if !isNotFound(r.err) {
 				logger.WithError(r.err).Debug("verification status call failed")
+				if o.verifyExit {
+					s.reverify(ctx, o)
+				}
 			}
 			return
 		}
@@ -461,6 +517,9 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 			if log.GetLevel() >= log.DebugLevel {
 				logger.Debug("verified status differs from the one emitted: cache updated")
 			}
+		}
+		if o.verifyExit && o.kind == KindContainer && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+			s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
 		}
 		s.flush(ctx, o.pod)
 		return
@@ -583,6 +642,11 @@ func (s *state) ready(o *object) bool {
 	if sb.seff == nil {
 		return false // every event carries the sandbox status
 	}
+	for _, c := range o.pod.containers {
+		if c.stale {
+			return false // every event carries the containers' statuses: wait for containerd's new one
+		}
+	}
 	if o.kind == KindContainer {
 		return o.complete
 	}
@@ -626,14 +690,17 @@ func (s *state) emitPending(ctx context.Context, o *object) {
 func (s *state) emitContainer(ctx context.Context, o *object, target Phase) {
 	if o.needCorrection {
 		o.needCorrection = false
-		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && !o.corrected {
+		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && exitDiffers(o.stoppedSt, o.ceff) {
+			c := o.statusCause
+			if o.ceff.GetReason() == reasonOOMKilled && o.stoppedSt.GetReason() != reasonOOMKilled {
+				if c = o.oomCause; c.at.IsZero() {
+					c = o.causes[PhaseExited]
+				}
+			}
 			o.corrected = true
 			o.stoppedReason = o.ceff.GetReason()
-			s.metrics.EventCorrected(o.kind, o.oomCause.src)
-			c := o.oomCause
-			if c.at.IsZero() {
-				c = o.causes[PhaseExited]
-			}
+			o.stoppedSt = o.ceff
+			s.metrics.EventCorrected(o.kind, c.src)
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c)
 		}
 	}
@@ -663,7 +730,7 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				// The start time is not containerd's own (none was known): the verification brings it.
 				// NRI's start time is containerd's, and nothing else in the status changes at a start,
 				// so that STARTED needs no second status call.
-				s.verify(o)
+				s.verify(o, false)
 			}
 		case PhaseExited:
 			if !o.exited && !o.started {
@@ -671,6 +738,7 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 			}
 			if o.kind == KindContainer {
 				o.stoppedReason = o.ceff.GetReason()
+				o.stoppedSt = o.ceff
 				o.needCorrection = false
 			}
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c)
@@ -679,7 +747,7 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				s.ahead.add(o.id, s.clock.Now())
 			}
 			if o.kind == KindContainer && o.cbase.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
-				s.verify(o) // the exit came from fast inputs: check it (and a late OOM) against the CRI
+				s.verify(o, true) // the exit came from fast inputs: check it (and a late OOM) against the CRI
 			}
 		case PhaseRemoved:
 			if o.kind == KindContainer {
@@ -696,13 +764,54 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 	}
 }
 
-// verify schedules the one delayed verification status call of o.
-func (s *state) verify(o *object) {
+// Bounds of the exit verification: containerd's exit handling (task.Delete) can take seconds under IO
+// pressure, and a containerd that was down answers only once it is back.
+const (
+	maxVerifyDelay    = 30 * time.Second // cap of the doubling delay between two verification calls
+	maxVerifyAttempts = 12               // about 3 minutes with the default first delay
+)
+
+// verify schedules the delayed verification status call of o. exit says it checks an exit: it is then
+// asked again until containerd's answer shows the exit (reverify).
+func (s *state) verify(o *object, exit bool) {
 	if o.verifying || s.verifyDelay < 0 {
 		return
 	}
 	o.verifying = true
+	o.verifyExit = exit
+	o.verifyAttempt = 1
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock.Now().Add(s.verifyDelay)})
+}
+
+// reverify schedules the next exit verification call of o, with a doubling delay, unless the attempts
+// are used up or the container is gone.
+func (s *state) reverify(ctx context.Context, o *object) {
+	if o.verifying || o.dropped || o.phase == PhaseRemoved || o.emitted == PhaseRemoved {
+		return
+	}
+	if o.verifyAttempt >= maxVerifyAttempts {
+		log.G(ctx).WithField("container", o.id).WithField("attempts", o.verifyAttempt).
+			Warn("containerd's status never showed the exit that was reported: the STOPPED is not verified")
+		return
+	}
+	d := s.verifyDelay
+	for range o.verifyAttempt {
+		d = min(2*d, maxVerifyDelay)
+	}
+	o.verifyAttempt++
+	o.verifying = true
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock.Now().Add(d)})
+}
+
+// exitDiffers reports whether the status of an exited container differs from the one its last STOPPED
+// carried (sent) in a field the kubelet reads from an exited container: exit code, reason, message,
+// finished_at (and started_at). A nil sent (none emitted, or restored without it) never differs.
+func exitDiffers(sent, now *runtimeapi.ContainerStatus) bool {
+	if sent == nil || now == nil || now.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		return false
+	}
+	return sent.ExitCode != now.ExitCode || sent.Reason != now.Reason || sent.Message != now.Message ||
+		sent.FinishedAt != now.FinishedAt || sent.StartedAt != now.StartedAt
 }
 
 // list inserts a container into its pod's containers_statuses, ordered by created_at then id.

@@ -263,8 +263,10 @@ func (b backoff) delay(attempt int, limit time.Duration) time.Duration {
 type fetchReq struct {
 	id     string
 	kind   Kind
-	verify bool      // the delayed verification after a STARTED/STOPPED built from fast facts
-	due    time.Time // not before
+	verify bool // the delayed verification after a STARTED/STOPPED built from fast facts
+	// refresh asks again for a status that changed in a way no phase tells (a resource update)
+	refresh bool
+	due     time.Time // not before
 }
 
 // fetchResult is a status answer, delivered back to the state machine through the inbox.

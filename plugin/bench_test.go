@@ -65,6 +65,7 @@ func BenchmarkHook(b *testing.B) {
 		{"RunPodSandbox", func() { _ = p.RunPodSandbox(ctx, pod) }},
 		{"PostCreateContainer", func() { _ = p.PostCreateContainer(ctx, pod, running) }},
 		{"PostStartContainer", func() { _ = p.PostStartContainer(ctx, pod, running) }},
+		{"PostUpdateContainer", func() { _ = p.PostUpdateContainer(ctx, pod, running) }},
 		{"StopContainer", func() { _, _ = p.StopContainer(ctx, pod, stopped) }},
 		{"RemoveContainer", func() { _ = p.RemoveContainer(ctx, pod, stopped) }},
 		{"StopPodSandbox", func() { _ = p.StopPodSandbox(ctx, pod) }},

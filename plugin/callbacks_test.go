@@ -146,7 +146,8 @@ func TestEveryCallbackReturnsNothing(t *testing.T) {
 	}
 	// What the plugin must handle (design.md section 1); more is covered too, fewer fails.
 	for _, want := range []string{"Configure", "Synchronize", "Shutdown", "RunPodSandbox", "StopPodSandbox",
-		"RemovePodSandbox", "PostCreateContainer", "PostStartContainer", "StopContainer", "RemoveContainer"} {
+		"RemovePodSandbox", "PostCreateContainer", "PostStartContainer", "StopContainer", "RemoveContainer",
+		"PostUpdateContainer"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("the plugin does not implement NRI's %s", want)
 		}

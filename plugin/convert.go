@@ -42,7 +42,13 @@
 //	                    (UndoCreateContainer): CREATED or UNKNOWN, no FinishedAt
 //	RemoveContainer     before the containerd delete and the store delete          container Removed
 //	                    (container_remove.go); the process has exited
-//	Update*/PostUpdate* not subscribed: resource updates are not lifecycle events  -
+//	UpdateContainer     not subscribed: the update is not applied yet and can      -
+//	                    still fail
+//	PostUpdateContainer UpdateContainerResources applied: the spec, the task and    container, no phase,
+//	                    the CRI store's status (its resources) are updated          StatusChanged: its CRI
+//	                    (container_update_resources.go); no CRI event               status is asked again
+//	UpdatePodSandbox,   not subscribed: pod-level resources are not in the CRI      -
+//	PostUpdatePodSandbox sandbox status
 //
 // Container state in Synchronize: CREATED -> Created, RUNNING and PAUSED -> Running, STOPPED -> Exited, UNKNOWN
 // -> Exited when FinishedAt is set, else None. containerd 2.4.2 fills Container.CreatedAt/StartedAt/FinishedAt/
@@ -79,6 +85,8 @@ const (
 	CallbackStopContainer
 	// CallbackRemoveContainer is RemoveContainer.
 	CallbackRemoveContainer
+	// CallbackPostUpdateContainer is PostUpdateContainer.
+	CallbackPostUpdateContainer
 
 	numCallbacks
 )
@@ -102,6 +110,8 @@ func (c Callback) String() string {
 		return "StopContainer"
 	case CallbackRemoveContainer:
 		return "RemoveContainer"
+	case CallbackPostUpdateContainer:
+		return "PostUpdateContainer"
 	}
 	return "unknown"
 }
@@ -188,6 +198,8 @@ func ConvertContainer(cb Callback, pod *api.PodSandbox, ctr *api.Container, at t
 		o.Phase = pleg.PhaseExited
 	case CallbackRemoveContainer:
 		o.Phase = pleg.PhaseRemoved
+	case CallbackPostUpdateContainer:
+		o.StatusChanged = true
 	default:
 		return pleg.Observation{}, false
 	}

@@ -133,6 +133,9 @@ func TestConvertContainer(t *testing.T) {
 		{"sync stopped", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_STOPPED, exited(2)), obs(sync, pleg.PhaseExited, oExit(2)), true},
 		{"sync unknown, exited", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_UNKNOWN, exited(2)), obs(sync, pleg.PhaseExited, oExit(2)), true},
 		{"sync unknown", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_UNKNOWN), obs(sync, pleg.PhaseNone), true},
+		// UpdateContainerResources (issue 11): no phase, the CRI status is asked again.
+		{"post-update", CallbackPostUpdateContainer, pod, ctr(api.ContainerState_CONTAINER_RUNNING, startedC),
+			obs(nri, pleg.PhaseNone, oStarted, func(o *pleg.Observation) { o.StatusChanged = true }), true},
 		{"nil container", CallbackPostStartContainer, pod, nil, pleg.Observation{}, false},
 		{"no id", CallbackPostStartContainer, pod, &api.Container{PodSandboxId: "sb1"}, pleg.Observation{}, false},
 		{"sandbox callback", CallbackRunPodSandbox, pod, ctr(api.ContainerState_CONTAINER_RUNNING), pleg.Observation{}, false},

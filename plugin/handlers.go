@@ -9,8 +9,8 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 )
 
-// The NRI requests the plugin handles; the stub subscribes to exactly these. CreateContainer, StartContainer and
-// the Update requests are left out on purpose (see convert.go).
+// The NRI requests the plugin handles; the stub subscribes to exactly these. CreateContainer, StartContainer,
+// UpdateContainer and the pod update requests are left out on purpose (see convert.go).
 var (
 	_ stub.ConfigureInterface           = (*Plugin)(nil)
 	_ stub.SynchronizeInterface         = (*Plugin)(nil)
@@ -22,6 +22,7 @@ var (
 	_ stub.PostStartContainerInterface  = (*Plugin)(nil)
 	_ stub.StopContainerInterface       = (*Plugin)(nil)
 	_ stub.RemoveContainerInterface     = (*Plugin)(nil)
+	_ stub.PostUpdateContainerInterface = (*Plugin)(nil)
 )
 
 // Configure applies the configuration the runtime hands to a pre-registered plugin. It never fails: an invalid
@@ -106,6 +107,13 @@ func (p *Plugin) StopContainer(_ context.Context, pod *api.PodSandbox, ctr *api.
 // RemoveContainer observes a removed container.
 func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	p.containerHook(CallbackRemoveContainer, pod, ctr)
+	return nil
+}
+
+// PostUpdateContainer observes that containerd stored new resources for a container (an in-place resize): its
+// CRI status changed.
+func (p *Plugin) PostUpdateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.containerHook(CallbackPostUpdateContainer, pod, ctr)
 	return nil
 }
 

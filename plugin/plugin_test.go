@@ -368,6 +368,8 @@ func TestLifecycleAndReconnect(t *testing.T) {
 	must("PostCreateContainer", nri.PostCreateContainer(ctx, &api.PostCreateContainerRequest{Pod: pod, Container: createdC}))
 	must("StartContainer", nri.StartContainer(ctx, &api.StartContainerRequest{Pod: pod, Container: createdC}))
 	must("PostStartContainer", nri.PostStartContainer(ctx, &api.PostStartContainerRequest{Pod: pod, Container: runningC}))
+	// UpdateContainerResources: the plugin learns it from PostUpdateContainer (issue 11).
+	must("PostUpdateContainer", nri.PostUpdateContainer(ctx, &api.PostUpdateContainerRequest{Pod: pod, Container: runningC}))
 	srsp, err := nri.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: exitedC})
 	must("StopContainer", err)
 	if len(srsp.GetUpdate()) != 0 {
@@ -398,6 +400,7 @@ func TestLifecycleAndReconnect(t *testing.T) {
 		sandboxObs(pleg.SourceNRI, "sb1", pleg.PhaseRunning),
 		cObs(pleg.PhaseCreated),
 		cObs(pleg.PhaseRunning, withStart),
+		cObs(pleg.PhaseNone, withStart, func(o *pleg.Observation) { o.StatusChanged = true }),
 		cObs(pleg.PhaseExited, withStart, func(o *pleg.Observation) {
 			o.FinishedAt, o.ExitCode, o.HasExitCode = time.Unix(0, finished), 137, true
 			o.Reason, o.OOMKilled = "OOMKilled", true
@@ -441,7 +444,7 @@ func TestLifecycleAndReconnect(t *testing.T) {
 	}
 	wantObs := map[Callback]int{CallbackSynchronize: 5, CallbackRunPodSandbox: 2, CallbackStopPodSandbox: 1,
 		CallbackRemovePodSandbox: 1, CallbackPostCreateContainer: 1, CallbackPostStartContainer: 1,
-		CallbackStopContainer: 1, CallbackRemoveContainer: 1}
+		CallbackStopContainer: 1, CallbackRemoveContainer: 1, CallbackPostUpdateContainer: 1}
 	if diff := cmp.Diff(wantObs, h.metrics.obs); diff != "" {
 		t.Errorf("observation counts (-want +got):\n%s", diff)
 	}

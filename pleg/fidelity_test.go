@@ -1,0 +1,137 @@
+package pleg
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// The event fidelity tests of issue 11: what kubelet 1.35/1.36 write into their pod cache from an event
+// must be containerd's current answer.
+
+// setContainer replaces a container's status with a changed copy, as containerd's store does.
+func (f *fakeCRI) setContainer(id string, change func(*runtimeapi.ContainerStatus)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := proto.Clone(f.containers[id]).(*runtimeapi.ContainerStatus)
+	change(c)
+	f.containers[id] = c
+}
+
+// resize is containerd's UpdateContainerResources: the store's status gets the new resources.
+func (f *fakeCRI) resize(id string, shares, memory int64) {
+	f.setContainer(id, func(c *runtimeapi.ContainerStatus) {
+		c.Resources.Linux.CpuShares = shares
+		c.Resources.Linux.MemoryLimitInBytes = memory
+	})
+}
+
+// nriUpdated is NRI's PostUpdateContainer: containerd has updated the container's resources.
+func nriUpdated(id, sb string, at time.Time) Observation {
+	return Observation{Source: SourceNRI, Kind: KindContainer, ID: id, SandboxID: sb, StatusChanged: true, SourceTime: at}
+}
+
+// TestUpdateRefreshesStatus (item 1): after UpdateContainerResources (NRI's PostUpdateContainer), every
+// later event of the pod carries containerd's new status of the container, a sibling's and its own; the
+// update itself gives no event (containerd's stream has none).
+func TestUpdateRefreshesStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// beforeAnswer: the sibling exits before the refresh's status answer is in.
+		beforeAnswer bool
+	}{{"exit after the refresh", false}, {"exit before the refresh answer", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.startPod("s1", "c1", "c2")
+			h.clock.Advance(time.Second)
+			h.cri.resize("c1", 256, 96<<20)
+			h.observe(nriUpdated("c1", "s1", h.clock.Now()))
+			if !tc.beforeAnswer {
+				h.settle()
+				if evs := h.events(); len(evs) != 0 {
+					t.Fatalf("events for the update: %v", summary(evs))
+				}
+			}
+			h.clock.Advance(time.Millisecond)
+			h.cri.exitContainer("c2", 0, h.clock.Now())
+			h.observe(nriExit("c2", "s1", 0, h.clock.Now(), h.clock.Now()))
+			h.settle()
+			evs := h.events()
+			if d := cmp.Diff([]string{"STOPPED c2"}, summary(evs)); d != "" {
+				t.Fatalf("events (-want +got):\n%s", d)
+			}
+			if d := diffProto(h.cri.container("c1"), statusOf(evs[0], "c1")); d != "" {
+				t.Errorf("c1's status in c2's STOPPED (-containerd +event):\n%s", d)
+			}
+			h.clock.Advance(time.Millisecond)
+			h.cri.exitContainer("c1", 0, h.clock.Now())
+			h.observe(nriExit("c1", "s1", 0, h.clock.Now(), h.clock.Now()))
+			h.settle()
+			evs = h.events()
+			if d := cmp.Diff([]string{"STOPPED c1"}, summary(evs)); d != "" {
+				t.Fatalf("events (-want +got):\n%s", d)
+			}
+			if d := diffProto(h.cri.container("c1"), statusOf(evs[0], "c1")); d != "" {
+				t.Errorf("c1's own STOPPED (-containerd +event):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestExitVerificationRetries (item 2): the STOPPED built from the fast inputs is checked against
+// containerd's ContainerStatus until containerd's answer shows the exit, however late; when that answer
+// differs in a field the kubelet reads (here: a container killed while containerd was down, which
+// containerd's CRI reports as 255/Unknown), one corrected STOPPED carries containerd's answer.
+func TestExitVerificationRetries(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// lag is how long containerd's CRI takes to show the exit.
+		lag time.Duration
+		// code, reason and finished (after the exit event's time) are containerd's final answer.
+		code     int32
+		reason   string
+		finished time.Duration
+		want     []string
+	}{
+		{"same answer, in time", 0, 137, "Error", 0, []string{"STOPPED c1"}},
+		{"same answer, 20s late", 20 * time.Second, 137, "Error", 0, []string{"STOPPED c1"}},
+		{"unknown exit, in time", 0, 255, "Unknown", 300 * time.Millisecond, []string{"STOPPED c1", "STOPPED c1"}},
+		{"unknown exit, 20s late", 20 * time.Second, 255, "Unknown", 20 * time.Second, []string{"STOPPED c1", "STOPPED c1"}},
+		{"other exit time, 3s late", 3 * time.Second, 137, "Error", 2 * time.Second, []string{"STOPPED c1", "STOPPED c1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.startPod("s1", "c1")
+			h.clock.Advance(time.Second)
+			exited := h.clock.Now()
+			h.observe(taskExit("c1", 137, exited))
+			h.runDue()
+			caught := false
+			for step := time.Duration(0); step <= time.Minute; step += 100 * time.Millisecond {
+				if !caught && step >= tc.lag {
+					caught = true
+					h.cri.setContainer("c1", func(c *runtimeapi.ContainerStatus) {
+						c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+						c.ExitCode, c.Reason = tc.code, tc.reason
+						c.FinishedAt = exited.Add(tc.finished).UnixNano()
+					})
+				}
+				h.clock.Advance(100 * time.Millisecond)
+				h.runDue()
+			}
+			evs := h.events()
+			if d := cmp.Diff(tc.want, summary(evs)); d != "" {
+				t.Fatalf("events (-want +got):\n%s", d)
+			}
+			if st := statusOf(evs[0], "c1"); st.ExitCode != 137 || st.Reason != "Error" {
+				t.Errorf("first STOPPED: %d %s, want 137 Error from the exit event", st.ExitCode, st.Reason)
+			}
+			if d := diffProto(h.cri.container("c1"), statusOf(evs[len(evs)-1], "c1")); d != "" {
+				t.Errorf("last STOPPED (-containerd +event):\n%s", d)
+			}
+		})
+	}
+}
