@@ -1,9 +1,13 @@
 package pleg
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -131,6 +135,85 @@ func TestExitVerificationRetries(t *testing.T) {
 			}
 			if d := diffProto(h.cri.container("c1"), statusOf(evs[len(evs)-1], "c1")); d != "" {
 				t.Errorf("last STOPPED (-containerd +event):\n%s", d)
+			}
+		})
+	}
+}
+
+// fakeOOM answers OOMKilled as containerd's task metrics do (the cgroup's oom_kill count).
+type fakeOOM struct {
+	mu     sync.Mutex
+	killed map[string]bool
+	gone   map[string]bool // the task was deleted: NotFound
+	calls  int
+}
+
+func (f *fakeOOM) OOMKilled(_ context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.gone[id] {
+		return false, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
+	}
+	return f.killed[id], nil
+}
+
+// TestOOMFirstStoppedRight (item 3): containerd checks the cgroup's OOM kill count before its STOPPED of
+// an exit with status 137, so its one STOPPED says OOMKilled. pleg-nri's first STOPPED must say so too,
+// whether /tasks/oom comes before the exit, after it, or never; and an exit that cannot be an OOM kill
+// costs no check.
+func TestOOMFirstStoppedRight(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		code   int32
+		oom    bool // the cgroup recorded an OOM kill
+		gone   bool // containerd had deleted the task already (its own check done, its status says)
+		event  string
+		reason string
+		calls  int
+	}{
+		{"oom, no /tasks/oom", 137, true, false, "", "OOMKilled", 1},
+		{"oom, /tasks/oom after the exit", 137, true, false, "after", "OOMKilled", 1},
+		{"oom, /tasks/oom before the exit", 137, true, false, "before", "OOMKilled", 0},
+		{"oom, task already deleted", 137, true, true, "", "OOMKilled", 1},
+		{"SIGKILL, not an OOM", 137, false, false, "", "Error", 1},
+		{"exit 1", 1, false, false, "", "Error", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			oom := &fakeOOM{killed: map[string]bool{"c1": tc.oom}, gone: map[string]bool{"c1": tc.gone}}
+			h := newHarness(t, func(c *Config) { c.OOM = oom })
+			h.startPod("s1", "c1")
+			h.clock.Advance(time.Second)
+			finished := h.clock.Now()
+			if tc.oom {
+				h.cri.oomContainer("c1") // containerd's status says it once its handler ran
+			}
+			if tc.gone {
+				h.cri.exitContainer("c1", tc.code, finished)
+			}
+			if tc.event == "before" {
+				h.observe(taskOOM("c1", finished))
+			}
+			h.observe(taskExit("c1", tc.code, finished))
+			if tc.event == "after" {
+				h.observe(taskOOM("c1", finished))
+			}
+			h.runDue()
+			h.runDue()
+			evs := h.events()
+			if d := cmp.Diff([]string{"STOPPED c1"}, summary(evs)); d != "" {
+				t.Fatalf("events (-want +got):\n%s", d)
+			}
+			if got := statusOf(evs[0], "c1").Reason; got != tc.reason {
+				t.Errorf("first STOPPED's reason %q, want %q", got, tc.reason)
+			}
+			if oom.calls != tc.calls {
+				t.Errorf("%d OOM checks, want %d", oom.calls, tc.calls)
+			}
+			h.cri.exitContainer("c1", tc.code, finished)
+			h.settle()
+			if evs := h.events(); len(evs) != 0 {
+				t.Errorf("events after containerd caught up: %v (%s)", summary(evs), statusOf(evs[0], "c1").Reason)
 			}
 		})
 	}

@@ -111,6 +111,12 @@ type Metrics interface {
 	StartupReplayDropped()
 }
 
+// OOMCheckMetrics is what a Metrics may also implement to measure the OOM checks (Config.OOM).
+type OOMCheckMetrics interface {
+	// OOMCheckCall measures one OOM check: result (StatusResult* constants) and duration.
+	OOMCheckCall(result string, d time.Duration)
+}
+
 // NopMetrics is a Metrics that does nothing.
 type NopMetrics struct{}
 

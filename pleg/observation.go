@@ -179,6 +179,14 @@ type StatusSource interface {
 	ContainerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error)
 }
 
+// OOMChecker tells whether a container's cgroup recorded an OOM kill: containerd's task metrics
+// (memory.oom_control's oom_kill on cgroup v1, memory.events' oom_kill on cgroup v2), which containerd's
+// CRI reads for an exit with status 137 before it reports the exit (handleContainerExit). The error
+// satisfies errdefs.IsNotFound when the task is gone.
+type OOMChecker interface {
+	OOMKilled(ctx context.Context, id string) (bool, error)
+}
+
 // Lister lists every sandbox and container the runtime knows, for the relist reconciler.
 type Lister interface {
 	ListPodSandbox(ctx context.Context) ([]*runtimeapi.PodSandbox, error)

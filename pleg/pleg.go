@@ -22,6 +22,8 @@ const (
 	DefaultStatusTimeout   = 2 * time.Second
 	DefaultVerifyDelay     = 250 * time.Millisecond
 	DefaultStatusWorkers   = 4
+	// DefaultOOMCheckTimeout bounds the OOM check of an exit with status 137.
+	DefaultOOMCheckTimeout = 100 * time.Millisecond
 	// DefaultCheckpointInterval is the least time between two checkpoint writes.
 	DefaultCheckpointInterval = time.Second
 )
@@ -32,6 +34,12 @@ type Config struct {
 	Status StatusSource
 	// Lister lists sandboxes and containers for Relist. Required for Relist and for Run.
 	Lister Lister
+	// OOM, when set, tells whether a container's cgroup recorded an OOM kill, as containerd's exit
+	// handler asks before its STOPPED of an exit with status 137: pleg-nri's first STOPPED of such an
+	// exit waits for the answer (at most OOMCheckTimeout) unless /tasks/oom said it already.
+	OOM OOMChecker
+	// OOMCheckTimeout bounds an OOM check; default DefaultOOMCheckTimeout.
+	OOMCheckTimeout time.Duration
 	// Clock is the time source of the state machine (event created_at, TTLs, retry schedule); nil is the
 	// real clock.
 	Clock Clock
@@ -161,6 +169,9 @@ func New(cfg Config) (*PLEG, error) {
 	if cfg.VerifyDelay == 0 {
 		cfg.VerifyDelay = DefaultVerifyDelay
 	}
+	if cfg.OOMCheckTimeout <= 0 {
+		cfg.OOMCheckTimeout = DefaultOOMCheckTimeout
+	}
 	if cfg.StatusWorkers <= 0 {
 		cfg.StatusWorkers = DefaultStatusWorkers
 	}
@@ -177,6 +188,7 @@ func New(cfg Config) (*PLEG, error) {
 		relistNow: make(chan struct{}, 1),
 	}
 	p.st = newState(cfg.Clock, cfg.Metrics, p.fetch, p.fan, cfg.VerifyDelay)
+	p.st.oomCheck = cfg.OOM != nil
 	if cfg.StartupReplay > 0 {
 		p.fan.startReplay(cfg.Clock, cfg.StartupReplay)
 	}

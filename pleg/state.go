@@ -102,6 +102,11 @@ type object struct {
 	verifyExit    bool
 	verifyAttempt int
 
+	// oomChecking says an OOM check of an exit with status 137 is outstanding: the STOPPED waits for it;
+	// oomChecked that it was made (once per container).
+	oomChecking bool
+	oomChecked  bool
+
 	// stale says containerd's status changed in a way no phase tells (a resource update, NRI's
 	// PostUpdateContainer): the pod's events wait until a refresh call answered (or failed).
 	stale        bool
@@ -150,6 +155,7 @@ type state struct {
 	fan         *fanout
 	verifyDelay time.Duration
 	backoff     backoff
+	oomCheck    bool // Config.OOM is set: an exit with status 137 is checked for an OOM kill
 
 	seq       uint64              // incremented by every input applied
 	objects   map[string]*object  // by id, sandboxes and containers
@@ -429,6 +435,12 @@ func (s *state) refresh(ctx context.Context, o *object) {
 			at = s.clock.Now()
 		}
 		o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
+		if o.complete && s.needOOMCheck(o) {
+			s.startOOMCheck(o)
+		}
+		if o.oomChecking {
+			o.complete = false // the STOPPED waits for the OOM check (bounded by its timeout)
+		}
 		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && o.complete && exitDiffers(o.stoppedSt, o.ceff) {
 			o.needCorrection = true
 		}
@@ -454,6 +466,21 @@ func (s *state) ensureFetch(o *object) {
 	o.fetchAttempt = 1
 	o.fetchStart = now
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: now})
+}
+
+// needOOMCheck says whether the STOPPED of o must wait for an OOM check: like containerd's
+// handleContainerExit, an exit with status 137 whose OOM kill no input reported yet, before containerd's
+// status shows the exit (its answer then has containerd's own verdict).
+func (s *state) needOOMCheck(o *object) bool {
+	return s.oomCheck && !o.oomChecked && !o.oomChecking && o.emitted < PhaseExited && o.phase >= PhaseExited &&
+		o.facts.hasExit && o.facts.exitCode == oomExitCode && !o.facts.oom &&
+		o.ceff.GetReason() != reasonOOMKilled && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED
+}
+
+// startOOMCheck asks whether o's cgroup recorded an OOM kill.
+func (s *state) startOOMCheck(o *object) {
+	o.oomChecking = true
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, due: s.clock.Now()})
 }
 
 // startRefresh asks containerd again for a container's status after a change no phase tells; the pod's
@@ -482,6 +509,28 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 		return
 	}
 	logger := log.G(ctx).WithField(o.kind.String(), o.id)
+	if r.req.oom {
+		o.oomChecking = false
+		o.oomChecked = true
+		switch {
+		case r.err == nil && r.oomKilled:
+			if !o.facts.oom {
+				o.facts.oom = true
+				o.oomCause = cause{SourceStatus, r.at}
+			}
+		case r.err == nil:
+		case isNotFound(r.err):
+			// containerd's exit handler deleted the task: it made its own check first, and its status
+			// has the verdict.
+			s.startRefresh(o)
+		default:
+			// The STOPPED goes out without it; the exit verification corrects it if needed.
+			logger.WithError(r.err).Warn("OOM check failed")
+		}
+		s.refresh(ctx, o)
+		s.flush(ctx, o.pod)
+		return
+	}
 	if r.req.refresh {
 		o.refreshing = false
 		if o.refreshAgain {

@@ -26,6 +26,9 @@ const (
 	// running before any input reported its exit.
 	reasonUnknown   = "Unknown"
 	exitCodeUnknown = 255
+	// oomExitCode is the exit status of a process killed by SIGKILL, which the OOM killer sends: the one
+	// exit status containerd checks the cgroup's OOM kill count for.
+	oomExitCode = 137
 )
 
 // facts are what the fast inputs (NRI, task events, relist) told about a container's process, applied
@@ -266,6 +269,8 @@ type fetchReq struct {
 	verify bool // the delayed verification after a STARTED/STOPPED built from fast facts
 	// refresh asks again for a status that changed in a way no phase tells (a resource update)
 	refresh bool
+	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
+	oom bool
 	due     time.Time // not before
 }
 
@@ -274,6 +279,7 @@ type fetchResult struct {
 	req       fetchReq
 	sandbox   *runtimeapi.PodSandboxStatus
 	container *runtimeapi.ContainerStatus
+	oomKilled bool // the answer of an OOM check
 	err       error
 	at        time.Time // when the answer came
 }
@@ -341,6 +347,9 @@ func (h *fetchHeap) Pop() any {
 
 // callStatus makes one status call under the per-call timeout and measures it.
 func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
+	if r.oom {
+		return p.callOOM(ctx, r)
+	}
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.StatusTimeout)
 	defer cancel()
 	start := time.Now()
@@ -372,6 +381,33 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 		res.err = fmt.Errorf("failed to get status of %s %s: %w", r.kind, r.id, res.err)
 	}
 	p.metrics.StatusCall(r.kind, r.verify, result, d)
+	res.at = p.clock.Now()
+	return res
+}
+
+// callOOM makes one OOM check under its timeout and measures it.
+func (p *PLEG) callOOM(ctx context.Context, r fetchReq) fetchResult {
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.OOMCheckTimeout)
+	defer cancel()
+	start := time.Now()
+	res := fetchResult{req: r}
+	res.oomKilled, res.err = p.cfg.OOM.OOMKilled(cctx, r.id)
+	result := StatusResultOK
+	switch {
+	case res.err == nil:
+	case isNotFound(res.err):
+		result = StatusResultNotFound
+	case errors.Is(cctx.Err(), context.DeadlineExceeded) || status.Code(res.err) == codes.DeadlineExceeded:
+		result = StatusResultTimeout
+	default:
+		result = StatusResultError
+	}
+	if res.err != nil {
+		res.err = fmt.Errorf("failed to check container %s for an OOM kill: %w", r.id, res.err)
+	}
+	if m, ok := p.metrics.(OOMCheckMetrics); ok {
+		m.OOMCheckCall(result, time.Since(start))
+	}
 	res.at = p.clock.Now()
 	return res
 }
