@@ -271,7 +271,7 @@ type fetchReq struct {
 	refresh bool
 	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
 	oom bool
-	due     time.Time // not before
+	due time.Time // not before
 }
 
 // fetchResult is a status answer, delivered back to the state machine through the inbox.
