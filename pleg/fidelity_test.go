@@ -218,3 +218,52 @@ func TestOOMFirstStoppedRight(t *testing.T) {
 		})
 	}
 }
+
+// teardown is the end of containerd's StopPodSandbox: the network namespace is closed, and the
+// sandbox's status has no IPs from then on (sandbox_status.go getIPs).
+func (f *fakeCRI) teardown(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := proto.Clone(f.sandboxes[id]).(*runtimeapi.PodSandboxStatus)
+	c.Network = &runtimeapi.PodSandboxNetworkStatus{}
+	f.sandboxes[id] = c
+}
+
+// TestSandboxStatusAfterStop (item 8): containerd builds each event's sandbox status when it sends it: its
+// STOPPED of a sandbox (the pause process's exit) still has the IPs, and its events after the network
+// teardown (the DELETED of the containers and of the sandbox) have none. pleg-nri's match, field by field.
+func TestSandboxStatusAfterStop(t *testing.T) {
+	h := newHarness(t)
+	h.startPod("s1", "c1")
+	h.clock.Advance(time.Second)
+	h.cri.exitContainer("c1", 0, h.clock.Now())
+	h.observe(nriExit("c1", "s1", 0, h.clock.Now(), h.clock.Now()))
+	h.cri.stopSandbox("s1")
+	h.observe(nriSandbox("s1", PhaseExited, h.clock.Now()))
+	h.settle()
+	evs := h.events()
+	if d := cmp.Diff([]string{"STOPPED c1", "STOPPED s1"}, summary(evs)); d != "" {
+		t.Fatalf("events (-want +got):\n%s", d)
+	}
+	if d := diffProto(h.cri.sandbox("s1"), evs[1].Response.PodSandboxStatus); d != "" {
+		t.Errorf("sandbox STOPPED's sandbox status (-containerd +event):\n%s", d)
+	}
+	h.cri.teardown("s1")
+	torn := h.cri.sandbox("s1")
+	h.clock.Advance(time.Second) // the kubelet's garbage collection
+	h.cri.removeContainer("c1")
+	h.observe(nriContainer("c1", "s1", PhaseRemoved, h.clock.Now()))
+	h.settle()
+	h.cri.removeSandbox("s1")
+	h.observe(nriSandbox("s1", PhaseRemoved, h.clock.Now()))
+	h.settle()
+	evs = h.events()
+	if d := cmp.Diff([]string{"DELETED c1", "DELETED s1"}, summary(evs)); d != "" {
+		t.Fatalf("events (-want +got):\n%s", d)
+	}
+	for _, ev := range evs {
+		if d := diffProto(torn, ev.Response.PodSandboxStatus); d != "" {
+			t.Errorf("%s's sandbox status (-containerd after the teardown +event):\n%s", summary([]Event{ev})[0], d)
+		}
+	}
+}

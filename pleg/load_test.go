@@ -272,7 +272,7 @@ func (m *countingMetrics) emittedCount() int {
 func TestBurst10k(t *testing.T) {
 	const (
 		pods       = 1250 // 10,000 events
-		pausedPods = 500  // fewer distinct pods than the queue: the paused one is coalesced, not evicted
+		pausedPods = 250  // their last STOPPED and DELETED fill half the queue: the paused one is coalesced, not evicted
 		readers    = 100
 	)
 	m, rs := runBurst(t, pods, pausedPods, readers, DefaultSubscriberQueue, true)

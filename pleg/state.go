@@ -329,6 +329,14 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 	if ob.StatusChanged && o.kind == KindContainer && o.phase < PhaseRemoved {
 		s.startRefresh(o)
 	}
+	if o.kind == KindContainer && ob.Phase == PhaseRemoved && o.phase < PhaseRemoved {
+		// containerd builds each event's sandbox status when it sends it: once StopPodSandbox tore
+		// the network down, the IPs are gone. A container removed from a stopped sandbox whose status
+		// still has them: ask again before its DELETED.
+		if sb := o.pod.sandbox; sb.phase >= PhaseExited && sb.phase < PhaseRemoved && hasIPs(sb.seff) {
+			s.startRefresh(sb)
+		}
+	}
 	if ob.ContainerStatus != nil && o.kind == KindContainer {
 		o.statusCause = cause{ob.Source, ob.SourceTime}
 		derived = s.setContainerBase(o, ob.ContainerStatus, ob.Source)
@@ -690,6 +698,9 @@ func (s *state) ready(o *object) bool {
 	sb := o.pod.sandbox
 	if sb.seff == nil {
 		return false // every event carries the sandbox status
+	}
+	if sb.stale {
+		return false
 	}
 	for _, c := range o.pod.containers {
 		if c.stale {

@@ -206,14 +206,28 @@ func containerEffective(base *runtimeapi.ContainerStatus, phase Phase, wantExit 
 
 // sandboxEffective returns the sandbox status once phase is applied: an exited sandbox is NOTREADY
 // (containerd's handleSandboxExit changes nothing else the status shows; the IPs go only later, when
-// StopPodSandbox closes the network namespace).
+// StopPodSandbox closes the network namespace: a status answer after it has none). A removed sandbox has
+// no IPs: containerd's RemovePodSandbox refuses a sandbox whose network namespace is not closed yet, and
+// its DELETED events carry the status without them.
 func sandboxEffective(base *runtimeapi.PodSandboxStatus, phase Phase) *runtimeapi.PodSandboxStatus {
-	if base == nil || phase < PhaseExited || base.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+	if base == nil || phase < PhaseExited {
+		return base
+	}
+	removed := phase == PhaseRemoved && hasIPs(base)
+	if base.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && !removed {
 		return base
 	}
 	c := proto.Clone(base).(*runtimeapi.PodSandboxStatus)
 	c.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	if removed {
+		c.Network = &runtimeapi.PodSandboxNetworkStatus{}
+	}
 	return c
+}
+
+// hasIPs says whether a sandbox status has an IP.
+func hasIPs(st *runtimeapi.PodSandboxStatus) bool {
+	return st.GetNetwork().GetIp() != "" || len(st.GetNetwork().GetAdditionalIps()) > 0
 }
 
 func firstNonEmpty(s ...string) string {
