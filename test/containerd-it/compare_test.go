@@ -184,19 +184,20 @@ func containerStatusFields(st *runtimeapi.ContainerStatus) map[string]any {
 	}
 }
 
-// assertStatusesMatch checks claim 4 for containers that still exist: pleg-nri's last status of each,
-// once containerd's CRI answer is in the same state, equals that answer field by field. It waits (up
-// to 5 s) for pleg-nri's last status to reach containerd's state, since a status can only be compared
-// once both have seen the same transition.
+// assertStatusesMatch checks claim 4 for containers that still exist: pleg-nri's last status of each
+// equals containerd's ContainerStatus answer field by field. It waits (up to 10 s, re-reading both) for
+// them to agree: a status can only be compared once both have seen the same transition, and containerd's
+// final answer for an exit can differ from the exit's fast facts (a container killed while containerd
+// was down: 255/Unknown), which pleg-nri's verification then corrects (issue 11).
 func (s *sideBySide) assertStatusesMatch(ids ...string) {
 	s.t.Helper()
 	direct := newCRI(s.t, env.Address)
 	for _, id := range ids {
-		want := direct.status(id)
-		var got *runtimeapi.ContainerStatus
-		_ = harness.WaitFor(context.Background(), 5*time.Second, "pleg-nri status of "+short(id), func() (bool, error) {
+		var want, got *runtimeapi.ContainerStatus
+		_ = harness.WaitFor(context.Background(), 10*time.Second, "pleg-nri status of "+short(id), func() (bool, error) {
+			want = direct.status(id)
 			got = lastStatus(s.mine(s.ours.Events()), id)
-			return got != nil && got.State == want.State, nil
+			return got != nil && cmp.Equal(containerStatusFields(want), containerStatusFields(got), protocmp.Transform()), nil
 		})
 		if diff := cmp.Diff(containerStatusFields(want), containerStatusFields(got), protocmp.Transform()); diff != "" {
 			s.t.Errorf("pleg-nri's last status of %s differs from containerd's ContainerStatus (-containerd +pleg-nri):\n%s", short(id), diff)
