@@ -148,7 +148,7 @@ type fakeOOM struct {
 	calls  int
 }
 
-func (f *fakeOOM) OOMKilled(_ context.Context, id string) (bool, error) {
+func (f *fakeOOM) OOMKilled(_ context.Context, id, _ string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -265,5 +265,45 @@ func TestSandboxStatusAfterStop(t *testing.T) {
 		if d := diffProto(torn, ev.Response.PodSandboxStatus); d != "" {
 			t.Errorf("%s's sandbox status (-containerd after the teardown +event):\n%s", summary([]Event{ev})[0], d)
 		}
+	}
+}
+
+// recordingOOM records the cgroup each OOM check is asked with.
+type recordingOOM struct {
+	fakeOOM
+	cgroups []string
+}
+
+func (r *recordingOOM) OOMKilled(ctx context.Context, id, cgroup string) (bool, error) {
+	r.cgroups = append(r.cgroups, cgroup)
+	return r.fakeOOM.OOMKilled(ctx, id, cgroup)
+}
+
+// TestOOMCheckGetsCgroup: the OOM check is asked with the container's cgroup as NRI reported it, so the
+// daemon's checker can read the count itself.
+func TestOOMCheckGetsCgroup(t *testing.T) {
+	oom := &recordingOOM{fakeOOM: fakeOOM{killed: map[string]bool{"c1": true}}}
+	h := newHarness(t, func(c *Config) { c.OOM = oom })
+	h.clock.Advance(time.Millisecond)
+	h.cri.runSandbox("s1", h.clock.Now())
+	h.observe(nriSandbox("s1", PhaseRunning, h.clock.Now()))
+	h.cri.createContainer("c1", "s1", h.clock.Now())
+	o := nriContainer("c1", "s1", PhaseCreated, h.clock.Now())
+	o.CgroupsPath = "/kubepods/pod-s1/c1"
+	h.observe(o)
+	h.cri.startContainer("c1", h.clock.Now())
+	o = nriContainer("c1", "s1", PhaseRunning, h.clock.Now())
+	o.StartedAt = h.clock.Now()
+	h.observe(o)
+	h.settle()
+	h.events()
+	h.observe(taskExit("c1", 137, h.clock.Now()))
+	h.runDue()
+	if d := cmp.Diff([]string{"/kubepods/pod-s1/c1"}, oom.cgroups); d != "" {
+		t.Errorf("OOM checks' cgroups (-want +got):\n%s", d)
+	}
+	evs := h.events()
+	if len(evs) != 1 || statusOf(evs[0], "c1").Reason != "OOMKilled" {
+		t.Errorf("events %v, want one STOPPED OOMKilled", summary(evs))
 	}
 }

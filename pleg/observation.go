@@ -156,6 +156,10 @@ type Observation struct {
 	SandboxStatus   *runtimeapi.PodSandboxStatus
 	ContainerStatus *runtimeapi.ContainerStatus
 
+	// CgroupsPath is a container's cgroup as its runtime spec names it (cgroupfs path, or systemd's
+	// slice:prefix:name), when the input knows it (NRI): the OOM check reads its OOM kill count there.
+	CgroupsPath string
+
 	// StatusChanged says the object's CRI status changed in a way no phase tells (NRI's
 	// PostUpdateContainer: containerd stored new resources): the state asks containerd for it again, and
 	// the pod's later events wait for that answer.
@@ -179,12 +183,13 @@ type StatusSource interface {
 	ContainerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error)
 }
 
-// OOMChecker tells whether a container's cgroup recorded an OOM kill: containerd's task metrics
-// (memory.oom_control's oom_kill on cgroup v1, memory.events' oom_kill on cgroup v2), which containerd's
-// CRI reads for an exit with status 137 before it reports the exit (handleContainerExit). The error
-// satisfies errdefs.IsNotFound when the task is gone.
+// OOMChecker tells whether a container's cgroup recorded an OOM kill (memory.oom_control's oom_kill on
+// cgroup v1, memory.events' oom_kill on cgroup v2), which containerd's CRI reads, through the task's
+// metrics, for an exit with status 137 before it reports the exit (handleContainerExit). cgroupsPath is
+// the container's cgroup as its spec names it, empty when unknown. The error satisfies
+// errdefs.IsNotFound when neither the cgroup nor the task is there any more.
 type OOMChecker interface {
-	OOMKilled(ctx context.Context, id string) (bool, error)
+	OOMKilled(ctx context.Context, id, cgroupsPath string) (bool, error)
 }
 
 // Lister lists every sandbox and container the runtime knows, for the relist reconciler.

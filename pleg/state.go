@@ -106,6 +106,7 @@ type object struct {
 	// oomChecked that it was made (once per container).
 	oomChecking bool
 	oomChecked  bool
+	cgroup      string // the container's cgroupsPath (from NRI), for the OOM check
 
 	// stale says containerd's status changed in a way no phase tells (a resource update, NRI's
 	// PostUpdateContainer): the pod's events wait until a refresh call answered (or failed).
@@ -313,6 +314,9 @@ func (s *state) hold(ctx context.Context, ob Observation) {
 func (s *state) update(ctx context.Context, o *object, ob Observation) {
 	o.lastSeq = s.seq
 	if o.kind == KindContainer {
+		if ob.CgroupsPath != "" {
+			o.cgroup = ob.CgroupsPath
+		}
 		wasOOM := o.facts.oom
 		o.facts.merge(ob)
 		if o.facts.oom && !wasOOM {
@@ -446,7 +450,7 @@ func (s *state) refresh(ctx context.Context, o *object) {
 		if o.complete && s.needOOMCheck(o) {
 			s.startOOMCheck(o)
 		}
-		if o.oomChecking {
+		if o.oomChecking && !o.facts.oom {
 			o.complete = false // the STOPPED waits for the OOM check (bounded by its timeout)
 		}
 		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && o.complete && exitDiffers(o.stoppedSt, o.ceff) {
@@ -488,7 +492,7 @@ func (s *state) needOOMCheck(o *object) bool {
 // startOOMCheck asks whether o's cgroup recorded an OOM kill.
 func (s *state) startOOMCheck(o *object) {
 	o.oomChecking = true
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, due: s.clock.Now()})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, cgroup: o.cgroup, due: s.clock.Now()})
 }
 
 // startRefresh asks containerd again for a container's status after a change no phase tells; the pod's

@@ -284,8 +284,9 @@ type fetchReq struct {
 	// refresh asks again for a status that changed in a way no phase tells (a resource update)
 	refresh bool
 	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
-	oom bool
-	due time.Time // not before
+	oom    bool
+	cgroup string    // the container's cgroupsPath, for an oom request
+	due    time.Time // not before
 }
 
 // fetchResult is a status answer, delivered back to the state machine through the inbox.
@@ -405,7 +406,7 @@ func (p *PLEG) callOOM(ctx context.Context, r fetchReq) fetchResult {
 	defer cancel()
 	start := time.Now()
 	res := fetchResult{req: r}
-	res.oomKilled, res.err = p.cfg.OOM.OOMKilled(cctx, r.id)
+	res.oomKilled, res.err = p.cfg.OOM.OOMKilled(cctx, r.id, r.cgroup)
 	result := StatusResultOK
 	switch {
 	case res.err == nil:

@@ -175,13 +175,14 @@ func ConvertContainer(cb Callback, pod *api.PodSandbox, ctr *api.Container, at t
 		sandboxID = pod.GetId()
 	}
 	o := pleg.Observation{
-		Source:     pleg.SourceNRI,
-		Kind:       pleg.KindContainer,
-		ID:         id,
-		SandboxID:  sandboxID,
-		CreatedAt:  nanoTime(ctr.GetCreatedAt()),
-		StartedAt:  nanoTime(ctr.GetStartedAt()),
-		SourceTime: at,
+		Source:      pleg.SourceNRI,
+		Kind:        pleg.KindContainer,
+		ID:          id,
+		SandboxID:   sandboxID,
+		CreatedAt:   nanoTime(ctr.GetCreatedAt()),
+		StartedAt:   nanoTime(ctr.GetStartedAt()),
+		CgroupsPath: ctr.GetLinux().GetCgroupsPath(),
+		SourceTime:  at,
 	}
 	switch cb {
 	case CallbackSynchronize:

@@ -133,6 +133,12 @@ func TestConvertContainer(t *testing.T) {
 		{"sync stopped", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_STOPPED, exited(2)), obs(sync, pleg.PhaseExited, oExit(2)), true},
 		{"sync unknown, exited", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_UNKNOWN, exited(2)), obs(sync, pleg.PhaseExited, oExit(2)), true},
 		{"sync unknown", CallbackSynchronize, nil, ctr(api.ContainerState_CONTAINER_UNKNOWN), obs(sync, pleg.PhaseNone), true},
+		// The cgroup, for the OOM check of an exit with status 137 (issue 11).
+		{"post-create, cgroup", CallbackPostCreateContainer, pod,
+			ctr(api.ContainerState_CONTAINER_CREATED, func(c *api.Container) {
+				c.Linux = &api.LinuxContainer{CgroupsPath: "kubepods-pod1.slice:cri-containerd:c1"}
+			}),
+			obs(nri, pleg.PhaseCreated, func(o *pleg.Observation) { o.CgroupsPath = "kubepods-pod1.slice:cri-containerd:c1" }), true},
 		// UpdateContainerResources (issue 11): no phase, the CRI status is asked again.
 		{"post-update", CallbackPostUpdateContainer, pod, ctr(api.ContainerState_CONTAINER_RUNNING, startedC),
 			obs(nri, pleg.PhaseNone, oStarted, func(o *pleg.Observation) { o.StatusChanged = true }), true},

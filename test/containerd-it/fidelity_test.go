@@ -6,6 +6,7 @@ package containerdit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -370,4 +372,67 @@ func TestCompareSandboxAfterStop(t *testing.T) {
 		}
 	}
 	s.compare()
+}
+
+// TestOOMChecker: eventbridge.OOMChecker (pleg-nri's OOM check before the STOPPED of an exit with status
+// 137) against the real containerd: a container one of whose processes was OOM-killed and that still
+// runs says true, a plain one false, an unknown one NotFound.
+func TestOOMChecker(t *testing.T) {
+	logOnFailure(t)
+	c := newCRI(t, env.Address)
+	podID, podCfg := c.runPod("oom-checker")
+	cfg := containerConfig("hog", "tail /dev/zero; exec sleep 3600")
+	cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 32 << 20}
+	hog := c.create(podID, podCfg, cfg)
+	c.start(hog)
+	plain := c.create(podID, podCfg, containerConfig("plain", "exec sleep 3600"))
+	c.start(plain)
+	oc, err := eventbridge.NewOOMChecker(env.Address, "k8s.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close()
+	err = harness.WaitFor(context.Background(), 20*time.Second, "containerd's status of hog to say OOMKilled", func() (bool, error) {
+		return c.status(hog).Reason == "OOMKilled", nil
+	})
+	if err != nil {
+		t.Fatalf("%v: the child was not OOM-killed, the scenario is void", err)
+	}
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{{hog, true}, {plain, false}} {
+		// Through the task's metrics (no cgroup known), and reading the cgroup's file.
+		for _, cg := range []string{"", cgroupsPath(t, tc.id)} {
+			start := time.Now()
+			got, err := oc.OOMKilled(ctx(t), tc.id, cg)
+			if err != nil || got != tc.want {
+				t.Errorf("OOMKilled(%s, %q) = %v, %v; want %v", short(tc.id), cg, got, err, tc.want)
+			}
+			t.Logf("OOMKilled(%s, %q) took %s", short(tc.id), cg, time.Since(start))
+		}
+	}
+	if _, err := oc.OOMKilled(ctx(t), "no-such-container", ""); !errdefs.IsNotFound(err) {
+		t.Errorf("OOMKilled of an unknown container: %v, want NotFound", err)
+	}
+}
+
+// cgroupsPath returns a container's cgroupsPath from its runtime spec (the verbose CRI status).
+func cgroupsPath(t *testing.T, id string) string {
+	t.Helper()
+	resp, err := newCRI(t, env.Address).rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatalf("ContainerStatus %s: %v", short(id), err)
+	}
+	var info struct {
+		RuntimeSpec struct {
+			Linux struct {
+				CgroupsPath string `json:"cgroupsPath"`
+			} `json:"linux"`
+		} `json:"runtimeSpec"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.RuntimeSpec.Linux.CgroupsPath == "" {
+		t.Fatalf("no cgroupsPath in the verbose status of %s: %v", short(id), err)
+	}
+	return info.RuntimeSpec.Linux.CgroupsPath
 }
