@@ -23,7 +23,10 @@ import (
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
-var _ pleg.OOMChecker = (*OOMChecker)(nil)
+var (
+	_ pleg.OOMChecker      = (*OOMChecker)(nil)
+	_ pleg.OOMCgroupReader = (*OOMChecker)(nil)
+)
 
 // OOMChecker reads a container's OOM kill count, the count containerd's CRI reads through the task's
 // metrics before it reports an exit with status 137 (internal/cri/server/events.go
@@ -80,6 +83,13 @@ func (o *OOMChecker) OOMKilled(ctx context.Context, id, cgroupsPath string) (boo
 		return v.GetMemoryEvents().GetOomKill() > 0, nil
 	}
 	return false, fmt.Errorf("task metrics of %s: unexpected type %T", id, m)
+}
+
+// CgroupOOMKilled reads whether the cgroup (cgroupsPath, as a runtime spec names it) recorded an OOM
+// kill from its file alone; ok is false when it cannot be read.
+func (o *OOMChecker) CgroupOOMKilled(cgroupsPath string) (killed, ok bool) {
+	killed, err := cgroupOOMKilled(o.cgroupRoot, cgroupsPath)
+	return killed, err == nil
 }
 
 // cgroupOOMKilled reads the oom_kill count of a cgroup (cgroupsPath as a runtime spec names it) under

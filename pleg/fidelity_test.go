@@ -307,3 +307,63 @@ func TestOOMCheckGetsCgroup(t *testing.T) {
 		t.Errorf("events %v, want one STOPPED OOMKilled", summary(evs))
 	}
 }
+
+// fastOOM answers from the cgroup alone (pleg.OOMCgroupReader) for the cgroups it knows.
+type fastOOM struct {
+	fakeOOM
+	cgroups map[string]bool // cgroupsPath -> OOM-killed; absent: cannot be read
+}
+
+func (f *fastOOM) CgroupOOMKilled(cgroup string) (bool, bool) {
+	killed, ok := f.cgroups[cgroup]
+	return killed, ok
+}
+
+// TestOOMCheckInline: when the checker can read the cgroup itself, the check is made inline: the STOPPED
+// of an exit with status 137 goes out on the exit's own observation, with no queued call; when it cannot,
+// the call is queued.
+func TestOOMCheckInline(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cgroups map[string]bool
+		reason  string
+		calls   int
+	}{
+		{"readable, OOM-killed", map[string]bool{"/kubepods/pod-s1/c1": true}, "OOMKilled", 0},
+		{"readable, not OOM-killed", map[string]bool{"/kubepods/pod-s1/c1": false}, "Error", 0},
+		{"not readable", map[string]bool{}, "OOMKilled", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			oom := &fastOOM{fakeOOM: fakeOOM{killed: map[string]bool{"c1": true}}, cgroups: tc.cgroups}
+			h := newHarness(t, func(c *Config) { c.OOM = oom })
+			h.clock.Advance(time.Millisecond)
+			h.cri.runSandbox("s1", h.clock.Now())
+			h.observe(nriSandbox("s1", PhaseRunning, h.clock.Now()))
+			h.cri.createContainer("c1", "s1", h.clock.Now())
+			o := nriContainer("c1", "s1", PhaseCreated, h.clock.Now())
+			o.CgroupsPath = "/kubepods/pod-s1/c1"
+			h.observe(o)
+			h.cri.startContainer("c1", h.clock.Now())
+			o = nriContainer("c1", "s1", PhaseRunning, h.clock.Now())
+			o.StartedAt = h.clock.Now()
+			h.observe(o)
+			h.settle()
+			h.events()
+			h.observe(taskExit("c1", 137, h.clock.Now()))
+			evs := h.events()
+			if tc.calls > 0 {
+				if len(evs) != 0 {
+					t.Fatalf("STOPPED before the queued check: %v", summary(evs))
+				}
+				h.runDue()
+				evs = h.events()
+			}
+			if len(evs) != 1 || statusOf(evs[0], "c1").Reason != tc.reason {
+				t.Fatalf("events %v, want one STOPPED %s", summary(evs), tc.reason)
+			}
+			if oom.calls != tc.calls {
+				t.Errorf("%d queued OOM checks, want %d", oom.calls, tc.calls)
+			}
+		})
+	}
+}

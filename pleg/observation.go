@@ -192,6 +192,14 @@ type OOMChecker interface {
 	OOMKilled(ctx context.Context, id, cgroupsPath string) (bool, error)
 }
 
+// OOMCgroupReader is what an OOMChecker may also implement: the answer read from the container's cgroup
+// alone (a file read of tens of microseconds, nothing that can block), which the state machine makes
+// inline rather than queue a call and wait for its answer. ok is false when the cgroup cannot be read:
+// the call is queued then.
+type OOMCgroupReader interface {
+	CgroupOOMKilled(cgroupsPath string) (killed, ok bool)
+}
+
 // Lister lists every sandbox and container the runtime knows, for the relist reconciler.
 type Lister interface {
 	ListPodSandbox(ctx context.Context) ([]*runtimeapi.PodSandbox, error)

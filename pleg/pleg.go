@@ -189,6 +189,7 @@ func New(cfg Config) (*PLEG, error) {
 	}
 	p.st = newState(cfg.Clock, cfg.Metrics, p.fetch, p.fan, cfg.VerifyDelay)
 	p.st.oomCheck = cfg.OOM != nil
+	p.st.oomFast, _ = cfg.OOM.(OOMCgroupReader)
 	if cfg.StartupReplay > 0 {
 		p.fan.startReplay(cfg.Clock, cfg.StartupReplay)
 	}

@@ -156,7 +156,8 @@ type state struct {
 	fan         *fanout
 	verifyDelay time.Duration
 	backoff     backoff
-	oomCheck    bool // Config.OOM is set: an exit with status 137 is checked for an OOM kill
+	oomCheck    bool            // Config.OOM is set: an exit with status 137 is checked for an OOM kill
+	oomFast     OOMCgroupReader // Config.OOM's inline cgroup read, when it has one
 
 	seq       uint64              // incremented by every input applied
 	objects   map[string]*object  // by id, sandboxes and containers
@@ -447,8 +448,8 @@ func (s *state) refresh(ctx context.Context, o *object) {
 			at = s.clock.Now()
 		}
 		o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
-		if o.complete && s.needOOMCheck(o) {
-			s.startOOMCheck(o)
+		if o.complete && s.needOOMCheck(o) && s.startOOMCheck(o) {
+			o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
 		}
 		if o.oomChecking && !o.facts.oom {
 			o.complete = false // the STOPPED waits for the OOM check (bounded by its timeout)
@@ -489,10 +490,28 @@ func (s *state) needOOMCheck(o *object) bool {
 		o.ceff.GetReason() != reasonOOMKilled && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED
 }
 
-// startOOMCheck asks whether o's cgroup recorded an OOM kill.
-func (s *state) startOOMCheck(o *object) {
+// startOOMCheck asks whether o's cgroup recorded an OOM kill: inline when the checker can read the
+// cgroup itself (it then returns whether it learnt an OOM kill), else by a queued call whose answer the
+// STOPPED waits for.
+func (s *state) startOOMCheck(o *object) bool {
+	if s.oomFast != nil && o.cgroup != "" {
+		start := time.Now()
+		killed, ok := s.oomFast.CgroupOOMKilled(o.cgroup)
+		if m, mok := s.metrics.(OOMCheckMetrics); mok && ok {
+			m.OOMCheckCall(StatusResultOK, time.Since(start))
+		}
+		if ok {
+			o.oomChecked = true
+			if killed {
+				o.facts.oom = true
+				o.oomCause = cause{SourceStatus, s.clock.Now()}
+			}
+			return killed
+		}
+	}
 	o.oomChecking = true
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, cgroup: o.cgroup, due: s.clock.Now()})
+	return false
 }
 
 // startRefresh asks containerd again for a container's status after a change no phase tells; the pod's
