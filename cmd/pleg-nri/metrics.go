@@ -51,6 +51,7 @@ type metrics struct {
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
 	staleReads     *prometheus.HistogramVec
+	overlaidReads  *prometheus.CounterVec
 
 	// nri, events and cri track the upstream connections for /readyz.
 	nri, events, cri upstreamState
@@ -105,6 +106,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
 			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
 			Buckets: latencyBuckets}, []string{"method", "result"}),
+		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
+			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
 		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
 			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: latencyBuckets}, []string{"method", "code"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
@@ -129,7 +132,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
 		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed,
-		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads)
+		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads,
+		m.overlaidReads)
 	for _, u := range []string{"nri", "events", "cri"} {
 		m.upstream.WithLabelValues(u).Set(0)
 	}
@@ -288,6 +292,11 @@ func (p proxyMetrics) StaleRead(method string, held time.Duration, caughtUp bool
 		result = "caught_up"
 	}
 	p.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
+}
+
+// OverlaidRead is eventbridge.FreshnessMetrics' hook.
+func (p proxyMetrics) OverlaidRead(method string) {
+	p.overlaidReads.WithLabelValues(methodLabel(method)).Inc()
 }
 
 func (p proxyMetrics) EventSent(latency time.Duration) {
