@@ -33,8 +33,11 @@ func (r *laggingRuntime) containerState() runtimeapi.ContainerState {
 	return runtimeapi.ContainerState_CONTAINER_EXITED
 }
 
-func (r *laggingRuntime) ContainerStatus(context.Context, *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
-	st := &runtimeapi.ContainerStatus{Id: "c1", State: r.containerState(), StartedAt: 10,
+func (r *laggingRuntime) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	if req.GetContainerId() == "c0" {
+		return &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c0", State: runtimeapi.ContainerState_CONTAINER_RUNNING}}, nil
+	}
+	st := &runtimeapi.ContainerStatus{Id: "c1", State: r.containerState(), StartedAt: 10, CreatedAt: 5,
 		Image: &runtimeapi.ImageSpec{Image: "runtime-image"}, Labels: map[string]string{"from": "runtime"}}
 	if st.State == runtimeapi.ContainerState_CONTAINER_EXITED {
 		st.ExitCode, st.FinishedAt, st.Reason = 7, 42, "Error"
@@ -63,14 +66,21 @@ func (r *laggingRuntime) ListPodSandbox(context.Context, *runtimeapi.ListPodSand
 }
 
 type staleReads struct {
-	mu       sync.Mutex
-	reads    []bool   // caughtUp, per held read
-	overlaid []string // methods, per overlaid read
+	mu        sync.Mutex
+	reads     []bool   // caughtUp, per held read
+	overlaid  []string // methods, per overlaid read
+	refreshes []bool   // caughtUp, per refresh
 }
 
 func (m *staleReads) StaleRead(_ string, _ time.Duration, caughtUp bool) {
 	m.mu.Lock()
 	m.reads = append(m.reads, caughtUp)
+	m.mu.Unlock()
+}
+
+func (m *staleReads) RefreshSent(caughtUp bool) {
+	m.mu.Lock()
+	m.refreshes = append(m.refreshes, caughtUp)
 	m.mu.Unlock()
 }
 
@@ -295,7 +305,7 @@ func TestReadFreshnessOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &runtimeapi.ContainerStatus{Id: "c1", State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 7,
+	want := &runtimeapi.ContainerStatus{Id: "c1", State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 7, CreatedAt: 5,
 		StartedAt: 10, FinishedAt: 42, Reason: "Error", Message: "bye", Image: &runtimeapi.ImageSpec{Image: "runtime-image"},
 		Labels: map[string]string{"from": "runtime"}}
 	if diff := cmp.Diff(want, r.GetStatus(), protocmp.Transform()); diff != "" {
@@ -375,7 +385,7 @@ func TestReadFreshnessForgets(t *testing.T) {
 // TestReadFreshnessTTL: an object the runtime never shows stopped is forgotten after stoppedTTL.
 func TestReadFreshnessTTL(t *testing.T) {
 	now := time.Unix(1000, 0)
-	tr := newStoppedTracker(func() time.Time { return now })
+	tr := newStoppedTracker(func() time.Time { return now }, stoppedTTL)
 	for _, ev := range stoppedEvents() {
 		b, err := proto.Marshal(ev)
 		if err != nil {
@@ -432,4 +442,40 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestReadFreshnessRefresh (issue 11, item 7): when a held read gives up and answers the runtime's
+// RUNNING, the proxy watches the runtime, and once it shows the stop it sends every subscriber a
+// STOPPED for the container with a newer created_at and the runtime's statuses of the pod.
+func TestReadFreshnessRefresh(t *testing.T) {
+	ctx := testCtx(t)
+	e := newFreshEnv(t, ReadFreshnessHold, 30*time.Millisecond)
+	e.send(t, stoppedEvents()...)
+	e.rt.behind.Store(1 << 30)
+	r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("held read answered %s, want the runtime's RUNNING after giving up", r.GetStatus().GetState())
+	}
+	// The runtime catches up.
+	e.rt.behind.Store(0)
+	ev := recvEvent(t, e.events)
+	if ev.GetContainerId() != "c1" || ev.GetContainerEventType() != runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT ||
+		ev.GetCreatedAt() <= 101 || ev.GetPodSandboxStatus().GetId() != "s0" {
+		t.Fatalf("refresh event: %v, want a STOPPED of c1 in s0 with created_at > 101", ev)
+	}
+	var states []string
+	for _, c := range ev.GetContainersStatuses() {
+		states = append(states, c.GetId()+" "+c.GetState().String())
+	}
+	if want := []string{"c0 CONTAINER_RUNNING", "c1 CONTAINER_EXITED"}; !slices.Equal(states, want) {
+		t.Errorf("refresh statuses %v, want %v (the runtime's, by created_at)", states, want)
+	}
+	e.metrics.mu.Lock()
+	defer e.metrics.mu.Unlock()
+	if !slices.Equal(e.metrics.refreshes, []bool{true}) {
+		t.Errorf("refreshes reported: %v, want one", e.metrics.refreshes)
+	}
 }

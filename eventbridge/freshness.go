@@ -50,17 +50,25 @@ func ParseReadFreshness(s string) (ReadFreshness, error) {
 const DefaultReadFreshness = ReadFreshnessOverlay
 
 // stoppedTTL bounds how long an object stays "stopped ahead" when the runtime never shows the stop
-// (runtime stuck, or the object went away without a DELETED through this endpoint).
-const stoppedTTL = 10 * time.Second
+// (runtime stuck, or the object went away without a DELETED through this endpoint), in the hold mode:
+// past it, reads are no longer held. The overlay mode, which costs a read nothing, keeps an object for
+// overlayTTL: containerd under IO pressure can take many seconds to handle an exit, and a kubelet that
+// read RUNNING after the STOPPED would keep it.
+const (
+	stoppedTTL = 10 * time.Second
+	overlayTTL = 2 * time.Minute
+)
 
 // stoppedTracker holds the objects this endpoint sent a STOPPED for, with the status the STOPPED
 // carried, until the runtime's own answers show the stop, a DELETED for the object is sent, or
-// stoppedTTL has passed. It learns only from the events the endpoint sends (see observe), so it works
+// its TTL has passed. It learns only from the events the endpoint sends (see observe), so it works
 // wherever the endpoint runs, with or without the event core in the same process.
 //
 // It is safe for concurrent use.
 type stoppedTracker struct {
 	now func() time.Time
+	// ttl is stoppedTTL or overlayTTL.
+	ttl time.Duration
 	// n is len(containers)+len(sandboxes), read without the lock: every status read asks it.
 	n atomic.Int64
 	// mu guards containers and sandboxes.
@@ -78,7 +86,7 @@ type stoppedContainer struct {
 	sandboxID string
 	// createdAt is the event's created_at (a second subscriber's copy of the same event is not news).
 	createdAt int64
-	// at is when the event was sent (for stoppedTTL).
+	// at is when the event was sent (for the TTL).
 	at time.Time
 }
 
@@ -87,8 +95,8 @@ type stoppedSandbox struct {
 	at        time.Time
 }
 
-func newStoppedTracker(now func() time.Time) *stoppedTracker {
-	return &stoppedTracker{now: now, containers: map[string]*stoppedContainer{}, sandboxes: map[string]*stoppedSandbox{}}
+func newStoppedTracker(now func() time.Time, ttl time.Duration) *stoppedTracker {
+	return &stoppedTracker{now: now, ttl: ttl, containers: map[string]*stoppedContainer{}, sandboxes: map[string]*stoppedSandbox{}}
 }
 
 // any reports whether some object is tracked; a single atomic load.
@@ -237,12 +245,12 @@ func (t *stoppedTracker) forget(id string) {
 
 func (t *stoppedTracker) expireLocked(now time.Time) {
 	for id, c := range t.containers {
-		if now.Sub(c.at) >= stoppedTTL {
+		if now.Sub(c.at) >= t.ttl {
 			t.forgetLocked(id)
 		}
 	}
 	for id, s := range t.sandboxes {
-		if now.Sub(s.at) >= stoppedTTL {
+		if now.Sub(s.at) >= t.ttl {
 			t.forgetLocked(id)
 		}
 	}
@@ -260,11 +268,24 @@ func (t *stoppedTracker) container(id string) *runtimeapi.ContainerStatus {
 	if c == nil {
 		return nil
 	}
-	if t.now().Sub(c.at) >= stoppedTTL {
+	if t.now().Sub(c.at) >= t.ttl {
 		t.forgetLocked(id)
 		return nil
 	}
 	return c.status
+}
+
+// sandboxOf returns the sandbox of a tracked container, or id itself for a sandbox ("" when untracked).
+func (t *stoppedTracker) sandboxOf(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.containers[id]; c != nil {
+		return c.sandboxID
+	}
+	if t.sandboxes[id] != nil {
+		return id
+	}
+	return ""
 }
 
 // sandbox reports whether sandbox id is tracked as stopped.
@@ -278,7 +299,7 @@ func (t *stoppedTracker) sandbox(id string) bool {
 	if s == nil {
 		return false
 	}
-	if t.now().Sub(s.at) >= stoppedTTL {
+	if t.now().Sub(s.at) >= t.ttl {
 		t.forgetLocked(id)
 		return false
 	}
@@ -291,20 +312,23 @@ func running(st runtimeapi.ContainerState) bool {
 }
 
 // readFix is, for one status-reading method, what the endpoint does with the runtime's answer
-// (encoded) while some object is tracked as stopped ahead of it: stale says whether the answer shows
-// running a tracked object (for the hold), and overlay returns the answer with those objects shown as
+// (encoded) while some object is tracked as stopped ahead of it: stale returns the tracked objects the
+// answer shows running (for the hold), and overlay returns the answer with those objects shown as
 // the stream reported them (nil when there is nothing to change). Both forget the objects whose stop
 // the answer shows.
 type readFix struct {
-	stale   func(t *stoppedTracker, answer []byte) bool
+	stale   func(t *stoppedTracker, answer []byte) []string
 	overlay func(t *stoppedTracker, req, answer []byte) []byte
 }
 
 var readFixes = map[string]readFix{
 	"/runtime.v1.RuntimeService/ContainerStatus": {
-		stale: func(t *stoppedTracker, b []byte) bool {
+		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ContainerStatusResponse
-			return proto.Unmarshal(b, &r) == nil && t.staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState())
+			if proto.Unmarshal(b, &r) != nil || !t.staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState()) {
+				return nil
+			}
+			return []string{r.GetStatus().GetId()}
 		},
 		overlay: func(t *stoppedTracker, _, b []byte) []byte {
 			var r runtimeapi.ContainerStatusResponse
@@ -315,14 +339,19 @@ var readFixes = map[string]readFix{
 		},
 	},
 	"/runtime.v1.RuntimeService/PodSandboxStatus": {
-		stale: func(t *stoppedTracker, b []byte) bool {
+		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.PodSandboxStatusResponse
 			if proto.Unmarshal(b, &r) != nil {
-				return false
+				return nil
 			}
-			stale := t.staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState())
+			var stale []string
+			if t.staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState()) {
+				stale = append(stale, r.GetStatus().GetId())
+			}
 			for _, c := range r.GetContainersStatuses() {
-				stale = t.staleContainer(c.GetId(), c.GetState()) || stale
+				if t.staleContainer(c.GetId(), c.GetState()) {
+					stale = append(stale, c.GetId())
+				}
 			}
 			return stale
 		},
@@ -346,14 +375,16 @@ var readFixes = map[string]readFix{
 		},
 	},
 	"/runtime.v1.RuntimeService/ListContainers": {
-		stale: func(t *stoppedTracker, b []byte) bool {
+		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ListContainersResponse
 			if proto.Unmarshal(b, &r) != nil {
-				return false
+				return nil
 			}
-			stale := false
+			var stale []string
 			for _, c := range r.GetContainers() {
-				stale = t.staleContainer(c.GetId(), c.GetState()) || stale
+				if t.staleContainer(c.GetId(), c.GetState()) {
+					stale = append(stale, c.GetId())
+				}
 			}
 			return stale
 		},
@@ -389,14 +420,16 @@ var readFixes = map[string]readFix{
 		},
 	},
 	"/runtime.v1.RuntimeService/ListPodSandbox": {
-		stale: func(t *stoppedTracker, b []byte) bool {
+		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ListPodSandboxResponse
 			if proto.Unmarshal(b, &r) != nil {
-				return false
+				return nil
 			}
-			stale := false
+			var stale []string
 			for _, s := range r.GetItems() {
-				stale = t.staleSandbox(s.GetId(), s.GetState()) || stale
+				if t.staleSandbox(s.GetId(), s.GetState()) {
+					stale = append(stale, s.GetId())
+				}
 			}
 			return stale
 		},

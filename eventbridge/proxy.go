@@ -36,7 +36,8 @@ type EventSource interface {
 // EventStream is one subscriber's stream of events.
 type EventStream interface {
 	// Next returns the next event and the time its source saw the fact (for the latency metric; zero
-	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error), or the
+	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error and consumes
+	// no event: the proxy ends a Next to send a refresh event and calls it again), or the
 	// subscription ends: the error then says why and ends the client's stream, e.g. a gRPC status
 	// error with codes.ResourceExhausted when the subscriber was evicted for being too slow.
 	Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error)
@@ -106,6 +107,9 @@ type Proxy struct {
 	fresh     *stoppedTracker
 	freshMode ReadFreshness
 	freshWait time.Duration
+	// refresh, in the hold mode, watches the objects whose held reads gave up and sends the refresh
+	// events (see refresh.go).
+	refresh *refresher
 
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
@@ -156,8 +160,12 @@ func WithReadFreshness(mode ReadFreshness, maxWait time.Duration) ProxyOption {
 	return func(p *Proxy) {
 		p.freshMode = mode
 		p.fresh = nil
-		if mode == ReadFreshnessOverlay || mode == ReadFreshnessHold {
-			p.fresh = newStoppedTracker(func() time.Time { return p.now() })
+		now := func() time.Time { return p.now() }
+		switch mode {
+		case ReadFreshnessOverlay:
+			p.fresh = newStoppedTracker(now, overlayTTL)
+		case ReadFreshnessHold:
+			p.fresh = newStoppedTracker(now, stoppedTTL)
 		}
 		p.freshWait = maxWait
 		if p.freshWait <= 0 {
@@ -178,6 +186,13 @@ func NewProxy(backend *grpc.ClientConn, events EventSource, opts ...ProxyOption)
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.freshMode == ReadFreshnessHold && p.events != nil {
+		var sent func(bool)
+		if m, ok := p.metrics.(RefreshMetrics); ok {
+			sent = m.RefreshSent
+		}
+		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(backend), func() time.Time { return p.now() }, p.shutdown, sent)
 	}
 	return p
 }
@@ -289,7 +304,7 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 					m.OverlaidRead(method)
 				}
 			}
-		} else if err == nil && fix != nil && fix.stale(p.fresh, resp.bytes()) {
+		} else if stale := staleIDs(err, fix, p.fresh, &resp); len(stale) > 0 {
 			if p.now().Add(delay).Sub(start) < p.freshWait {
 				held = true
 				resp.free()
@@ -304,6 +319,13 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 			p.staleRead(method, start, false)
 			log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
 				Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
+			if p.refresh != nil {
+				for _, id := range stale {
+					if sb := p.fresh.sandboxOf(id); sb != "" {
+						p.refresh.watch(context.WithoutCancel(ctx), id, sb)
+					}
+				}
+			}
 		} else if held {
 			p.staleRead(method, start, err == nil)
 		}
@@ -318,6 +340,15 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 		}
 		return ss.SendMsg(&resp)
 	}
+}
+
+// staleIDs returns, in the hold mode, the objects a successful answer shows running that the stream
+// reported stopped.
+func staleIDs(err error, fix *readFix, t *stoppedTracker, resp *frame) []string {
+	if err != nil || fix == nil {
+		return nil
+	}
+	return fix.stale(t, resp.bytes())
 }
 
 // staleRead reports a status read the runtime first answered with an older state than the event stream.
@@ -438,12 +469,30 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		}
 	}()
 
-	// End Next when the proxy shuts down; this goroutine ends with ctx at the latest.
+	// next's context also ends when a refresh event is to be sent (see refresh.go); a Next ended by its
+	// context consumes no event.
+	var nextCtx interruptible
+	nextCtx.reset(ctx)
+	defer nextCtx.interrupt()
+	var refreshSeq uint64
+	var wake <-chan struct{}
+	if p.refresh != nil {
+		refreshSeq, wake = p.refresh.position()
+	}
+	// End Next when the proxy shuts down or a refresh event comes; this goroutine ends with ctx at the
+	// latest.
 	go func() {
-		select {
-		case <-p.shutdown:
-			cancel()
-		case <-ctx.Done():
+		for {
+			select {
+			case <-p.shutdown:
+				cancel()
+				return
+			case <-ctx.Done():
+				return
+			case <-wake:
+				nextCtx.interrupt()
+				_, wake = p.refresh.position()
+			}
 		}
 	}()
 
@@ -462,17 +511,34 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		next = enc.NextEncoded
 	}
 	var f frame
-	for {
-		b, sourceTime, err := next(ctx)
-		if err != nil {
-			return p.eventStreamError(ss.Context(), err)
-		}
+	send := func(b []byte) error {
 		if p.fresh != nil {
 			// Before the send: a read the event causes must find the object tracked.
 			p.fresh.observe(b)
 		}
 		f.data = b
-		if err := ss.SendMsg(&f); err != nil {
+		return ss.SendMsg(&f)
+	}
+	for {
+		nctx := nextCtx.get()
+		b, sourceTime, err := next(nctx)
+		if err != nil && ctx.Err() == nil && nctx.Err() != nil {
+			// A refresh event: a new context first (a later one cancels it), then the events.
+			nextCtx.reset(ctx)
+			var refreshes [][]byte
+			refreshes, refreshSeq = p.refresh.since(refreshSeq)
+			for _, rb := range refreshes {
+				if err := send(rb); err != nil {
+					return err
+				}
+				p.metrics.EventSent(0)
+			}
+			continue
+		}
+		if err != nil {
+			return p.eventStreamError(ss.Context(), err)
+		}
+		if err := send(b); err != nil {
 			return err
 		}
 		if !sourceTime.IsZero() {
@@ -481,6 +547,35 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 			p.metrics.EventSent(0)
 		}
 	}
+}
+
+// interruptible is a context that another goroutine can end, and that can be made anew.
+type interruptible struct {
+	// mu guards ctx and cancel.
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// reset replaces the context with a new child of parent.
+func (i *interruptible) reset(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	i.mu.Lock()
+	i.ctx, i.cancel = ctx, cancel
+	i.mu.Unlock()
+}
+
+func (i *interruptible) get() context.Context {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.ctx
+}
+
+// interrupt ends the current context.
+func (i *interruptible) interrupt() {
+	i.mu.Lock()
+	i.cancel()
+	i.mu.Unlock()
 }
 
 // eventStreamError turns the error that ended an event stream into the status the client gets: a gRPC
