@@ -1,6 +1,7 @@
 package kubelete2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -9,8 +10,11 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
@@ -62,6 +66,9 @@ func benchSetups(tb testing.TB) []setup {
 type restartSample struct {
 	Container                    string
 	FinishedAt, Created, Started int64
+	// ContainerdDone is the created_at of containerd's own STOPPED event for the crashed container:
+	// when containerd had handled the exit (its CRI status updated); 0 when it was not seen.
+	ContainerdDone int64
 }
 
 func (s restartSample) createdMs() float64 { return float64(s.Created-s.FinishedAt) / 1e6 }
@@ -156,6 +163,7 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 	// left (kept 5 minutes): let them arrive before the run starts.
 	time.Sleep(2 * time.Second)
 	r := &benchRun{Setup: s, Before: n.plegMetrics()}
+	watch := watchContainerdStops(b, n)
 	kubeletCPU, plegNRICPU := processCPU(n.k.PID), 0.0
 	if n.p != nil {
 		plegNRICPU = processCPU(n.p.PID)
@@ -200,7 +208,7 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 				b.Fatalf("pod %s container %s: attempts %d (exit %d) and %d, want 0 (exit 1) and 1", name, name,
 					old.GetMetadata().GetAttempt(), old.GetExitCode(), repl.GetMetadata().GetAttempt())
 			}
-			r.Samples = append(r.Samples, restartSample{Container: name, FinishedAt: old.GetFinishedAt(),
+			r.Samples = append(r.Samples, restartSample{Container: name, FinishedAt: old.GetFinishedAt(), ContainerdDone: watch.stopped(old.GetId()),
 				Created: repl.GetCreatedAt(), Started: repl.GetStartedAt()})
 		}
 	}
@@ -220,6 +228,51 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 		s.Name, len(r.Samples), benchreport.Median(created), benchreport.Quantile(created, 0.9), maxOf(created),
 		benchreport.Median(started), r.After)
 	return r
+}
+
+// stopWatch records, from containerd's own event stream (a subscriber of the bench's, in every setup),
+// when containerd sent the STOPPED of each container: containerd sends it once it has handled the exit
+// and updated the container's CRI status.
+type stopWatch struct {
+	mu sync.Mutex
+	// at is created_at of containerd's STOPPED, by container id.
+	at map[string]int64
+}
+
+func watchContainerdStops(tb testing.TB, n *node) *stopWatch {
+	w := &stopWatch{at: map[string]int64{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := n.cri.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		cancel()
+		tb.Fatalf("containerd GetContainerEvents: %v", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if ev.GetContainerEventType() == runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+				w.mu.Lock()
+				w.at[ev.GetContainerId()] = ev.GetCreatedAt()
+				w.mu.Unlock()
+			}
+		}
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return w
+}
+
+func (w *stopWatch) stopped(id string) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at[id]
 }
 
 // processCPU returns the CPU seconds (user+system) process pid used so far (0 when it is gone).
@@ -290,6 +343,23 @@ func stagesOf(runs []*benchRun, s setup) []float64 {
 	return out
 }
 
+// containerdStagesOf merges, over every round of setup s, the time from the exit to containerd's own
+// STOPPED (containerd done with the exit) and from then to the replacement's creation (negative: the
+// kubelet created the replacement while containerd was still handling the exit).
+func containerdStagesOf(runs []*benchRun, s setup) (done, doneToCreated []float64) {
+	for _, r := range runs {
+		if r.Setup == s {
+			for _, x := range r.Samples {
+				if x.ContainerdDone != 0 {
+					done = append(done, float64(x.ContainerdDone-x.FinishedAt)/1e6)
+					doneToCreated = append(doneToCreated, float64(x.Created-x.ContainerdDone)/1e6)
+				}
+			}
+		}
+	}
+	return done, doneToCreated
+}
+
 // cpuOf sums the CPU seconds and the wall time of setup s's rounds.
 func cpuOf(runs []*benchRun, s setup) (kubelet, plegNRI float64, wall time.Duration) {
 	for _, r := range runs {
@@ -300,15 +370,20 @@ func cpuOf(runs []*benchRun, s setup) (kubelet, plegNRI float64, wall time.Durat
 	return kubelet, plegNRI, wall
 }
 
-// benchQuantiles is n, p50, p90 and max of some latencies, in ms.
+// benchQuantiles is p50, p90 and max of some latencies, in ms (absent without samples).
 type benchQuantiles struct {
-	P50 float64 `json:"p50"`
-	P90 float64 `json:"p90"`
-	Max float64 `json:"max"`
+	N   int      `json:"n"`
+	P50 *float64 `json:"p50,omitempty"`
+	P90 *float64 `json:"p90,omitempty"`
+	Max *float64 `json:"max,omitempty"`
 }
 
 func quantilesOf(v []float64) benchQuantiles {
-	return benchQuantiles{P50: benchreport.Median(v), P90: benchreport.Quantile(v, 0.9), Max: maxOf(v)}
+	if len(v) == 0 {
+		return benchQuantiles{}
+	}
+	round := func(x float64) *float64 { x = math.Round(x*10) / 10; return &x }
+	return benchQuantiles{N: len(v), P50: round(benchreport.Median(v)), P90: round(benchreport.Quantile(v, 0.9)), Max: round(maxOf(v))}
 }
 
 // benchJSON renders the figures of the markdown as JSON (docs/kubelet-bench-<version>.json).
@@ -317,11 +392,15 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 		Name string `json:"name"`
 		// ReadFreshness is pleg-nri's mode ("" when pleg-nri is not in the setup, "default" for its
 		// default).
-		ReadFreshness    string         `json:"read_freshness,omitempty"`
-		N                int            `json:"n"`
-		ExitToCreatedMs  benchQuantiles `json:"exit_to_created_ms"`
-		ExitToStartedMs  benchQuantiles `json:"exit_to_started_ms"`
-		CreatedToStarted benchQuantiles `json:"created_to_started_ms"`
+		ReadFreshness   string         `json:"read_freshness,omitempty"`
+		N               int            `json:"n"`
+		ExitToCreatedMs benchQuantiles `json:"exit_to_created_ms"`
+		// ExitToContainerdDoneMs is the exit to containerd's own STOPPED (containerd done with the exit),
+		// ContainerdDoneToCreatedMs from then to the replacement's creation.
+		ExitToContainerdDoneMs    benchQuantiles `json:"exit_to_containerd_done_ms"`
+		ContainerdDoneToCreatedMs benchQuantiles `json:"containerd_done_to_created_ms"`
+		ExitToStartedMs           benchQuantiles `json:"exit_to_started_ms"`
+		CreatedToStarted          benchQuantiles `json:"created_to_started_ms"`
 		// CPU seconds per minute of the runs' wall time.
 		KubeletCPUPerMin float64  `json:"kubelet_cpu_seconds_per_minute"`
 		PlegNRICPUPerMin *float64 `json:"plegnri_cpu_seconds_per_minute,omitempty"`
@@ -344,14 +423,16 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 	for _, s := range setups {
 		created, started := latenciesOf(runs, s)
 		kcpu, pcpu, wall := cpuOf(runs, s)
+		done, doneToCreated := containerdStagesOf(runs, s)
 		j := setupJSON{Name: s.Name, N: len(created), ExitToCreatedMs: quantilesOf(created), ExitToStartedMs: quantilesOf(started),
-			CreatedToStarted: quantilesOf(stagesOf(runs, s)), KubeletCPUPerMin: kcpu / wall.Minutes()}
+			ExitToContainerdDoneMs: quantilesOf(done), ContainerdDoneToCreatedMs: quantilesOf(doneToCreated),
+			CreatedToStarted: quantilesOf(stagesOf(runs, s)), KubeletCPUPerMin: math.Round(kcpu/wall.Minutes()*1000) / 1000}
 		if s.PlegNRI {
 			j.ReadFreshness = s.Freshness
 			if j.ReadFreshness == "" {
 				j.ReadFreshness = "default"
 			}
-			perMin := pcpu / wall.Minutes()
+			perMin := math.Round(pcpu/wall.Minutes()*1000) / 1000
 			j.PlegNRICPUPerMin = &perMin
 			var held, overlaid float64
 			for _, r := range runs {
@@ -417,6 +498,19 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 		msCell(direct), ours/direct, met(ours <= direct/2))
 	p("- exit → started p50: %s against %s (goal: at least 20 ms sooner): %s; p90: %s against %s (goal: sooner): %s.",
 		msCell(oS50), msCell(dS50), met(oS50 <= dS50-20), msCell(oS90), msCell(dS90), met(oS90 < dS90))
+	p("")
+	p("Where the time goes, p50 of each stage per setup (containerd done: the `created_at` of containerd's own STOPPED for")
+	p("the crashed container, read by the bench from containerd's stream in every setup; containerd sends it once it has")
+	p("handled the exit and updated the CRI status):")
+	p("")
+	p("| setup | exit → containerd done | containerd done → created | exit → created | created → started | exit → started |")
+	p("| --- | ---: | ---: | ---: | ---: | ---: |")
+	for _, s := range setups {
+		created, started := latenciesOf(runs, s)
+		done, doneToCreated := containerdStagesOf(runs, s)
+		p("| %s | %s | %s | %s | %s | %s |", s.Name, msCell(benchreport.Median(done)), msCell(benchreport.Median(doneToCreated)),
+			msCell(benchreport.Median(created)), msCell(benchreport.Median(stagesOf(runs, s))), msCell(benchreport.Median(started)))
+	}
 	p("")
 	p("Each round, and what its kubelet's metrics said from the pods' creation to the last replacement:")
 	p("")
