@@ -106,6 +106,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
+		if s.Freshness == "" {
+			s.Freshness = os.Getenv(freshnessEnv)
+		}
 		if s.Freshness != "" {
 			plegNRIFlags = append(plegNRIFlags, "--read-freshness", s.Freshness)
 		}
@@ -166,6 +169,10 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	n.dups = watchDuplicates(t, n.cri)
 	return n
 }
+
+// freshnessEnv sets pleg-nri's read-freshness in the setups that do not choose one, for experiments
+// (e.g. to see TestOverlaidExit fail with "hold" or "off" on kubelet 1.37).
+const freshnessEnv = "PLEG_NRI_KUBELET_FRESHNESS"
 
 // featureGatesEnv names more kubelet feature gates for experiments: "Name=true,Other=false".
 const featureGatesEnv = "PLEG_NRI_KUBELET_FEATURE_GATES"
