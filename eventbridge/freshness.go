@@ -321,7 +321,7 @@ type readFix struct {
 	overlay func(t *stoppedTracker, req, answer []byte) []byte
 }
 
-var readFixes = map[string]readFix{
+var readFixes = map[string]*readFix{
 	"/runtime.v1.RuntimeService/ContainerStatus": {
 		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ContainerStatusResponse

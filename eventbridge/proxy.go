@@ -231,9 +231,7 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	if isUnary(method) {
 		var fix *readFix
 		if p.fresh != nil && p.fresh.any() {
-			if f, ok := readFixes[method]; ok {
-				fix = &f
-			}
+			fix = readFixes[method]
 		}
 		err = p.forwardUnary(ss, method, fix)
 	} else {

@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
@@ -204,6 +205,11 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 				b.Fatalf("pod %s: containerd has %d containers named %s, want the crashed one and its replacement", name, len(idx), name)
 			}
 			old, repl := ctrs[idx[0]], ctrs[idx[1]]
+			// pleg-nri's replacement can come before containerd has handled the exit (its status says
+			// RUNNING until then): wait for containerd's own record of the exit.
+			if old.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+				old = n.waitExited(old.GetId())
+			}
 			if old.GetMetadata().GetAttempt() != 0 || repl.GetMetadata().GetAttempt() != 1 || old.GetExitCode() != 1 {
 				b.Fatalf("pod %s container %s: attempts %d (exit %d) and %d, want 0 (exit 1) and 1", name, name,
 					old.GetMetadata().GetAttempt(), old.GetExitCode(), repl.GetMetadata().GetAttempt())
@@ -228,6 +234,20 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 		s.Name, len(r.Samples), benchreport.Median(created), benchreport.Quantile(created, 0.9), maxOf(created),
 		benchreport.Median(started), r.After)
 	return r
+}
+
+// waitExited waits until containerd's status of container id says it exited, and returns it.
+func (n *node) waitExited(id string) *runtimeapi.ContainerStatus {
+	n.t.Helper()
+	var st *runtimeapi.ContainerStatus
+	err := harness.WaitFor(context.Background(), podWaitTimeout, "containerd to record the exit of "+id, func() (bool, error) {
+		st = n.containerStatus(id)
+		return st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED, nil
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return st
 }
 
 // stopWatch records, from containerd's own event stream (a subscriber of the bench's, in every setup),

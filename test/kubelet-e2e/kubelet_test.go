@@ -83,6 +83,11 @@ func TestKubeletOnPlegNRI(t *testing.T) {
 				latest.GetMetadata().GetAttempt(), latest.GetState(), crashTimes)
 		}
 		for _, st := range ctrs[:len(ctrs)-1] {
+			if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+				// The kubelet can restart a container before containerd has handled its exit (pleg-nri
+				// reports exits at once, and answers reads with them): wait for containerd's record.
+				st = n.waitExited(st.GetId())
+			}
 			if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || st.GetExitCode() != 1 {
 				t.Errorf("containerd: attempt %d of crash is %s with exit code %d, want exited 1",
 					st.GetMetadata().GetAttempt(), st.GetState(), st.GetExitCode())
