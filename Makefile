@@ -19,6 +19,12 @@ STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
+# The kubelets make integration runs the kubelet suite on: one of each meaning of the event stream
+# (1.37: a STOPPED triggers a relist; 1.36: events write the pod cache). make kubelet-all adds 1.35.
+KUBELET_TEST_VERSIONS ?= v1.37.2 v1.36.3
+KUBELET_ALL_VERSIONS  ?= v1.37.2 v1.36.3 v1.35.4
+# The kubelet of make bench-kubelet and make bench-node.
+KUBELET_VERSION ?= v1.37.2
 UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
 IT_TIMEOUT      ?= 30m
 FUZZTIME        ?= 10s
@@ -86,16 +92,33 @@ fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 1
 deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
 	bash test/containerd-it/hack/install-deps.sh >/dev/null
-	bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null
+	@for v in $(sort $(KUBELET_TEST_VERSIONS) $(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
 
 .PHONY: integration
-integration: deps ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (root, Linux).
-	@set -o pipefail; start=$$(date +%s); \
-	$(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) $(KUBELET_E2E_PKG) 2>&1 | tee /tmp/pleg-nri-it.log; \
-	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it.log || true); \
-	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
-	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
-	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+integration: deps ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
+	@$(MAKE) --no-print-directory run-integration KUBELETS="$(KUBELET_TEST_VERSIONS)"
+
+.PHONY: kubelet-all
+kubelet-all: deps ## The kubelet suite on every supported kubelet (KUBELET_ALL_VERSIONS: 1.37.2, 1.36.3, 1.35.4).
+	@for v in $(KUBELET_ALL_VERSIONS); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
+	@$(MAKE) --no-print-directory run-integration PKGS= KUBELETS="$(KUBELET_ALL_VERSIONS)"
+
+# run-integration runs PKGS (default: the containerd tests) once, then the kubelet suite once per
+# version in KUBELETS, and fails unless something ran and nothing failed.
+PKGS ?= $(INTEGRATION_PKGS)
+.PHONY: run-integration
+run-integration:
+	@set -o pipefail; start=$$(date +%s); log=/tmp/pleg-nri-it.log; : >$$log; rc=0; \
+	if [ -n "$(PKGS)" ]; then $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(PKGS) 2>&1 | tee -a $$log || rc=1; fi; \
+	for v in $(KUBELETS); do \
+	  echo "integration: the kubelet suite on kubelet $$v"; \
+	  KUBELET_VERSION=$$v $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(KUBELET_E2E_PKG) 2>&1 | tee -a $$log || rc=1; \
+	done; \
+	passed=$$(grep -c -E '^\s*--- PASS' $$log || true); \
+	failed=$$(grep -c -E '^\s*--- FAIL' $$log || true); \
+	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s (kubelets: $(KUBELETS))"; \
+	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }; \
+	exit $$rc
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
@@ -113,8 +136,14 @@ bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); write
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
 
 .PHONY: bench-kubelet
-bench-kubelet: deps ## A real kubelet's crash-to-restart time: GenericPLEG, EventedPLEG on containerd, on pleg-nri (~6 min); writes docs/kubelet-bench.md.
-	PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 20m $(KUBELET_E2E_PKG)
+bench-kubelet: deps ## A real kubelet (KUBELET_VERSION, default v1.37.2)'s crash-to-restart time, per PLEG setup (~8 min); writes docs/kubelet-bench-<version>.{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench-$(KUBELET_VERSION).md \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
+
+.PHONY: bench-node
+bench-node: deps ## What 100 pods cost the node per PLEG setup, idle and with churn (KUBELET_VERSION; ~25 min); writes docs/kubelet-node-cost-<version>.{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeCost -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up
 it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.

@@ -36,7 +36,8 @@ type EventSource interface {
 // EventStream is one subscriber's stream of events.
 type EventStream interface {
 	// Next returns the next event and the time its source saw the fact (for the latency metric; zero
-	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error), or the
+	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error and consumes
+	// no event: the proxy ends a Next to send a refresh event and calls it again), or the
 	// subscription ends: the error then says why and ends the client's stream, e.g. a gRPC status
 	// error with codes.ResourceExhausted when the subscriber was evicted for being too slow.
 	Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error)
@@ -101,10 +102,14 @@ type Proxy struct {
 	metrics Metrics
 	// now is the clock of the latency and duration metrics.
 	now func() time.Time
-	// fresh, when set, makes status reads wait for the runtime to catch up with the event stream (see
-	// Freshness); freshWait bounds the wait.
-	fresh     Freshness
+	// fresh, when set, tracks the objects the served events reported stopped, for freshMode (see
+	// WithReadFreshness); freshWait bounds a held read.
+	fresh     *stoppedTracker
+	freshMode ReadFreshness
 	freshWait time.Duration
+	// refresh, in the hold mode, watches the objects whose held reads gave up and sends the refresh
+	// events (see refresh.go).
+	refresh *refresher
 
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
@@ -123,29 +128,19 @@ func WithMetrics(m Metrics) ProxyOption {
 	}
 }
 
-// Freshness says which objects the event stream already reported stopped while the runtime's own status
-// may still say they run. containerd updates an exited container's CRI status only once its exit handler
-// deleted the task, milliseconds to seconds after the exit that pleg-nri reports; a client that got the
-// STOPPED and then reads the status (the kubelet does, right after the sync the event caused, and caches
-// the answer with its own, newer timestamp) must not get the older state.
-type Freshness interface {
-	// AnyStoppedAhead reports whether any object is in that state; it is called on every status read
-	// and must be cheap.
-	AnyStoppedAhead() bool
-	// StoppedAhead reports whether object id is.
-	StoppedAhead(id string) bool
-}
-
-// FreshnessMetrics is implemented by a Metrics that wants to know about status reads that had to wait
-// for the runtime (see WithFreshness).
+// FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
+// running an object the event stream had already reported stopped (see WithReadFreshness).
 type FreshnessMetrics interface {
-	// StaleRead is called when the runtime's answer to a status read was older than the event stream:
-	// how long the proxy held the read, and whether the runtime caught up within the bound (when it did
-	// not, the client got the runtime's last answer).
+	// StaleRead is called, in the hold mode, when the runtime's answer to a status read was older than
+	// the event stream: how long the proxy held the read, and whether the runtime caught up within the
+	// bound (when it did not, the client got the runtime's last answer).
 	StaleRead(method string, held time.Duration, caughtUp bool)
+	// OverlaidRead is called, in the overlay mode, when the proxy answered a status read with the stopped
+	// status the event stream had sent instead of the runtime's older one.
+	OverlaidRead(method string)
 }
 
-// DefaultFreshnessWait bounds how long a status read waits for the runtime to catch up.
+// DefaultFreshnessWait bounds how long a held status read waits for the runtime to catch up.
 const DefaultFreshnessWait = 5 * time.Second
 
 // The retry delays of a status read the runtime answered with an older state than the event stream's.
@@ -154,14 +149,24 @@ const (
 	freshRetryMax = 50 * time.Millisecond
 )
 
-// WithFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
-// ListPodSandbox) consistent with the event stream: while f says an object was reported stopped ahead of
-// the runtime, a read whose answer still shows it running is asked again (2 ms, 4 ms, ... 50 ms apart)
-// until the runtime's answer shows it stopped, or maxWait (0: DefaultFreshnessWait) has passed. The
-// client gets the runtime's answer unchanged, byte for byte: only later.
-func WithFreshness(f Freshness, maxWait time.Duration) ProxyOption {
+// WithReadFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
+// ListPodSandbox) consistent with the events this proxy sent: while it has sent a STOPPED for an object
+// whose status the runtime's answer still shows running, mode ReadFreshnessOverlay answers with the
+// stopped status that was sent, and mode ReadFreshnessHold asks the runtime again (2 ms, 4 ms, ... 50 ms
+// apart) until its answer shows the stop or maxWait (0: DefaultFreshnessWait) has passed, and then gives
+// the client the runtime's answer byte for byte. ReadFreshnessOff (and a proxy without this option)
+// forwards status reads like any other call. Only the events served by the proxy itself count.
+func WithReadFreshness(mode ReadFreshness, maxWait time.Duration) ProxyOption {
 	return func(p *Proxy) {
-		p.fresh = f
+		p.freshMode = mode
+		p.fresh = nil
+		now := func() time.Time { return p.now() }
+		switch mode {
+		case ReadFreshnessOverlay:
+			p.fresh = newStoppedTracker(now, overlayTTL)
+		case ReadFreshnessHold:
+			p.fresh = newStoppedTracker(now, stoppedTTL)
+		}
 		p.freshWait = maxWait
 		if p.freshWait <= 0 {
 			p.freshWait = DefaultFreshnessWait
@@ -181,6 +186,13 @@ func NewProxy(backend *grpc.ClientConn, events EventSource, opts ...ProxyOption)
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.freshMode == ReadFreshnessHold && p.events != nil {
+		var sent func(bool)
+		if m, ok := p.metrics.(RefreshMetrics); ok {
+			sent = m.RefreshSent
+		}
+		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(backend), func() time.Time { return p.now() }, p.shutdown, sent)
 	}
 	return p
 }
@@ -217,11 +229,11 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	start := p.now()
 	var err error
 	if isUnary(method) {
-		var stale func([]byte, Freshness) bool
-		if p.fresh != nil && p.fresh.AnyStoppedAhead() {
-			stale = staleChecks[method]
+		var fix *readFix
+		if p.fresh != nil && p.fresh.any() {
+			fix = readFixes[method]
 		}
-		err = p.forwardUnary(ss, method, stale)
+		err = p.forwardUnary(ss, method, fix)
 	} else {
 		err = p.forward(ss, method)
 	}
@@ -254,76 +266,19 @@ func isUnary(method string) bool {
 	return unary
 }
 
-// staleChecks are, per status-reading method, the check that its answer (encoded) shows an object running
-// that the event stream already reported stopped.
-var staleChecks = map[string]func(answer []byte, f Freshness) bool{
-	"/runtime.v1.RuntimeService/ContainerStatus": func(b []byte, f Freshness) bool {
-		var r runtimeapi.ContainerStatusResponse
-		return proto.Unmarshal(b, &r) == nil && staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState(), f)
-	},
-	"/runtime.v1.RuntimeService/PodSandboxStatus": func(b []byte, f Freshness) bool {
-		var r runtimeapi.PodSandboxStatusResponse
-		if proto.Unmarshal(b, &r) != nil {
-			return false
-		}
-		if staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState(), f) {
-			return true
-		}
-		for _, c := range r.GetContainersStatuses() {
-			if staleContainer(c.GetId(), c.GetState(), f) {
-				return true
-			}
-		}
-		return false
-	},
-	"/runtime.v1.RuntimeService/ListContainers": func(b []byte, f Freshness) bool {
-		var r runtimeapi.ListContainersResponse
-		if proto.Unmarshal(b, &r) != nil {
-			return false
-		}
-		for _, c := range r.GetContainers() {
-			if staleContainer(c.GetId(), c.GetState(), f) {
-				return true
-			}
-		}
-		return false
-	},
-	"/runtime.v1.RuntimeService/ListPodSandbox": func(b []byte, f Freshness) bool {
-		var r runtimeapi.ListPodSandboxResponse
-		if proto.Unmarshal(b, &r) != nil {
-			return false
-		}
-		for _, s := range r.GetItems() {
-			if staleSandbox(s.GetId(), s.GetState(), f) {
-				return true
-			}
-		}
-		return false
-	},
-}
-
-func staleContainer(id string, st runtimeapi.ContainerState, f Freshness) bool {
-	return id != "" && (st == runtimeapi.ContainerState_CONTAINER_RUNNING || st == runtimeapi.ContainerState_CONTAINER_CREATED) &&
-		f.StoppedAhead(id)
-}
-
-func staleSandbox(id string, st runtimeapi.PodSandboxState, f Freshness) bool {
-	return id != "" && st == runtimeapi.PodSandboxState_SANDBOX_READY && f.StoppedAhead(id)
-}
-
 // forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
-// path (no goroutine). On the wire it is the same as forward. With a stale check (a status read while
-// the event stream is ahead of the runtime, see WithFreshness), it asks the runtime again while the
-// answer is older than the stream, within p.freshWait; the client gets the last answer as the runtime
-// sent it.
-func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, stale func([]byte, Freshness) bool) error {
+// path (no goroutine). On the wire it is the same as forward. With a fix (a status read while the event
+// stream is ahead of the runtime, see WithReadFreshness), the overlay mode rewrites an answer that shows
+// running what the stream reported stopped, and the hold mode asks the runtime again while the answer is
+// older than the stream, within p.freshWait, and sends the last answer as the runtime sent it.
+func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {
 	var req frame
 	defer req.free()
 	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	if stale != nil {
-		// The request may be sent more than once: keep its bytes (a sent buffer goes to gRPC).
+	if fix != nil {
+		// The request may be sent more than once, or read: keep its bytes (a sent buffer goes to gRPC).
 		b := req.bytes()
 		req.free()
 		req.data = b
@@ -339,7 +294,15 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, stale func([]b
 	for {
 		var hdr, trl metadata.MD
 		err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
-		if err == nil && stale != nil && stale(resp.bytes(), p.fresh) {
+		if err == nil && fix != nil && p.freshMode == ReadFreshnessOverlay {
+			if b := fix.overlay(p.fresh, req.data, resp.bytes()); b != nil {
+				resp.free()
+				resp.data = b
+				if m, ok := p.metrics.(FreshnessMetrics); ok {
+					m.OverlaidRead(method)
+				}
+			}
+		} else if stale := staleIDs(err, fix, p.fresh, &resp); len(stale) > 0 {
 			if p.now().Add(delay).Sub(start) < p.freshWait {
 				held = true
 				resp.free()
@@ -354,6 +317,13 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, stale func([]b
 			p.staleRead(method, start, false)
 			log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
 				Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
+			if p.refresh != nil {
+				for _, id := range stale {
+					if sb := p.fresh.sandboxOf(id); sb != "" {
+						p.refresh.watch(context.WithoutCancel(ctx), id, sb)
+					}
+				}
+			}
 		} else if held {
 			p.staleRead(method, start, err == nil)
 		}
@@ -368,6 +338,15 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, stale func([]b
 		}
 		return ss.SendMsg(&resp)
 	}
+}
+
+// staleIDs returns, in the hold mode, the objects a successful answer shows running that the stream
+// reported stopped.
+func staleIDs(err error, fix *readFix, t *stoppedTracker, resp *frame) []string {
+	if err != nil || fix == nil {
+		return nil
+	}
+	return fix.stale(t, resp.bytes())
 }
 
 // staleRead reports a status read the runtime first answered with an older state than the event stream.
@@ -488,12 +467,30 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		}
 	}()
 
-	// End Next when the proxy shuts down; this goroutine ends with ctx at the latest.
+	// next's context also ends when a refresh event is to be sent (see refresh.go); a Next ended by its
+	// context consumes no event.
+	var nextCtx interruptible
+	nextCtx.reset(ctx)
+	defer nextCtx.interrupt()
+	var refreshSeq uint64
+	var wake <-chan struct{}
+	if p.refresh != nil {
+		refreshSeq, wake = p.refresh.position()
+	}
+	// End Next when the proxy shuts down or a refresh event comes; this goroutine ends with ctx at the
+	// latest.
 	go func() {
-		select {
-		case <-p.shutdown:
-			cancel()
-		case <-ctx.Done():
+		for {
+			select {
+			case <-p.shutdown:
+				cancel()
+				return
+			case <-ctx.Done():
+				return
+			case <-wake:
+				nextCtx.interrupt()
+				_, wake = p.refresh.position()
+			}
 		}
 	}()
 
@@ -512,13 +509,34 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		next = enc.NextEncoded
 	}
 	var f frame
+	send := func(b []byte) error {
+		if p.fresh != nil {
+			// Before the send: a read the event causes must find the object tracked.
+			p.fresh.observe(b)
+		}
+		f.data = b
+		return ss.SendMsg(&f)
+	}
 	for {
-		b, sourceTime, err := next(ctx)
+		nctx := nextCtx.get()
+		b, sourceTime, err := next(nctx)
+		if err != nil && ctx.Err() == nil && nctx.Err() != nil {
+			// A refresh event: a new context first (a later one cancels it), then the events.
+			nextCtx.reset(ctx)
+			var refreshes [][]byte
+			refreshes, refreshSeq = p.refresh.since(refreshSeq)
+			for _, rb := range refreshes {
+				if err := send(rb); err != nil {
+					return err
+				}
+				p.metrics.EventSent(0)
+			}
+			continue
+		}
 		if err != nil {
 			return p.eventStreamError(ss.Context(), err)
 		}
-		f.data = b
-		if err := ss.SendMsg(&f); err != nil {
+		if err := send(b); err != nil {
 			return err
 		}
 		if !sourceTime.IsZero() {
@@ -527,6 +545,35 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 			p.metrics.EventSent(0)
 		}
 	}
+}
+
+// interruptible is a context that another goroutine can end, and that can be made anew.
+type interruptible struct {
+	// mu guards ctx and cancel.
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// reset replaces the context with a new child of parent.
+func (i *interruptible) reset(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	i.mu.Lock()
+	i.ctx, i.cancel = ctx, cancel
+	i.mu.Unlock()
+}
+
+func (i *interruptible) get() context.Context {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.ctx
+}
+
+// interrupt ends the current context.
+func (i *interruptible) interrupt() {
+	i.mu.Lock()
+	i.cancel()
+	i.mu.Unlock()
 }
 
 // eventStreamError turns the error that ended an event stream into the status the client gets: a gRPC

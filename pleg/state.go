@@ -167,7 +167,6 @@ type state struct {
 	tombs     map[string]time.Time
 	tombQ     []tomb // tombstones in insertion order, for expiry
 	lastSweep time.Time
-	ahead     *aheadSet // objects reported STOPPED before containerd's CRI status said so
 
 	// The checkpoint's view (checkpoint.go), kept only when checkpointing (ckptWake != nil).
 	ckptWake chan struct{} // capacity 1: an event was emitted, the checkpoint is behind
@@ -186,7 +185,7 @@ func newState(c Clock, m Metrics, f *fetcher, fan *fanout, verifyDelay time.Dura
 	return &state{
 		clock: c, metrics: m, fetch: f, fan: fan, verifyDelay: verifyDelay, backoff: defaultBackoff,
 		objects: map[string]*object{}, pods: map[string]*pod{}, held: map[string]*heldObs{},
-		tombs: map[string]time.Time{}, ahead: newAheadSet(),
+		tombs: map[string]time.Time{},
 	}
 }
 
@@ -387,7 +386,6 @@ func (s *state) setContainerBase(o *object, st *runtimeapi.ContainerStatus, src 
 	ph := containerStatePhase(st.State)
 	if ph == PhaseExited {
 		o.exited = true
-		s.ahead.remove(o.id) // the CRI caught up with the STOPPED
 	}
 	return ph
 }
@@ -404,11 +402,7 @@ func (s *state) setSandboxBase(o *object, st *runtimeapi.PodSandboxStatus, src S
 	// RunPodSandbox back), even when this answer lands after its removal was observed: its end then
 	// gives STOPPED before DELETED, as for any sandbox that started.
 	o.started = true
-	ph := sandboxStatePhase(st.State)
-	if ph == PhaseExited {
-		s.ahead.remove(o.id)
-	}
-	return ph
+	return sandboxStatePhase(st.State)
 }
 
 // advance moves an object forward to target; a removed sandbox takes its containers with it.
@@ -670,7 +664,6 @@ func (s *state) drop(ctx context.Context, o *object, reason string) {
 		log.G(ctx).WithField(o.kind.String(), o.id).WithField("reason", reason).Debug("dropped without events")
 	}
 	o.dropped = true
-	s.ahead.remove(o.id)
 	delete(s.objects, o.id)
 	if o.phase == PhaseRemoved {
 		s.tombstone(o.id)
@@ -825,10 +818,6 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				o.needCorrection = false
 			}
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c)
-			if (o.kind == KindContainer && o.cbase.State != runtimeapi.ContainerState_CONTAINER_EXITED) ||
-				(o.kind == KindSandbox && o.sbase != nil && o.sbase.State == runtimeapi.PodSandboxState_SANDBOX_READY) {
-				s.ahead.add(o.id, s.clock.Now())
-			}
 			if o.kind == KindContainer && o.cbase.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
 				s.verify(o, true) // the exit came from fast inputs: check it (and a late OOM) against the CRI
 			}
@@ -841,7 +830,6 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				delete(s.objects, o.id)
 				s.tombstone(o.id)
 			}
-			s.ahead.remove(o.id)
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT, c)
 		}
 	}
@@ -1042,5 +1030,4 @@ func (s *state) sweep(ctx context.Context) {
 		s.untomb()
 	}
 	s.fan.expireReplay(ctx)
-	s.ahead.expire(now)
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
 )
 
 // Config is the daemon's configuration. The --config file (YAML) and the pre-registered plugin's
@@ -49,6 +51,9 @@ type Config struct {
 	// StartupReplay is how long after its startup reconciliation a new subscriber still receives every
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
+	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
+	// older state than an event already sent: overlay, hold or off (eventbridge.ReadFreshness).
+	ReadFreshness string `json:"read-freshness"`
 }
 
 // DefaultConfig returns the configuration used for every key not set.
@@ -68,6 +73,7 @@ func DefaultConfig() Config {
 		StateDir:            "/var/lib/pleg-nri",
 		CheckpointInterval:  Duration(time.Second),
 		StartupReplay:       Duration(time.Minute),
+		ReadFreshness:       string(eventbridge.DefaultReadFreshness),
 	}
 }
 
@@ -197,6 +203,9 @@ func (c Config) Validate() error {
 			bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 		}
 	}
+	if _, err := eventbridge.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
+		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
+	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":
 	default:
@@ -252,6 +261,8 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 		cfg.StartupReplay = Duration(d)
 		return nil
 	})
+	fs.StringVar(&cfg.ReadFreshness, "read-freshness", cfg.ReadFreshness,
+		"status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off")
 }
 
 // loadConfig builds the daemon's configuration from defaults, the --config file, then the flags given

@@ -45,6 +45,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "no state", data: "state-dir: \"\"\n", want: func(c *Config) { c.StateDir = "" }},
 		{name: "relative state dir", data: "state-dir: state\n", wantErr: `config key "state-dir": must be an absolute path`},
 		{name: "negative replay", data: "startup-replay: -1m\n", wantErr: `config key "startup-replay": must not be negative`},
+		{name: "read freshness", data: "read-freshness: hold\n", want: func(c *Config) { c.ReadFreshness = "hold" }},
+		{name: "bad read freshness", data: "read-freshness: fast\n", wantErr: `config key "read-freshness": want overlay, hold or off`},
 		{name: "checkpoint interval", data: "checkpoint-interval: 250ms\n", want: func(c *Config) { c.CheckpointInterval = Duration(250 * time.Millisecond) }},
 		{name: "checkpoint interval too short", data: "checkpoint-interval: 1ms\n", wantErr: `config key "checkpoint-interval": must be at least 10ms`},
 	} {

@@ -152,7 +152,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	defer backend.Close()
 	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core},
-		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithFreshness(core, 0)))
+		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithReadFreshness(eventbridge.ReadFreshness(cfg.ReadFreshness), 0)))
 	if err != nil {
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}

@@ -51,6 +51,8 @@ type metrics struct {
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
 	staleReads     *prometheus.HistogramVec
+	overlaidReads  *prometheus.CounterVec
+	refreshes      *prometheus.CounterVec
 
 	// nri, events and cri track the upstream connections for /readyz.
 	nri, events, cri upstreamState
@@ -105,6 +107,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
 			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
 			Buckets: latencyBuckets}, []string{"method", "result"}),
+		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "refresh_events_total",
+			Help: "Refresh events (read-freshness: hold): after a held read gave up with containerd's older answer, a STOPPED re-sent with containerd's statuses once it caught up (sent), or none because it never did (not_caught_up)."}, []string{"result"}),
+		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
+			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
 		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
 			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: latencyBuckets}, []string{"method", "code"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
@@ -129,7 +135,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
 		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed,
-		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads)
+		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads,
+		m.overlaidReads, m.refreshes)
 	for _, u := range []string{"nri", "events", "cri"} {
 		m.upstream.WithLabelValues(u).Set(0)
 	}
@@ -290,6 +297,20 @@ func (p proxyMetrics) StaleRead(method string, held time.Duration, caughtUp bool
 	p.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
 }
 
+// RefreshSent is eventbridge.RefreshMetrics' hook.
+func (p proxyMetrics) RefreshSent(caughtUp bool) {
+	result := "not_caught_up"
+	if caughtUp {
+		result = "sent"
+	}
+	p.refreshes.WithLabelValues(result).Inc()
+}
+
+// OverlaidRead is eventbridge.FreshnessMetrics' hook.
+func (p proxyMetrics) OverlaidRead(method string) {
+	p.overlaidReads.WithLabelValues(methodLabel(method)).Inc()
+}
+
 func (p proxyMetrics) EventSent(latency time.Duration) {
 	p.sendLatency.WithLabelValues("all").Observe(latency.Seconds())
 }
@@ -345,5 +366,6 @@ var (
 	_ plugin.Metrics               = (*metrics)(nil)
 	_ eventbridge.Metrics          = proxyMetrics{}
 	_ eventbridge.FreshnessMetrics = proxyMetrics{}
+	_ eventbridge.RefreshMetrics   = proxyMetrics{}
 	_ eventbridge.TaskEventsHooks  = taskHooks{}
 )

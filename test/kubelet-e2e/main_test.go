@@ -32,7 +32,36 @@ var (
 	env *harness.Env
 	// kubeletBinary and plegNRIBinary are built once by TestMain.
 	kubeletBinary, plegNRIBinary string
+	// kubeletVersion is the kubelet's version ("v1.37.2", from its --version), kubeletMinor its minor
+	// version (37). KUBELET_VERSION chooses it (see hack/build-kubelet.sh).
+	kubeletVersion string
+	kubeletMinor   int
 )
+
+// eventsTriggerRelist says whether the kubelet under test gives events the 1.37 meaning: a STOPPED
+// becomes a targeted relist of the pod through the CRI, and the generic PLEG relists every second and
+// owns the cache (k/k PR #139262). Before 1.37 (1.35, 1.36) events write the pod cache and the generic
+// relist runs every 300 s.
+func eventsTriggerRelist() bool { return kubeletMinor >= 37 }
+
+// eventMeaning describes, for the logs, what the kubelet under test does with events.
+func eventMeaning() string {
+	if eventsTriggerRelist() {
+		return "events trigger targeted relists through the CRI (1.37 meaning); the generic PLEG relists every second"
+	}
+	return "events write the pod cache (1.35/1.36 meaning); the generic PLEG relists every 300 s"
+}
+
+// onlyFor runs a test, or a part of one, that has a meaning for one kind of kubelet only, and says so
+// loudly in the log when it does not run: the suite selects by version, never skips silently.
+func onlyFor(t testing.TB, relistMeaning bool, why string) bool {
+	t.Helper()
+	if eventsTriggerRelist() == relistMeaning {
+		return true
+	}
+	t.Logf("NOT RUN on kubelet %s (%s): %s", kubeletVersion, eventMeaning(), why)
+	return false
+}
 
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
@@ -61,7 +90,11 @@ func runTests(m *testing.M) (code int) {
 	if kubeletBinary, err = buildKubelet(ctx); err != nil {
 		return fail("%v", err)
 	}
-	fmt.Fprintf(os.Stderr, "kubelet-e2e: kubelet %s (%s)\n", kubeletBinary, time.Since(start).Round(time.Millisecond))
+	if kubeletVersion, kubeletMinor, err = versionOf(ctx, kubeletBinary); err != nil {
+		return fail("%v", err)
+	}
+	fmt.Fprintf(os.Stderr, "kubelet-e2e: kubelet %s %s (%s): %s\n", kubeletVersion, kubeletBinary,
+		time.Since(start).Round(time.Millisecond), eventMeaning())
 
 	env, err = harness.New(ctx, harness.Options{Log: os.Stderr})
 	if err != nil {
@@ -89,6 +122,26 @@ func runTests(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, env.LogTail(100))
 	}
 	return code
+}
+
+// versionOf asks a kubelet binary for its version ("Kubernetes v1.37.2").
+func versionOf(ctx context.Context, binary string) (string, int, error) {
+	out, err := exec.CommandContext(ctx, binary, "--version").Output()
+	if err != nil {
+		return "", 0, fmt.Errorf("%s --version: %w", binary, err)
+	}
+	f := strings.Fields(string(out))
+	var major, minor, patch int
+	if len(f) != 2 {
+		return "", 0, fmt.Errorf("%s --version said %q", binary, out)
+	}
+	if _, err := fmt.Sscanf(f[1], "v%d.%d.%d", &major, &minor, &patch); err != nil || major != 1 {
+		return "", 0, fmt.Errorf("%s --version said %q: %v", binary, out, err)
+	}
+	if minor < 35 {
+		return "", 0, fmt.Errorf("kubelet %s is not supported (1.35, 1.36, 1.37 are)", f[1])
+	}
+	return f[1], minor, nil
 }
 
 // buildKubelet runs hack/build-kubelet.sh, which builds the kubelet into the dependency cache (nothing

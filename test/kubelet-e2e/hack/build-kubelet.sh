@@ -9,11 +9,15 @@
 #
 # Usage: build-kubelet.sh           (prints the kubelet's path on success)
 # Env:   PLEG_NRI_CACHE             cache root (default /var/cache/pleg-nri)
-#        KUBELET_VERSION            default v1.36.3: the newest release on the proxy whose
-#                                   pkg/features/kube_features.go still defines the EventedPLEG gate
+#        KUBELET_VERSION            default v1.37.2. Supported: v1.35.x, v1.36.3, v1.37.2 (on the Go module
+#                                   proxy). Each of them still defines the EventedPLEG gate in
+#                                   pkg/features/kube_features.go (alpha, off by default; 1.37 makes it
+#                                   depend on PLEGOnDemandRelist, GA there; checked below): 1.35 and 1.36 write each event's
+#                                   status into the pod cache, 1.37 turns a STOPPED into a targeted relist
+#                                   (k/k PR #139262).
 set -euo pipefail
 
-KUBELET_VERSION=${KUBELET_VERSION:-v1.36.3}
+KUBELET_VERSION=${KUBELET_VERSION:-v1.37.2}
 CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
 out="$CACHE/kubelet-$KUBELET_VERSION"
 

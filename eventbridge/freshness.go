@@ -1,0 +1,521 @@
+package eventbridge
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// ReadFreshness says how the CRI endpoint keeps its status reads consistent with the events it already
+// sent (see WithReadFreshness).
+//
+// containerd updates an exited container's CRI status only once its exit handler deleted the task,
+// milliseconds to seconds after the exit that pleg-nri reports; a client that got the STOPPED and then
+// reads the status (kubelet 1.37 relists the pod through this endpoint because of the STOPPED; 1.35 and
+// 1.36 relist a pod after each sync and cache the answer with their own, newer timestamp) must not get
+// the older state.
+type ReadFreshness string
+
+const (
+	// ReadFreshnessOverlay answers a read that shows running an object the stream already reported
+	// stopped with the stopped status that was sent: for a container, state EXITED, exit_code,
+	// finished_at, reason and message from the STOPPED event (everything else from the runtime's
+	// answer); for a sandbox, state NOTREADY. That is what the runtime answers once it catches up.
+	ReadFreshnessOverlay ReadFreshness = "overlay"
+	// ReadFreshnessHold asks the runtime again until its answer shows the stop (bounded): the client
+	// gets the runtime's answer byte for byte, only later.
+	ReadFreshnessHold ReadFreshness = "hold"
+	// ReadFreshnessOff forwards status reads like any other call.
+	ReadFreshnessOff ReadFreshness = "off"
+)
+
+// ParseReadFreshness checks a read-freshness mode's name; "" is DefaultReadFreshness.
+func ParseReadFreshness(s string) (ReadFreshness, error) {
+	switch m := ReadFreshness(s); m {
+	case "":
+		return DefaultReadFreshness, nil
+	case ReadFreshnessOverlay, ReadFreshnessHold, ReadFreshnessOff:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown read freshness %q: want %q, %q or %q", s, ReadFreshnessOverlay, ReadFreshnessHold, ReadFreshnessOff)
+}
+
+// DefaultReadFreshness is the mode of a config that names none (the README gives the measurements
+// behind the choice).
+const DefaultReadFreshness = ReadFreshnessOverlay
+
+// stoppedTTL bounds how long an object stays "stopped ahead" when the runtime never shows the stop
+// (runtime stuck, or the object went away without a DELETED through this endpoint), in the hold mode:
+// past it, reads are no longer held. The overlay mode, which costs a read nothing, keeps an object for
+// overlayTTL: containerd under IO pressure can take many seconds to handle an exit, and a kubelet that
+// read RUNNING after the STOPPED would keep it.
+const (
+	stoppedTTL = 10 * time.Second
+	overlayTTL = 2 * time.Minute
+)
+
+// stoppedTracker holds the objects this endpoint sent a STOPPED for, with the status the STOPPED
+// carried, until the runtime's own answers show the stop, a DELETED for the object is sent, or
+// its TTL has passed. It learns only from the events the endpoint sends (see observe), so it works
+// wherever the endpoint runs, with or without the event core in the same process.
+//
+// It is safe for concurrent use.
+type stoppedTracker struct {
+	now func() time.Time
+	// ttl is stoppedTTL or overlayTTL.
+	ttl time.Duration
+	// n is len(containers)+len(sandboxes), read without the lock: every status read asks it.
+	n atomic.Int64
+	// mu guards containers and sandboxes.
+	mu sync.Mutex
+	// containers are the containers reported stopped, by id.
+	containers map[string]*stoppedContainer
+	// sandboxes are the sandboxes reported stopped (NOTREADY), by id.
+	sandboxes map[string]*stoppedSandbox
+}
+
+type stoppedContainer struct {
+	// status is the container's status in the last STOPPED event sent for it.
+	status *runtimeapi.ContainerStatus
+	// sandboxID is its sandbox: a sandbox's DELETED forgets its containers.
+	sandboxID string
+	// createdAt is the event's created_at (a second subscriber's copy of the same event is not news).
+	createdAt int64
+	// at is when the event was sent (for the TTL).
+	at time.Time
+}
+
+type stoppedSandbox struct {
+	createdAt int64
+	at        time.Time
+}
+
+func newStoppedTracker(now func() time.Time, ttl time.Duration) *stoppedTracker {
+	return &stoppedTracker{now: now, ttl: ttl, containers: map[string]*stoppedContainer{}, sandboxes: map[string]*stoppedSandbox{}}
+}
+
+// any reports whether some object is tracked; a single atomic load.
+func (t *stoppedTracker) any() bool { return t.n.Load() > 0 }
+
+// peekEvent reads the container id, type and created_at of an encoded ContainerEventResponse without
+// decoding the statuses.
+func peekEvent(b []byte) (id string, typ runtimeapi.ContainerEventType, createdAt int64, ok bool) {
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", 0, 0, false
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && wt == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return "", 0, 0, false
+			}
+			id, b = string(v), b[n:]
+			continue
+		case num == 2 && wt == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return "", 0, 0, false
+			}
+			typ, b = runtimeapi.ContainerEventType(v), b[n:]
+			continue
+		case num == 3 && wt == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return "", 0, 0, false
+			}
+			createdAt, b = int64(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, wt, b)
+		if n < 0 {
+			return "", 0, 0, false
+		}
+		b = b[n:]
+	}
+	return id, typ, createdAt, true
+}
+
+// observe records an event (encoded) that is about to be sent to a subscriber. It must be called
+// before the event is written, so that no read the event causes can come before it. STARTED and
+// CREATED events cost a few field reads; a STOPPED is decoded.
+func (t *stoppedTracker) observe(b []byte) {
+	id, typ, createdAt, ok := peekEvent(b)
+	if !ok || id == "" {
+		return
+	}
+	switch typ {
+	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
+		t.observeStopped(b, id, createdAt)
+	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
+		if t.any() {
+			t.forgetDeleted(id)
+		}
+	}
+}
+
+func (t *stoppedTracker) observeStopped(b []byte, id string, createdAt int64) {
+	t.mu.Lock()
+	if c := t.containers[id]; c != nil && c.createdAt == createdAt {
+		t.mu.Unlock()
+		return // another subscriber's copy
+	}
+	if s := t.sandboxes[id]; s != nil && s.createdAt == createdAt {
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	var ev runtimeapi.ContainerEventResponse
+	if proto.Unmarshal(b, &ev) != nil {
+		return
+	}
+	now := t.now()
+	sandboxID := ev.GetPodSandboxStatus().GetId()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireLocked(now)
+	if id == sandboxID {
+		if ev.GetPodSandboxStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+			return
+		}
+		if _, ok := t.sandboxes[id]; !ok {
+			t.n.Add(1)
+		}
+		t.sandboxes[id] = &stoppedSandbox{createdAt: createdAt, at: now}
+		return
+	}
+	for _, st := range ev.GetContainersStatuses() {
+		if st.GetId() != id {
+			continue
+		}
+		if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+			return
+		}
+		if _, ok := t.containers[id]; !ok {
+			t.n.Add(1)
+		}
+		t.containers[id] = &stoppedContainer{status: st, sandboxID: sandboxID, createdAt: createdAt, at: now}
+		return
+	}
+}
+
+// forgetDeleted forgets an object a DELETED was sent for; a sandbox takes its containers with it.
+func (t *stoppedTracker) forgetDeleted(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.forgetLocked(id)
+	if _, ok := t.sandboxes[id]; ok {
+		delete(t.sandboxes, id)
+		t.n.Add(-1)
+	}
+	for cid, c := range t.containers {
+		if c.sandboxID == id {
+			t.forgetLocked(cid)
+		}
+	}
+}
+
+func (t *stoppedTracker) forgetLocked(id string) {
+	if _, ok := t.containers[id]; ok {
+		delete(t.containers, id)
+		t.n.Add(-1)
+	}
+	if _, ok := t.sandboxes[id]; ok {
+		delete(t.sandboxes, id)
+		t.n.Add(-1)
+	}
+}
+
+// forget drops an object whose stop the runtime's answers now show.
+func (t *stoppedTracker) forget(id string) {
+	if !t.any() {
+		return
+	}
+	t.mu.Lock()
+	t.forgetLocked(id)
+	t.mu.Unlock()
+}
+
+func (t *stoppedTracker) expireLocked(now time.Time) {
+	for id, c := range t.containers {
+		if now.Sub(c.at) >= t.ttl {
+			t.forgetLocked(id)
+		}
+	}
+	for id, s := range t.sandboxes {
+		if now.Sub(s.at) >= t.ttl {
+			t.forgetLocked(id)
+		}
+	}
+}
+
+// container returns the status sent in the STOPPED of container id, or nil when it is not tracked
+// (or its entry expired).
+func (t *stoppedTracker) container(id string) *runtimeapi.ContainerStatus {
+	if id == "" || !t.any() {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.containers[id]
+	if c == nil {
+		return nil
+	}
+	if t.now().Sub(c.at) >= t.ttl {
+		t.forgetLocked(id)
+		return nil
+	}
+	return c.status
+}
+
+// sandboxOf returns the sandbox of a tracked container, or id itself for a sandbox ("" when untracked).
+func (t *stoppedTracker) sandboxOf(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.containers[id]; c != nil {
+		return c.sandboxID
+	}
+	if t.sandboxes[id] != nil {
+		return id
+	}
+	return ""
+}
+
+// sandbox reports whether sandbox id is tracked as stopped.
+func (t *stoppedTracker) sandbox(id string) bool {
+	if id == "" || !t.any() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.sandboxes[id]
+	if s == nil {
+		return false
+	}
+	if t.now().Sub(s.at) >= t.ttl {
+		t.forgetLocked(id)
+		return false
+	}
+	return true
+}
+
+// running says whether a container state is older than an exit.
+func running(st runtimeapi.ContainerState) bool {
+	return st == runtimeapi.ContainerState_CONTAINER_RUNNING || st == runtimeapi.ContainerState_CONTAINER_CREATED
+}
+
+// readFix is, for one status-reading method, what the endpoint does with the runtime's answer
+// (encoded) while some object is tracked as stopped ahead of it: stale returns the tracked objects the
+// answer shows running (for the hold), and overlay returns the answer with those objects shown as
+// the stream reported them (nil when there is nothing to change). Both forget the objects whose stop
+// the answer shows.
+type readFix struct {
+	stale   func(t *stoppedTracker, answer []byte) []string
+	overlay func(t *stoppedTracker, req, answer []byte) []byte
+}
+
+var readFixes = map[string]*readFix{
+	"/runtime.v1.RuntimeService/ContainerStatus": {
+		stale: func(t *stoppedTracker, b []byte) []string {
+			var r runtimeapi.ContainerStatusResponse
+			if proto.Unmarshal(b, &r) != nil || !t.staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState()) {
+				return nil
+			}
+			return []string{r.GetStatus().GetId()}
+		},
+		overlay: func(t *stoppedTracker, _, b []byte) []byte {
+			var r runtimeapi.ContainerStatusResponse
+			if proto.Unmarshal(b, &r) != nil || !t.overlayContainerStatus(r.GetStatus()) {
+				return nil
+			}
+			return marshalOrNil(&r)
+		},
+	},
+	"/runtime.v1.RuntimeService/PodSandboxStatus": {
+		stale: func(t *stoppedTracker, b []byte) []string {
+			var r runtimeapi.PodSandboxStatusResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			var stale []string
+			if t.staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState()) {
+				stale = append(stale, r.GetStatus().GetId())
+			}
+			for _, c := range r.GetContainersStatuses() {
+				if t.staleContainer(c.GetId(), c.GetState()) {
+					stale = append(stale, c.GetId())
+				}
+			}
+			return stale
+		},
+		overlay: func(t *stoppedTracker, _, b []byte) []byte {
+			var r runtimeapi.PodSandboxStatusResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			changed := false
+			if st := r.GetStatus(); st != nil && t.staleSandbox(st.GetId(), st.GetState()) {
+				st.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+				changed = true
+			}
+			for _, c := range r.GetContainersStatuses() {
+				changed = t.overlayContainerStatus(c) || changed
+			}
+			if !changed {
+				return nil
+			}
+			return marshalOrNil(&r)
+		},
+	},
+	"/runtime.v1.RuntimeService/ListContainers": {
+		stale: func(t *stoppedTracker, b []byte) []string {
+			var r runtimeapi.ListContainersResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			var stale []string
+			for _, c := range r.GetContainers() {
+				if t.staleContainer(c.GetId(), c.GetState()) {
+					stale = append(stale, c.GetId())
+				}
+			}
+			return stale
+		},
+		overlay: func(t *stoppedTracker, req, b []byte) []byte {
+			var r runtimeapi.ListContainersResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			changed := false
+			for _, c := range r.GetContainers() {
+				if t.staleContainer(c.GetId(), c.GetState()) {
+					c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+					changed = true
+				}
+			}
+			if !changed {
+				return nil
+			}
+			// A state filter (the kubelet asks for RUNNING ones only when it lists running pods) no
+			// longer matches the containers shown exited.
+			var q runtimeapi.ListContainersRequest
+			if proto.Unmarshal(req, &q) == nil && q.GetFilter().GetState() != nil {
+				want := q.GetFilter().GetState().GetState()
+				kept := r.Containers[:0]
+				for _, c := range r.Containers {
+					if c.GetState() == want {
+						kept = append(kept, c)
+					}
+				}
+				r.Containers = kept
+			}
+			return marshalOrNil(&r)
+		},
+	},
+	"/runtime.v1.RuntimeService/ListPodSandbox": {
+		stale: func(t *stoppedTracker, b []byte) []string {
+			var r runtimeapi.ListPodSandboxResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			var stale []string
+			for _, s := range r.GetItems() {
+				if t.staleSandbox(s.GetId(), s.GetState()) {
+					stale = append(stale, s.GetId())
+				}
+			}
+			return stale
+		},
+		overlay: func(t *stoppedTracker, req, b []byte) []byte {
+			var r runtimeapi.ListPodSandboxResponse
+			if proto.Unmarshal(b, &r) != nil {
+				return nil
+			}
+			changed := false
+			for _, s := range r.GetItems() {
+				if t.staleSandbox(s.GetId(), s.GetState()) {
+					s.State = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+					changed = true
+				}
+			}
+			if !changed {
+				return nil
+			}
+			var q runtimeapi.ListPodSandboxRequest
+			if proto.Unmarshal(req, &q) == nil && q.GetFilter().GetState() != nil {
+				want := q.GetFilter().GetState().GetState()
+				kept := r.Items[:0]
+				for _, s := range r.Items {
+					if s.GetState() == want {
+						kept = append(kept, s)
+					}
+				}
+				r.Items = kept
+			}
+			return marshalOrNil(&r)
+		},
+	},
+}
+
+func marshalOrNil(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// staleContainer says whether the runtime shows running a container the stream reported stopped; an
+// answer that shows it exited forgets it.
+func (t *stoppedTracker) staleContainer(id string, st runtimeapi.ContainerState) bool {
+	if id == "" || !t.any() {
+		return false
+	}
+	if !running(st) {
+		if st == runtimeapi.ContainerState_CONTAINER_EXITED {
+			t.forget(id)
+		}
+		return false
+	}
+	return t.container(id) != nil
+}
+
+// staleSandbox is staleContainer for a sandbox.
+func (t *stoppedTracker) staleSandbox(id string, st runtimeapi.PodSandboxState) bool {
+	if id == "" || !t.any() {
+		return false
+	}
+	if st != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.forget(id)
+		return false
+	}
+	return t.sandbox(id)
+}
+
+// overlayContainerStatus shows st (the runtime's answer) as the STOPPED sent for it when the runtime
+// still shows it running; it reports whether it changed st.
+func (t *stoppedTracker) overlayContainerStatus(st *runtimeapi.ContainerStatus) bool {
+	if st == nil || !t.staleContainer(st.GetId(), st.GetState()) {
+		return false
+	}
+	sent := t.container(st.GetId())
+	if sent == nil {
+		return false
+	}
+	st.State = runtimeapi.ContainerState_CONTAINER_EXITED
+	st.ExitCode = sent.GetExitCode()
+	st.FinishedAt = sent.GetFinishedAt()
+	st.Reason = sent.GetReason()
+	st.Message = sent.GetMessage()
+	if st.StartedAt == 0 {
+		st.StartedAt = sent.GetStartedAt()
+	}
+	return true
+}

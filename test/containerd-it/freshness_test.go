@@ -1,0 +1,152 @@
+package containerdit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// gateRuncDelete restarts the harness's containerd with a runc wrapper whose `runc delete` waits while
+// the returned gate file is missing (containerd's exit handler deletes the task before it updates the
+// container's CRI status, so containerd shows an exited container RUNNING until the gate opens). The
+// gate starts open; the original config comes back when the test ends.
+func gateRuncDelete(t *testing.T) (closeGate, openGate func()) {
+	ctx := context.Background()
+	gate := filepath.Join(env.Dir, "delete-gate")
+	openGate = func() {
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	closeGate = func() {
+		if err := os.Remove(gate); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openGate()
+	wrapper := filepath.Join(env.Dir, "gated-runc")
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { while [ ! -e %s ]; do sleep 0.05; done; } && break; done\nexec %s/runc \"$@\"\n",
+		gate, env.BinDir)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(env.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gated := strings.Replace(string(orig), `BinaryName = "`+env.BinDir+`/runc"`, `BinaryName = "`+wrapper+`"`, 1)
+	if gated == string(orig) {
+		t.Fatal("no runc BinaryName in containerd's config")
+	}
+	restart := func(config []byte) {
+		if err := env.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(env.ConfigPath, config, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart([]byte(gated))
+	t.Cleanup(func() { restart(orig) })
+	t.Cleanup(openGate)
+	return closeGate, openGate
+}
+
+// TestOverlaidReads: with read-freshness overlay (the default), while containerd has not handled an
+// exit that pleg-nri already reported, reads through pleg-nri show the container exited with the
+// fields containerd shows once it catches up (compared field by field), a list of running containers
+// leaves it out, and the calls a kubelet makes on such a container (StopContainer, RemoveContainer)
+// work through pleg-nri: containerd finishes them once its exit handling is done.
+func TestOverlaidReads(t *testing.T) {
+	closeGate, openGate := gateRuncDelete(t)
+	p := startPlegNRI(t)
+	rec := recordEvents(t, p.Socket)
+	via, direct := newCRI(t, p.Socket), newCRI(t, env.Address)
+
+	podID, podCfg := via.runPod("overlay")
+	// Exits 3 once the test has closed the gate.
+	id := via.create(podID, podCfg, containerConfig("exiter", "sleep 2; exit 3"))
+	via.start(id)
+	closeGate()
+	stopped := rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	var sent *runtimeapi.ContainerStatus
+	for _, c := range stopped.GetContainersStatuses() {
+		if c.GetId() == id {
+			sent = c
+		}
+	}
+	if sent == nil || sent.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("pleg-nri's STOPPED does not show %s exited: %v", short(id), stopped)
+	}
+	if st := direct.status(id); st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("containerd shows %s %s while its runc delete is held: the gate did not hold the exit handler", short(id), st.GetState())
+	}
+
+	overlaid := via.status(id)
+	if overlaid.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || overlaid.GetExitCode() != 3 ||
+		overlaid.GetFinishedAt() != sent.GetFinishedAt() || overlaid.GetReason() != sent.GetReason() {
+		t.Errorf("through pleg-nri: %s exit %d reason %q finished %d; pleg-nri sent exit %d reason %q finished %d",
+			overlaid.GetState(), overlaid.GetExitCode(), overlaid.GetReason(), overlaid.GetFinishedAt(),
+			sent.GetExitCode(), sent.GetReason(), sent.GetFinishedAt())
+	}
+	sb, err := via.rt.PodSandboxStatus(ctx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID})
+	if err != nil || sb.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("sandbox through pleg-nri: %v %v, want READY (only its container exited)", sb.GetStatus().GetState(), err)
+	}
+	running, err := via.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		PodSandboxId: podID, State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}})
+	if err != nil || len(running.GetContainers()) != 0 {
+		t.Errorf("running containers of the pod through pleg-nri: %v (%v), want none", running.GetContainers(), err)
+	}
+	all, err := via.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
+	if err != nil || len(all.GetContainers()) != 1 || all.GetContainers()[0].GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("ListContainers of %s through pleg-nri: %v (%v), want it EXITED", short(id), all.GetContainers(), err)
+	}
+
+	// A kubelet may stop such a container (killing its pod): containerd answers once its exit handling
+	// is done.
+	stopDone := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := via.rt.StopContainer(cctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
+		stopDone <- err
+	}()
+	openGate()
+	if err := <-stopDone; err != nil {
+		t.Errorf("StopContainer through pleg-nri: %v", err)
+	}
+
+	// containerd caught up: its answer is what pleg-nri answered, field by field, and goes through
+	// unchanged from now on.
+	truth := direct.waitState(id, runtimeapi.ContainerState_CONTAINER_EXITED)
+	if diff := cmp.Diff(truth, overlaid, protocmp.Transform()); diff != "" {
+		t.Errorf("overlaid answer against containerd's once it caught up (-containerd +overlaid):\n%s", diff)
+	}
+	if diff := cmp.Diff(truth, via.status(id), protocmp.Transform()); diff != "" {
+		t.Errorf("answer through pleg-nri after containerd caught up (-containerd +pleg-nri):\n%s", diff)
+	}
+
+	// And removes it.
+	via.remove(id)
+	rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
+	if _, err := via.rt.ContainerStatus(ctx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id}); status.Code(err) != codes.NotFound {
+		t.Errorf("ContainerStatus of the removed %s through pleg-nri: %v, want NotFound", short(id), err)
+	}
+	if n := p.metric(t, "pleg_nri_overlaid_reads_total"); n < 3 {
+		t.Errorf("pleg_nri_overlaid_reads_total = %g, want at least the 3 reads above", n)
+	}
+}
