@@ -72,6 +72,8 @@ type nodeOptions struct {
 	// the tests' detailed logs (which cost the evented setups more CPU: the kubelet formats every event
 	// it gets at --v=4). The kubelet then does not log the events it receives.
 	quiet bool
+	// plegNRIFlags are more flags for pleg-nri.
+	plegNRIFlags []string
 }
 
 // startNode starts pleg-nri (setup 3) and a kubelet, and arranges for both to be stopped, the kubelet
@@ -88,6 +90,7 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	if o.quiet {
 		verbosity, plegNRIFlags = 2, []string{"--log-level", "info"}
 	}
+	plegNRIFlags = append(plegNRIFlags, o.plegNRIFlags...)
 	ctx := context.Background()
 	n := &node{t: t, setup: s}
 	// Calls wait for containerd while it restarts, up to their own deadlines.
