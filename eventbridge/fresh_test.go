@@ -479,3 +479,29 @@ func TestReadFreshnessRefresh(t *testing.T) {
 		t.Errorf("refreshes reported: %v, want one", e.metrics.refreshes)
 	}
 }
+
+// FuzzPeekEvent: peekEvent reads the id, type and created_at that a full decode reads, and never panics
+// on bytes that are not an event.
+func FuzzPeekEvent(f *testing.F) {
+	for _, ev := range stoppedEvents() {
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, typ, createdAt, ok := peekEvent(b)
+		var ev runtimeapi.ContainerEventResponse
+		if proto.Unmarshal(b, &ev) != nil {
+			return
+		}
+		if !ok {
+			t.Fatalf("peekEvent refused bytes that decode as %v", &ev)
+		}
+		if id != ev.GetContainerId() || typ != ev.GetContainerEventType() || createdAt != ev.GetCreatedAt() {
+			t.Fatalf("peekEvent: %q %s %d; decoded: %q %s %d", id, typ, createdAt, ev.GetContainerId(), ev.GetContainerEventType(), ev.GetCreatedAt())
+		}
+	})
+}
