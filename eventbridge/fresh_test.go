@@ -2,6 +2,7 @@ package eventbridge
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"slices"
@@ -478,4 +479,72 @@ func TestReadFreshnessRefresh(t *testing.T) {
 	if !slices.Equal(e.metrics.refreshes, []bool{true}) {
 		t.Errorf("refreshes reported: %v, want one", e.metrics.refreshes)
 	}
+}
+
+// FuzzPeekEvent: peekEvent reads the id, type and created_at that a full decode reads, and never panics
+// on bytes that are not an event.
+func FuzzPeekEvent(f *testing.F) {
+	for _, ev := range stoppedEvents() {
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, typ, createdAt, ok := peekEvent(b)
+		var ev runtimeapi.ContainerEventResponse
+		if proto.Unmarshal(b, &ev) != nil {
+			return
+		}
+		if !ok {
+			t.Fatalf("peekEvent refused bytes that decode as %v", &ev)
+		}
+		if id != ev.GetContainerId() || typ != ev.GetContainerEventType() || createdAt != ev.GetCreatedAt() {
+			t.Fatalf("peekEvent: %q %s %d; decoded: %q %s %d", id, typ, createdAt, ev.GetContainerId(), ev.GetContainerEventType(), ev.GetCreatedAt())
+		}
+	})
+}
+
+// BenchmarkOverlayListContainers: the proxy's own work on a ListContainers answer of 100 containers
+// while one object is ahead of the runtime: "related", the answer holds it (decode, overlay, encode);
+// "unrelated", it does not (only the scan for tracked ids).
+func BenchmarkOverlayListContainers(b *testing.B) {
+	tr := newStoppedTracker(time.Now, overlayTTL)
+	for _, ev := range stoppedEvents() {
+		eb, _ := proto.Marshal(ev)
+		tr.observe(eb)
+	}
+	list := func(prefix string) []byte {
+		var l runtimeapi.ListContainersResponse
+		for i := 0; i < 100; i++ {
+			id := fmt.Sprintf("%s%d", prefix, i+1)
+			l.Containers = append(l.Containers, &runtimeapi.Container{Id: id, PodSandboxId: "sb", State: runtimeapi.ContainerState_CONTAINER_RUNNING,
+				Metadata: &runtimeapi.ContainerMetadata{Name: id}, Image: &runtimeapi.ImageSpec{Image: "busybox"}, ImageRef: "sha256:0123456789abcdef",
+				Labels: map[string]string{"io.kubernetes.pod.uid": "u", "io.kubernetes.container.name": id}})
+		}
+		b, _ := proto.Marshal(&l)
+		return b
+	}
+	req, _ := proto.Marshal(&runtimeapi.ListContainersRequest{})
+	fix := readFixes["/runtime.v1.RuntimeService/ListContainers"]
+	b.Run("related", func(b *testing.B) {
+		answer := list("c")
+		b.ReportAllocs()
+		for b.Loop() {
+			if !tr.mentioned(answer) || fix.overlay(tr, req, answer) == nil {
+				b.Fatal("c1 not overlaid")
+			}
+		}
+	})
+	b.Run("unrelated", func(b *testing.B) {
+		answer := list("x")
+		b.ReportAllocs()
+		for b.Loop() {
+			if tr.mentioned(answer) {
+				b.Fatal("mentioned")
+			}
+		}
+	})
 }

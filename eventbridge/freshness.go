@@ -1,6 +1,7 @@
 package eventbridge
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -80,6 +81,8 @@ type stoppedTracker struct {
 }
 
 type stoppedContainer struct {
+	// idb is the container's id as bytes (see mentioned).
+	idb []byte
 	// status is the container's status in the last STOPPED event sent for it.
 	status *runtimeapi.ContainerStatus
 	// sandboxID is its sandbox: a sandbox's DELETED forgets its containers.
@@ -91,6 +94,7 @@ type stoppedContainer struct {
 }
 
 type stoppedSandbox struct {
+	idb       []byte
 	createdAt int64
 	at        time.Time
 }
@@ -188,7 +192,7 @@ func (t *stoppedTracker) observeStopped(b []byte, id string, createdAt int64) {
 		if _, ok := t.sandboxes[id]; !ok {
 			t.n.Add(1)
 		}
-		t.sandboxes[id] = &stoppedSandbox{createdAt: createdAt, at: now}
+		t.sandboxes[id] = &stoppedSandbox{idb: []byte(id), createdAt: createdAt, at: now}
 		return
 	}
 	for _, st := range ev.GetContainersStatuses() {
@@ -201,7 +205,7 @@ func (t *stoppedTracker) observeStopped(b []byte, id string, createdAt int64) {
 		if _, ok := t.containers[id]; !ok {
 			t.n.Add(1)
 		}
-		t.containers[id] = &stoppedContainer{status: st, sandboxID: sandboxID, createdAt: createdAt, at: now}
+		t.containers[id] = &stoppedContainer{idb: []byte(id), status: st, sandboxID: sandboxID, createdAt: createdAt, at: now}
 		return
 	}
 }
@@ -273,6 +277,28 @@ func (t *stoppedTracker) container(id string) *runtimeapi.ContainerStatus {
 		return nil
 	}
 	return c.status
+}
+
+// mentioned reports whether an answer (encoded) contains the id of a tracked object. When it does not,
+// the answer says nothing about them and is not decoded: a kubelet reads many pods, and few of them hold
+// an object still ahead of the runtime.
+func (t *stoppedTracker) mentioned(answer []byte) bool {
+	if !t.any() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range t.containers {
+		if bytes.Contains(answer, c.idb) {
+			return true
+		}
+	}
+	for _, s := range t.sandboxes {
+		if bytes.Contains(answer, s.idb) {
+			return true
+		}
+	}
+	return false
 }
 
 // sandboxOf returns the sandbox of a tracked container, or id itself for a sandbox ("" when untracked).

@@ -294,15 +294,21 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 	for {
 		var hdr, trl metadata.MD
 		err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
-		if err == nil && fix != nil && p.freshMode == ReadFreshnessOverlay {
-			if b := fix.overlay(p.fresh, req.data, resp.bytes()); b != nil {
+		var answer []byte
+		if err == nil && fix != nil {
+			if answer = resp.bytes(); !p.fresh.mentioned(answer) {
+				answer = nil // nothing in it is ahead of the runtime
+			}
+		}
+		if answer != nil && p.freshMode == ReadFreshnessOverlay {
+			if b := fix.overlay(p.fresh, req.data, answer); b != nil {
 				resp.free()
 				resp.data = b
 				if m, ok := p.metrics.(FreshnessMetrics); ok {
 					m.OverlaidRead(method)
 				}
 			}
-		} else if stale := staleIDs(err, fix, p.fresh, &resp); len(stale) > 0 {
+		} else if stale := staleIDs(fix, p.fresh, answer); len(stale) > 0 {
 			if p.now().Add(delay).Sub(start) < p.freshWait {
 				held = true
 				resp.free()
@@ -340,13 +346,13 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 	}
 }
 
-// staleIDs returns, in the hold mode, the objects a successful answer shows running that the stream
-// reported stopped.
-func staleIDs(err error, fix *readFix, t *stoppedTracker, resp *frame) []string {
-	if err != nil || fix == nil {
+// staleIDs returns, in the hold mode, the objects an answer (nil: none to look at) shows running that the
+// stream reported stopped.
+func staleIDs(fix *readFix, t *stoppedTracker, answer []byte) []string {
+	if answer == nil {
 		return nil
 	}
-	return fix.stale(t, resp.bytes())
+	return fix.stale(t, answer)
 }
 
 // staleRead reports a status read the runtime first answered with an older state than the event stream.

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
 // gateRuncDelete restarts the harness's containerd with a runc wrapper whose `runc delete` waits while
@@ -148,5 +150,64 @@ func TestOverlaidReads(t *testing.T) {
 	}
 	if n := p.metric(t, "pleg_nri_overlaid_reads_total"); n < 3 {
 		t.Errorf("pleg_nri_overlaid_reads_total = %g, want at least the 3 reads above", n)
+	}
+}
+
+// TestHeldReadRefresh (issue 11, item 7): with read-freshness hold, a read that waited its 5 s for
+// containerd and gave up answers containerd's RUNNING (which a kubelet 1.35/1.36 caches as newer than the
+// STOPPED it got); once containerd shows the exit, pleg-nri sends a refresh: a second STOPPED of the
+// container with a newer created_at, carrying containerd's own statuses.
+func TestHeldReadRefresh(t *testing.T) {
+	closeGate, openGate := gateRuncDelete(t)
+	p := startPlegNRI(t, "--read-freshness", "hold")
+	rec := recordEvents(t, p.Socket)
+	via, direct := newCRI(t, p.Socket), newCRI(t, env.Address)
+
+	podID, podCfg := via.runPod("refresh")
+	id := via.create(podID, podCfg, containerConfig("exiter", "sleep 2; exit 3"))
+	via.start(id)
+	closeGate()
+	first := rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	start := time.Now()
+	if st := via.status(id); st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("a held read that gave up answered %s, want containerd's RUNNING", st.GetState())
+	}
+	t.Logf("the read was held %s and answered containerd's RUNNING", time.Since(start).Round(time.Millisecond))
+	openGate()
+
+	var refresh *runtimeapi.ContainerEventResponse
+	err := harness.WaitFor(context.Background(), 30*time.Second, "a refresh STOPPED of "+short(id), func() (bool, error) {
+		n := 0
+		for _, ev := range rec.Events() {
+			if ev.GetContainerId() == id && ev.GetContainerEventType() == runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+				if n++; n == 2 {
+					refresh = ev
+					return true, nil
+				}
+			}
+		}
+		return false, rec.Err()
+	})
+	if err != nil {
+		t.Fatalf("%v; recorded: %s", err, describeEvents(rec.Events()))
+	}
+	if refresh.GetCreatedAt() <= first.GetCreatedAt() {
+		t.Errorf("refresh created_at %d, not after the first STOPPED's %d", refresh.GetCreatedAt(), first.GetCreatedAt())
+	}
+	truth := direct.status(id)
+	var got *runtimeapi.ContainerStatus
+	for _, c := range refresh.GetContainersStatuses() {
+		if c.GetId() == id {
+			got = c
+		}
+	}
+	if diff := cmp.Diff(truth, got, protocmp.Transform()); diff != "" {
+		t.Errorf("the refresh's status of %s against containerd's (-containerd +refresh):\n%s", short(id), diff)
+	}
+	if diff := cmp.Diff(direct.podStatus(podID), refresh.GetPodSandboxStatus(), protocmp.Transform()); diff != "" {
+		t.Errorf("the refresh's sandbox status against containerd's (-containerd +refresh):\n%s", diff)
+	}
+	if n := p.metric(t, "pleg_nri_refresh_events_total", `result="sent"`); n != 1 {
+		t.Errorf("pleg_nri_refresh_events_total{result=\"sent\"} = %g, want 1", n)
 	}
 }

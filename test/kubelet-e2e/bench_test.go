@@ -578,9 +578,10 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	p("One crashing container per pod keeps each pod's worker idle when its exit comes. With several containers per pod")
 	p("crashing in turn, the kubelet's pod worker is still busy with one restart when the next exit arrives, and both")
 	p("evented setups wait longer (the kubelet's pod worker waits for a cached status newer than its last sync). pleg-nri")
-	p("sends STOPPED before containerd's CRI says the container exited; the kubelet's on-demand relist after a restart")
-	p("(PLEGOnDemandRelist, on in 1.36) then reads containerd's stale RUNNING, which pleg-nri now holds until containerd")
-	p("catches up (TestSlowExitHandling).")
+	p("sends STOPPED before containerd's CRI says the container exited; the kubelet then reads the pod through pleg-nri")
+	p("(1.37: the relist the STOPPED requests; 1.36: its on-demand relist after a sync), and what it gets for the exited")
+	p("container while containerd is behind depends on pleg-nri's `read-freshness` (see the README): overlay answers with")
+	p("the stop already sent (reads overlaid), hold waits for containerd (reads held), off forwards containerd's RUNNING.")
 	return b.String()
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -356,5 +357,56 @@ func TestPlegNRIRestart(t *testing.T) {
 		t.Logf("the exit after the restart came as a STOPPED event")
 	} else {
 		t.Logf("the exit after the restart was found by relisting, not by an event")
+	}
+}
+
+// TestStatusesLikeContainerdStream runs the same workload (a container crashing crashTimes times, an OOM
+// kill, a run-once pod that fails) on EventedPLEG with containerd's own stream (setup 2) and on pleg-nri
+// (setup 3), and requires the kubelet to report the same statuses on both: phase, and per container the
+// restart count, the state and the last state (exit code and reason).
+func TestStatusesLikeContainerdStream(t *testing.T) {
+	pods := []kubelet.Pod{
+		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
+			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
+			crashTimes)}}},
+		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
+			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
+		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
+	}
+	reported := map[string][]string{}
+	for _, s := range []setup{setupEventedDirect, setupEventedPlegNRI} {
+		t.Run(s.Name, func(t *testing.T) {
+			n := startNode(t, s)
+			for _, p := range pods {
+				if err := n.k.WritePod(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var got []string
+			for _, w := range []struct {
+				pod, what string
+				cond      func(p *kubelet.PodStatus) (bool, error)
+			}{
+				{"crasher", "crash restarted " + fmt.Sprint(crashTimes) + " times and running", restartedTo("crash", crashTimes)},
+				{"oom", "hog restarted once and running", restartedTo("hog", 1)},
+				{"once", "phase Failed", func(p *kubelet.PodStatus) (bool, error) { return p.Status.Phase == "Failed", nil }},
+			} {
+				p := n.waitPod(w.pod, w.what, w.cond)
+				for _, c := range p.Status.ContainerStatuses {
+					got = append(got, fmt.Sprintf("%s phase=%s %s: restarts=%d state=%s last=%s", w.pod, p.Status.Phase, c.Name,
+						c.RestartCount, describeState(c.State), describeState(c.LastState)))
+				}
+			}
+			t.Logf("kubelet %s, %s:\n%s", kubeletVersion, s.Name, strings.Join(got, "\n"))
+			reported[s.Name] = got
+		})
+	}
+	direct, ours := reported[setupEventedDirect.Name], reported[setupEventedPlegNRI.Name]
+	if len(direct) == 0 || len(ours) == 0 {
+		t.Fatal("a setup reported nothing")
+	}
+	if !slices.Equal(direct, ours) {
+		t.Errorf("the kubelet reports differently on pleg-nri than on containerd's stream:\ncontainerd's stream:\n%s\npleg-nri:\n%s",
+			strings.Join(direct, "\n"), strings.Join(ours, "\n"))
 	}
 }
