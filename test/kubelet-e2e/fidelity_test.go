@@ -16,11 +16,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,25 +28,10 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
-// kubeletMinor returns the minor version of the kubelet under test (`kubelet --version`).
-func kubeletMinor(t *testing.T) int {
-	t.Helper()
-	out, err := exec.Command(kubeletBinary, "--version").CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubelet --version: %v: %s", err, out)
-	}
-	m := regexp.MustCompile(`v1\.(\d+)\.`).FindSubmatch(out)
-	if m == nil {
-		t.Fatalf("kubelet --version: %q has no v1.N version", out)
-	}
-	minor, _ := strconv.Atoi(string(m[1]))
-	return minor
-}
-
 // kubeletMeaning logs, loudly, which meaning of EventedPLEG the run exercises.
 func kubeletMeaning(t *testing.T) {
 	t.Helper()
-	switch minor := kubeletMinor(t); {
+	switch minor := kubeletMinor; {
 	case minor == 35 || minor == 36:
 		t.Logf("kubelet v1.%d: events write the pod cache (the 1.35/1.36 meaning this test is about)", minor)
 	default:
