@@ -31,7 +31,8 @@ import (
 const preRegisteredConfigWait = 5 * time.Second
 
 // runDaemon runs pleg-nri until ctx is done: the core, the NRI plugin, the containerd event
-// subscription, the CRI endpoint and the metrics server.
+// subscription, the core's event socket and the metrics server; and it makes sure a front serves the
+// kubelet's CRI endpoint (ensureFront), which it leaves running when it stops.
 func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	if err := log.SetLevel(cfg.LogLevel); err != nil {
 		return fmt.Errorf("config key \"log-level\": %w", err)
@@ -145,13 +146,23 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer backend.Close()
-	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core},
-		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithFreshness(core, 0)))
-	if err != nil {
+	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
+	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
+	// socket, where the front subscribes.
+	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
+	coreListen := "unix://" + filepath.Join(cfg.runDir(), coreSocketName)
+	srv, err := eventbridge.NewServer(coreListen, eventbridge.NewProxy(backend, eventSource{core},
+		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithFreshness(core, 0)))
+	if err != nil {
+		return fmt.Errorf("config key \"run-dir\": %w", err)
+	}
 	if err := srv.Start(ctx); err != nil {
-		return fmt.Errorf("config key \"listen\": %w", err)
+		return fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
 	defer func() {
 		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -177,7 +188,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 		defer stopMetrics()
 	}
-	log.G(ctx).WithField("listen", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
+	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
 		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
 
 	var firstErr error

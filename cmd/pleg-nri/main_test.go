@@ -1,18 +1,33 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
 // TestMain runs the tests, then fails the package if any goroutine is left behind.
+// When the test binary is started as a front (runDaemon run in a test spawns os.Executable(), this
+// binary, with the front's arguments), it is the front.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "front" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := runFront(ctx, os.Args[2:])
+		stop()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pleg-nri: %v\n", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
