@@ -115,6 +115,17 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 	}
 
+	if preRegistered {
+		// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by
+		// the previous containerd may have reconnected through the NRI socket and still serve. Then it
+		// goes on (its state is current) and this one ends.
+		if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), coreSocketName), time.Second); err == nil {
+			_ = c.Close()
+			log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
+			return nil
+		}
+	}
+
 	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
