@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -175,11 +176,16 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	if err := srv.Start(ctx); err != nil {
 		return fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer scancel()
-		srv.Stop(sctx)
-	}()
+	// The event socket stops before the core (see below); on an early return, here.
+	var stopOnce sync.Once
+	stopServer := func() {
+		stopOnce.Do(func() {
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer scancel()
+			srv.Stop(sctx)
+		})
+	}
+	defer stopServer()
 
 	events, err := eventbridge.NewTaskEvents(cfg.ContainerdAddress, observerFunc(core.Observe),
 		eventbridge.WithNamespace(cfg.ContainerdNamespace),
@@ -189,7 +195,20 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	defer events.Close()
 
-	goRun("core", core.Run)
+	// The core runs until the event socket's streams have ended, so that its last checkpoint records
+	// every event the front received: after a SIGTERM the next core sends nothing twice.
+	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCore()
+	running++
+	go func() {
+		err := core.Run(coreCtx)
+		if err != nil && coreCtx.Err() == nil {
+			err = fmt.Errorf("core: %w", err)
+		} else {
+			err = nil
+		}
+		errc <- err
+	}()
 	goRun("containerd events", events.Run)
 
 	if cfg.MetricsAddress != "" {
@@ -212,6 +231,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		firstErr = err
 	}
 	cancel()
+	stopServer()
+	stopCore()
 	for ; running > 0; running-- {
 		if err := <-errc; err != nil && firstErr == nil {
 			firstErr = err

@@ -24,6 +24,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
@@ -341,4 +342,70 @@ func TestFrontTakeover(t *testing.T) {
 	c.removePod(podID)
 	after.wait(t, podID, evDeleted)
 	t.Logf("front pid %d took the socket over from pid %d", newPID, old)
+}
+
+// BenchmarkFrontProxy measures forwarded unary calls (Version, ListContainers) three ways, interleaved:
+// direct to containerd, through the front (the kubelet's endpoint) and through the core's own socket,
+// whose proxy is the one the kubelet used before the front (the same eventbridge.Proxy, in the process
+// of the NRI plugin and the state). The front must add no more than that proxy (p50).
+func BenchmarkFrontProxy(b *testing.B) {
+	p := startPlegNRI(b, benchPlegFlags...)
+	sides := []struct {
+		name string
+		rt   runtimeapi.RuntimeServiceClient
+		us   []float64
+	}{
+		{name: "direct", rt: benchRuntime(b, env.Address)},
+		{name: "front", rt: benchRuntime(b, p.Socket)},
+		{name: "core", rt: benchRuntime(b, filepath.Join(p.RunDir, "core.sock"))},
+	}
+	id, cfg := benchRunPod(b, sides[0].rt, "bench-front-"+randomSuffix())
+	for j := range 3 {
+		c := harness.ContainerConfig(fmt.Sprintf("sleeper-%d", j), "sleep 3600")
+		resp, err := sides[0].rt.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: c, SandboxConfig: cfg})
+		if err != nil {
+			b.Fatalf("CreateContainer: %v", err)
+		}
+		if _, err := sides[0].rt.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			b.Fatalf("StartContainer: %v", err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, method := range []string{"Version", "ListContainers"} {
+		call := func(rt runtimeapi.RuntimeServiceClient) float64 {
+			start := time.Now()
+			var err error
+			if method == "Version" {
+				_, err = rt.Version(b.Context(), &runtimeapi.VersionRequest{})
+			} else {
+				_, err = rt.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{})
+			}
+			if err != nil {
+				b.Fatalf("%s: %v", method, err)
+			}
+			return float64(time.Since(start).Nanoseconds()) / 1e3
+		}
+		for i := range sides {
+			sides[i].us = nil
+		}
+		for range proxyWarmup {
+			for _, s := range sides {
+				call(s.rt)
+			}
+		}
+		for i := range proxyCalls {
+			// Rotate the order, so that no side always follows another.
+			for k := range sides {
+				s := &sides[(i+k)%len(sides)]
+				s.us = append(s.us, call(s.rt))
+			}
+		}
+		d50 := benchreport.Median(sides[0].us)
+		f50, c50 := benchreport.Median(sides[1].us), benchreport.Median(sides[2].us)
+		b.ReportMetric(f50-d50, method+"-front-added-p50-us")
+		b.ReportMetric(c50-d50, method+"-core-added-p50-us")
+		b.Logf("%s (%d calls each, interleaved): direct p50 %.0f µs; front p50 %.0f µs (+%.0f); core's proxy (the kubelet's before the front) p50 %.0f µs (+%.0f); front/core added: %.2f",
+			method, proxyCalls, d50, f50, f50-d50, c50, c50-d50, (f50-d50)/(c50-d50))
+	}
+	b.ReportMetric(0, "ns/op")
 }
