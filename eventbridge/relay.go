@@ -59,6 +59,10 @@ const (
 	relayRetryMin    = 20 * time.Millisecond
 	relayRetryMax    = 500 * time.Millisecond
 	relayConnBackoff = 200 * time.Millisecond
+	// relayStreamWindow is gRPC's smallest stream window (64 KiB); relayConnWindow, shared by every
+	// stream of the connection, leaves room for many.
+	relayStreamWindow = 64 << 10
+	relayConnWindow   = 16 << 20
 )
 
 // DialRelay returns a Relay whose upstream is the CRI endpoint (see DialCRI). Close it when done.
@@ -70,6 +74,12 @@ func DialRelay(endpoint string, opts ...RelayOption) (*Relay, error) {
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+		// A fixed, small stream window (no BDP growth): a client that stops reading holds back the
+		// relay's upstream stream after at most this much more than it would hold on the core itself,
+		// so that the core's queue fills and the core evicts it as before (RESOURCE_EXHAUSTED, passed
+		// on), rather than events piling up in the relay's buffers.
+		grpc.WithInitialWindowSize(relayStreamWindow),
+		grpc.WithInitialConnWindowSize(relayConnWindow),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: relayRetryMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: relayConnBackoff},
 			MinConnectTimeout: 5 * time.Second,
