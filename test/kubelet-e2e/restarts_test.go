@@ -127,7 +127,7 @@ func TestRestartsKeepFastPath(t *testing.T) {
 			}
 			back = time.Now()
 		}
-		p = n.waitPod(p.Metadata.Name, "waiter restarted once and running", restartedTo("waiter", 1))
+		p = n.waitPod(fmt.Sprintf("gap%d", i), "waiter restarted once and running", restartedTo("waiter", 1))
 		if last := p.Container("waiter").LastState.Terminated; last == nil || last.ExitCode != 7 {
 			t.Errorf("%s: last state of the waiter: %s, want terminated with exit code 7", step, describePod(p))
 		}

@@ -113,6 +113,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 
 func (d *Daemon) start(ctx context.Context) error {
 	d.cmd = exec.Command(d.binary, d.args...)
+	// Its own session, as a service manager starts a daemon (systemd calls setsid for every service):
+	// the scheduler's autogroups then place it as on a node, not in the test's group.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	pr, pw := io.Pipe()
 	d.cmd.Stdout, d.cmd.Stderr = pw, pw
 	if err := d.cmd.Start(); err != nil {
