@@ -169,7 +169,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	coreListen := "unix://" + filepath.Join(cfg.runDir(), coreSocketName)
 	srv, err := eventbridge.NewServer(coreListen, eventbridge.NewProxy(backend, eventSource{core},
-		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithFreshness(core, 0)))
+		eventbridge.WithMetrics(coreProxyMetrics{metrics: m}), eventbridge.WithFreshness(core, 0)))
 	if err != nil {
 		return fmt.Errorf("config key \"run-dir\": %w", err)
 	}
@@ -212,7 +212,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	goRun("containerd events", events.Run)
 
 	if cfg.MetricsAddress != "" {
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, reg, m)
+		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, m)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -245,9 +246,9 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr until stop is called.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, m *metrics) (stop func(), err error) {
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, m *metrics) (stop func(), err error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := m.ready(); err != nil {

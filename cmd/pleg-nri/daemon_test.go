@@ -477,6 +477,18 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
+			// One scrape shows the core's metrics and the front's (the kubelet's endpoint).
+			resp, err = http.Get("http://" + metrics + "/metrics")
+			if err != nil {
+				t.Fatalf("/metrics: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			for _, name := range []string{"pleg_nri_subscribers ", "pleg_nri_event_streams ", "pleg_nri_front_runtime_connected "} {
+				if !strings.Contains(string(body), "\n"+name) {
+					t.Errorf("/metrics has no %s", name)
+				}
+			}
 
 			front, err := queryFront(sockDir, "info")
 			if err != nil {

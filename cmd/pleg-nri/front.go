@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protowire"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -73,7 +74,7 @@ type frontInfo struct {
 
 // frontRequest is one request on the control socket.
 type frontRequest struct {
-	// Op is "info", "stop" or "handoff".
+	// Op is "info", "stop", "handoff" or "metrics" (the answer is then the Prometheus text format).
 	Op string `json:"op"`
 }
 
@@ -162,15 +163,18 @@ func runFront(ctx context.Context, args []string) error {
 		return fmt.Errorf("--runtime-endpoint: %w", err)
 	}
 	defer backend.Close()
+	reg := prometheus.NewRegistry()
+	em := newEndpointMetrics(reg)
 	fresh := newEventFreshness(time.Now, eventbridge.DefaultFreshnessWait)
 	relay, err := eventbridge.DialRelay("unix://"+filepath.Join(cfg.RunDir, coreSocketName),
-		eventbridge.WithRelayObserver(fresh.observe))
+		eventbridge.WithRelayObserver(fresh.observe), eventbridge.WithRelayResubscribed(em.resubscribed.Inc))
 	if err != nil {
 		_, _ = lis.Close(), ctl.Close()
 		return err
 	}
 	defer relay.Close()
-	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, relay, frontProxyOptions(fresh)...))
+	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, relay,
+		append(frontProxyOptions(fresh), eventbridge.WithMetrics(em))...))
 	if err != nil {
 		_, _ = lis.Close(), ctl.Close()
 		return fmt.Errorf("--listen: %w", err)
@@ -191,7 +195,7 @@ func runFront(ctx context.Context, args []string) error {
 			log.G(ctx).WithError(err).Warn("cannot log to the log file: logging to stderr")
 		}
 	}
-	f := &front{cfg: cfg, lis: lis, ctl: ctl, stop: make(chan struct{}), handedOver: make(chan struct{})}
+	f := &front{cfg: cfg, lis: lis, ctl: ctl, reg: reg, stop: make(chan struct{}), handedOver: make(chan struct{})}
 	go f.serveControl(ctx)
 	log.G(ctx).WithField("listen", cfg.Listen).WithField("version", version).WithField("pid", os.Getpid()).
 		Info("pleg-nri front is serving")
@@ -243,6 +247,8 @@ func frontProxyOptions(f *eventFreshness) []eventbridge.ProxyOption {
 type front struct {
 	cfg      frontConfig
 	lis, ctl net.Listener
+	// reg holds the endpoint's metrics, served on the control socket.
+	reg *prometheus.Registry
 	// stop is closed by a "stop" request, handedOver once a successor took the sockets.
 	stop, handedOver chan struct{}
 	// once guards the closing of stop and handedOver (one of them, once).
@@ -290,6 +296,10 @@ func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
 	switch req.Op {
 	case "info":
 		_, _ = c.Write(append(info, '\n'))
+	case "metrics":
+		if err := writeMetrics(c, f.reg); err != nil {
+			log.G(ctx).WithError(err).Warn("failed to write the metrics")
+		}
 	case "stop":
 		log.G(ctx).Info("asked to stop")
 		_, _ = c.Write(append(info, '\n'))
