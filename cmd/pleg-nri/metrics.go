@@ -290,8 +290,8 @@ func (m *metrics) ready() error {
 }
 
 var (
-	_ pleg.Metrics                 = (*metrics)(nil)
-	_ plugin.Metrics               = (*metrics)(nil)
-	_ eventbridge.Metrics          = coreProxyMetrics{}
-	_ eventbridge.TaskEventsHooks  = taskHooks{}
+	_ pleg.Metrics                = (*metrics)(nil)
+	_ plugin.Metrics              = (*metrics)(nil)
+	_ eventbridge.Metrics         = coreProxyMetrics{}
+	_ eventbridge.TaskEventsHooks = taskHooks{}
 )
