@@ -182,7 +182,23 @@ func TestRestartsKeepStream(t *testing.T) {
 	}
 	rec := func() map[string]map[runtimeapi.ContainerEventType]int { return counts(ours.Events(), prefix) }
 	rs := func() runtimeState { return readRuntime(t, prefix, uncertain) }
-	if problems := waitLives(t, rec, rs, false, nil); len(problems) > 0 {
+	// The checkpoint's known loss after a SIGKILL: an object whose CREATED came after the checkpoint's
+	// last write and that was gone before the next core ran; nobody can tell its end. Such gone objects
+	// are not checked (present ones always are), and are counted.
+	unseen := map[string]bool{}
+	for _, kp := range kills {
+		evs := ours.Events()
+		later := map[string]bool{}
+		for _, ev := range evs[kp.resume:] {
+			later[ev.ContainerId] = true
+		}
+		for _, ev := range evs[:kp.resume] {
+			if _, known := kp.base[ev.ContainerId]; !known && !later[ev.ContainerId] {
+				unseen[ev.ContainerId] = true
+			}
+		}
+	}
+	if problems := waitLives(t, rec, rs, false, unseen); len(problems) > 0 {
 		t.Errorf("the stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
 	if err := ours.Err(); err != nil {
@@ -221,7 +237,15 @@ func TestRestartsKeepStream(t *testing.T) {
 		}
 		dups = append(dups, fmt.Sprintf("%s of %s (events %d and %d): %s", k.typ, short(k.id), f, i, explained))
 	}
-	t.Logf("events on the stream: %d; at-least-once duplicates after SIGKILLs: %d", len(evs), len(dups))
+	untold := 0
+	final := rs()
+	for id := range unseen {
+		if _, present := final.want[id]; !present && rec()[id][evDeleted] == 0 {
+			untold++
+		}
+	}
+	t.Logf("events on the stream: %d; at-least-once duplicates after SIGKILLs: %d; objects gone with their end untold (created after a SIGKILLed core's last checkpoint write, gone before the next core): %d",
+		len(evs), len(dups), untold)
 	for _, d := range dups {
 		t.Logf("  duplicate: %s", d)
 	}
