@@ -192,8 +192,14 @@ func TestRestartsKeepStream(t *testing.T) {
 		for _, ev := range evs[kp.resume:] {
 			later[ev.ContainerId] = true
 		}
+		deleted := map[string]bool{}
 		for _, ev := range evs[:kp.resume] {
-			if _, known := kp.base[ev.ContainerId]; !known && !later[ev.ContainerId] {
+			if ev.ContainerEventType == evDeleted {
+				deleted[ev.ContainerId] = true
+			}
+		}
+		for _, ev := range evs[:kp.resume] {
+			if _, known := kp.base[ev.ContainerId]; !known && !later[ev.ContainerId] && !deleted[ev.ContainerId] {
 				unseen[ev.ContainerId] = true
 			}
 		}
