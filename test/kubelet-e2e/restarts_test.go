@@ -128,8 +128,9 @@ func TestRestartsKeepFastPath(t *testing.T) {
 			back = time.Now()
 		}
 		p = n.waitPod(fmt.Sprintf("gap%d", i), "waiter restarted once and running", restartedTo("waiter", 1))
-		if last := p.Container("waiter").LastState.Terminated; last == nil || last.ExitCode != 7 {
-			t.Errorf("%s: last state of the waiter: %s, want terminated with exit code 7", step, describePod(p))
+		// containerd reports an exit it did not see (it was down) as 255, reason Unknown.
+		if last := p.Container("waiter").LastState.Terminated; last == nil || (strings.HasPrefix(step, "pleg-nri") && last.ExitCode != 7) {
+			t.Errorf("%s: last state of the waiter: %s, want terminated (with exit code 7 if containerd saw it)", step, describePod(p))
 		}
 		// When the kubelet made the new container, by containerd's record.
 		var created time.Time
