@@ -54,6 +54,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	configured := make(chan []byte, 1)
 	coreReady := make(chan struct{})
 	var core *pleg.PLEG
+	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
+	settle := newSettler(func() { core.TriggerRelist() }, settleDelays, time.After)
 	nri, err := plugin.New(plugin.Options{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket},
 		observerFunc(func(o pleg.Observation) {
 			<-coreReady
@@ -62,7 +64,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		plugin.WithMetrics(m),
 		plugin.WithOnSynchronized(func() {
 			<-coreReady
-			core.TriggerRelist()
+			settle.Kick()
 		}),
 		plugin.WithConfigure(func(data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
@@ -189,7 +191,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	events, err := eventbridge.NewTaskEvents(cfg.ContainerdAddress, observerFunc(core.Observe),
 		eventbridge.WithNamespace(cfg.ContainerdNamespace),
-		eventbridge.WithHooks(taskHooks{m: m, relist: core.TriggerRelist}))
+		eventbridge.WithHooks(taskHooks{m: m, relist: settle.Kick}))
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
@@ -210,6 +212,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		errc <- err
 	}()
 	goRun("containerd events", events.Run)
+	goRun("settle relists", settle.run)
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
