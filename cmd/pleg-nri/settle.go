@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -26,8 +25,6 @@ type settler struct {
 	// after is the clock's timer (time.After in production).
 	after func(time.Duration) <-chan time.Time
 	kick  chan struct{}
-	// wg tracks the goroutine started by run.
-	wg sync.WaitGroup
 }
 
 func newSettler(relist func(), delays []time.Duration, after func(time.Duration) <-chan time.Time) *settler {
