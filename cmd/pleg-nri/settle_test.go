@@ -47,7 +47,7 @@ func TestSettler(t *testing.T) {
 	expect(1) // at once
 	fire()
 	expect(1) // +1s
-	s.Kick() // again: at once, then the schedule from the start
+	s.Kick()  // again: at once, then the schedule from the start
 	expect(1)
 	<-timers // the +2s timer of the first schedule, abandoned
 	fire()
