@@ -122,8 +122,9 @@ func TestPreRegistered(t *testing.T) {
 	t.Cleanup(func() { removeTestPods(t, direct.rt, prefix) })
 	for i, how := range []string{"stop, plugin killed", "stop", "kill"} {
 		old := cores()
-		gap := direct.create(gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 0.3; exit 6"))
+		gap := direct.create(gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"))
 		direct.start(gap)
+		pid := containerPid(t, gap)
 		// The core may be SIGKILLed: once its checkpoint holds the new container running, nothing of
 		// it is sent again (before, CREATED and STARTED would be, at-least-once).
 		waitCheckpoint(t, filepath.Join(dir, "state", "checkpoint"), gap, pleg.PhaseRunning)
@@ -138,6 +139,10 @@ func TestPreRegistered(t *testing.T) {
 			for _, pid := range old {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
+		}
+		// The container exits while containerd is down.
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill the gap container's process %d: %v", pid, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 		if err := env.Start(context.Background()); err != nil {

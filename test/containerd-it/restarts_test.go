@@ -102,7 +102,7 @@ func TestRestartsKeepStream(t *testing.T) {
 		// A container that exits while the process is down.
 		gap := retryUnavailable(t, func() (string, error) {
 			resp, err := direct.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: gapPod,
-				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 0.3; exit 5"), SandboxConfig: gapCfg})
+				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"), SandboxConfig: gapCfg})
 			if err != nil {
 				return "", err
 			}
@@ -112,9 +112,17 @@ func TestRestartsKeepStream(t *testing.T) {
 			_, err := direct.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: gap})
 			return "", err
 		})
+		pid := containerPid(t, gap)
+		// It exits while the process is down.
+		exit := func() {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("%s: kill the gap container's process %d: %v", step, pid, err)
+			}
+		}
 		switch step {
 		case "core SIGTERM":
 			p.stop()
+			exit()
 			pause()
 			p.start(t)
 		case "core SIGKILL":
@@ -127,6 +135,7 @@ func TestRestartsKeepStream(t *testing.T) {
 			for _, o := range ck.Objects {
 				k.base[o.ID] = o.Phase
 			}
+			exit()
 			pause()
 			p.start(t)
 			k.resume = len(ours.Events())
@@ -138,6 +147,7 @@ func TestRestartsKeepStream(t *testing.T) {
 			} else {
 				p.SetBinary(plegNRIBinary)
 			}
+			exit()
 			p.start(t)
 		case "containerd SIGTERM", "containerd SIGKILL":
 			o := outage{down: time.Now()}
@@ -148,6 +158,7 @@ func TestRestartsKeepStream(t *testing.T) {
 			if err := stop(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+			exit()
 			pause()
 			if err := env.Start(context.Background()); err != nil {
 				t.Fatalf("%s: %v", step, err)
@@ -157,7 +168,7 @@ func TestRestartsKeepStream(t *testing.T) {
 		}
 		ev := ours.wait(t, gap, evStopped)
 		// containerd reports an exit it did not see (it was down) as 255, reason Unknown.
-		if st := statusOf(ev, gap); strings.HasPrefix(step, "core") && st.GetExitCode() != 5 {
+		if st := statusOf(ev, gap); strings.HasPrefix(step, "core") && st.GetExitCode() != 137 {
 			t.Errorf("%s: the STOPPED of the container that exited in the gap: %v", step, st)
 		}
 		if now := p.frontPID(t); now != front {
