@@ -11,6 +11,10 @@
 // that forwards every call, unary or streaming, known or not, byte for byte to containerd, and answers
 // GetContainerEvents itself from an EventSource (the core's fan-out), one subscription per stream.
 //
+// The kubelet's endpoint runs in pleg-nri's front process, whose EventSource is a Relay of the core's
+// own endpoint (see cmd/pleg-nri/front.go and docs/restarts.md); a Server hands its listening socket to
+// a successor with ListenerFile, SendFiles, ReceiveFiles and FileListener.
+//
 //	kubelet --CRI--> Server/Proxy --every call, bytes--> containerd CRI
 //	                      ^ GetContainerEvents
 //	                      |

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -146,11 +147,17 @@ type unixListener struct {
 	path string
 	// file is the socket file as created.
 	file fs.FileInfo
+	// handedOver is set when the socket was handed to another process (see KeepSocketFile): Close then
+	// leaves the file, which the other process serves.
+	handedOver atomic.Bool
 }
 
 // Close closes the listener and removes its socket file if it is still there.
 func (l *unixListener) Close() error {
 	err := l.UnixListener.Close()
+	if l.handedOver.Load() {
+		return err
+	}
 	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.file) {
 		_ = os.Remove(l.path)
 	}
@@ -244,6 +251,15 @@ func (s *Server) Start(ctx context.Context) error {
 	l, err := Listen(ctx, s.listen)
 	if err != nil {
 		return err
+	}
+	return s.StartOn(ctx, l)
+}
+
+// StartOn is Start on a listener already open (one handed over by a previous server, see
+// ReceiveListeners); the server closes it when it stops.
+func (s *Server) StartOn(ctx context.Context, l net.Listener) error {
+	if s.lis != nil {
+		return errors.New("server already started")
 	}
 	s.lis = l
 	watchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

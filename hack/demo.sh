@@ -14,6 +14,8 @@ cleanup() {
 	# The printers first, so pleg-nri's shutdown does not end their streams with an error line.
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	# pleg-nri's front outlives the daemon by design (docs/restarts.md): stop it too.
+	if [ -n "${run:-}" ] && [ -S "$run/front.sock" ]; then "$BIN" stop-front --run-dir "$run" >/dev/null || true; fi
 	if [ -n "$up" ]; then
 		echo
 		echo "== tearing down"

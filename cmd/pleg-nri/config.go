@@ -30,8 +30,12 @@ type Config struct {
 	ContainerdNamespace string `json:"containerd-namespace"`
 	// RuntimeEndpoint is containerd's CRI endpoint: statuses, relists, and every forwarded call.
 	RuntimeEndpoint string `json:"runtime-endpoint"`
-	// Listen is the CRI endpoint pleg-nri serves to the kubelet.
+	// Listen is the CRI endpoint pleg-nri serves to the kubelet (through its front, see front.go).
 	Listen string `json:"listen"`
+	// RunDir holds the core's event socket and the front's control socket (and the front's log when
+	// it has no journal); one pleg-nri per run directory. Empty: the directory of the --listen socket
+	// (/run/pleg-nri for a TCP --listen).
+	RunDir string `json:"run-dir"`
 	// MetricsAddress serves /metrics, /healthz and /readyz; empty disables it.
 	MetricsAddress string `json:"metrics-address"`
 	// RelistPeriod is how often the reconciler relists.
@@ -166,6 +170,20 @@ func knownKeys() []string {
 	return keys
 }
 
+// defaultRunDir is the run directory of a TCP --listen when run-dir is not set.
+const defaultRunDir = "/run/pleg-nri"
+
+// runDir returns the run directory: run-dir, or the directory of the --listen socket.
+func (c Config) runDir() string {
+	if c.RunDir != "" {
+		return c.RunDir
+	}
+	if network, address, err := eventbridge.ParseListenAddress(c.Listen); err == nil && network == "unix" {
+		return filepath.Dir(address)
+	}
+	return defaultRunDir
+}
+
 // Validate checks every value; an error names the key.
 func (c Config) Validate() error {
 	var errs []error
@@ -188,6 +206,9 @@ func (c Config) Validate() error {
 	}
 	if c.SubscriberQueue < 1 {
 		bad("subscriber-queue", "must be at least 1, got %d", c.SubscriberQueue)
+	}
+	if c.RunDir != "" && !filepath.IsAbs(c.RunDir) {
+		bad("run-dir", "must be an absolute path (or empty for the --listen socket's directory), got %q", c.RunDir)
 	}
 	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		bad("state-dir", "must be an absolute path (or empty to disable the checkpoint), got %q", c.StateDir)
@@ -231,6 +252,7 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", cfg.ContainerdNamespace, "containerd namespace of the CRI")
 	fs.StringVar(&cfg.RuntimeEndpoint, "runtime-endpoint", cfg.RuntimeEndpoint, "containerd's CRI endpoint (statuses, relists, forwarded calls)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "CRI endpoint served to the kubelet")
+	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "directory of the core's event socket and the front's control socket (default: the --listen socket's)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz and /readyz (empty disables)")
 	fs.Func("relist-period", fmt.Sprintf("how often the reconciler relists (default %s)", cfg.RelistPeriod), func(s string) error {
 		d, err := time.ParseDuration(s)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,7 +32,8 @@ import (
 const preRegisteredConfigWait = 5 * time.Second
 
 // runDaemon runs pleg-nri until ctx is done: the core, the NRI plugin, the containerd event
-// subscription, the CRI endpoint and the metrics server.
+// subscription, the core's event socket and the metrics server; and it makes sure a front serves the
+// kubelet's CRI endpoint (ensureFront), which it leaves running when it stops.
 func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	if err := log.SetLevel(cfg.LogLevel); err != nil {
 		return fmt.Errorf("config key \"log-level\": %w", err)
@@ -52,6 +54,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	configured := make(chan []byte, 1)
 	coreReady := make(chan struct{})
 	var core *pleg.PLEG
+	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
+	settle := newSettler(func() { core.TriggerRelist() }, settleDelays, time.After)
 	nri, err := plugin.New(plugin.Options{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket},
 		observerFunc(func(o pleg.Observation) {
 			<-coreReady
@@ -60,7 +64,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		plugin.WithMetrics(m),
 		plugin.WithOnSynchronized(func() {
 			<-coreReady
-			core.TriggerRelist()
+			settle.Kick()
 		}),
 		plugin.WithConfigure(func(data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
@@ -114,18 +118,23 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 	}
 
+	if preRegistered {
+		// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by
+		// the previous containerd may have reconnected through the NRI socket and still serve. Then it
+		// goes on (its state is current) and this one ends.
+		if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), coreSocketName), time.Second); err == nil {
+			_ = c.Close()
+			log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
+			return nil
+		}
+	}
+
 	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer cri.Close()
-	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
-	oom, err := eventbridge.NewOOMChecker(cfg.ContainerdAddress, cfg.ContainerdNamespace)
-	if err != nil {
-		return fmt.Errorf("config key \"containerd-address\": %w", err)
-	}
-	defer oom.Close()
-	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: newOOMMetrics(m, reg), SubscriberQueue: cfg.SubscriberQueue,
+	pcfg := pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	if cfg.StateDir != "" {
@@ -151,39 +160,69 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer backend.Close()
-	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, eventSource{core},
-		eventbridge.WithMetrics(proxyMetrics{m}), eventbridge.WithReadFreshness(eventbridge.ReadFreshness(cfg.ReadFreshness), 0)))
-	if err != nil {
+	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
+	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
+	// socket, where the front subscribes.
+	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return fmt.Errorf("config key \"listen\": %w", err)
+	}
+	coreListen := "unix://" + filepath.Join(cfg.runDir(), coreSocketName)
+	srv, err := eventbridge.NewServer(coreListen, eventbridge.NewProxy(backend, eventSource{core},
+		eventbridge.WithMetrics(coreProxyMetrics{metrics: m})))
+	if err != nil {
+		return fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
-		return fmt.Errorf("config key \"listen\": %w", err)
+		return fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer scancel()
-		srv.Stop(sctx)
-	}()
+	// The event socket stops before the core (see below); on an early return, here.
+	var stopOnce sync.Once
+	stopServer := func() {
+		stopOnce.Do(func() {
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer scancel()
+			srv.Stop(sctx)
+		})
+	}
+	defer stopServer()
 
 	events, err := eventbridge.NewTaskEvents(cfg.ContainerdAddress, observerFunc(core.Observe),
 		eventbridge.WithNamespace(cfg.ContainerdNamespace),
-		eventbridge.WithHooks(taskHooks{m: m, relist: core.TriggerRelist}))
+		eventbridge.WithHooks(taskHooks{m: m, relist: settle.Kick}))
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	defer events.Close()
 
-	goRun("core", core.Run)
+	// The core runs until the event socket's streams have ended, so that its last checkpoint records
+	// every event the front received: after a SIGTERM the next core sends nothing twice.
+	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCore()
+	running++
+	go func() {
+		err := core.Run(coreCtx)
+		if err != nil && coreCtx.Err() == nil {
+			err = fmt.Errorf("core: %w", err)
+		} else {
+			err = nil
+		}
+		errc <- err
+	}()
 	goRun("containerd events", events.Run)
+	goRun("settle relists", settle.run)
 
 	if cfg.MetricsAddress != "" {
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, reg, m)
+		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, m)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
 		defer stopMetrics()
 	}
-	log.G(ctx).WithField("listen", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
+	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
 		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
 
 	var firstErr error
@@ -196,6 +235,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		firstErr = err
 	}
 	cancel()
+	stopServer()
+	stopCore()
 	for ; running > 0; running-- {
 		if err := <-errc; err != nil && firstErr == nil {
 			firstErr = err
@@ -208,9 +249,9 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr until stop is called.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, m *metrics) (stop func(), err error) {
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, m *metrics) (stop func(), err error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := m.ready(); err != nil {

@@ -308,7 +308,8 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// startDaemon starts pleg-nri with args under umask mask and waits until its socket answers.
+// startDaemon starts pleg-nri with args under umask mask and waits until its socket (the front's)
+// and the core's event socket beside it answer.
 func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon {
 	t.Helper()
 	// The socket and directory modes must not depend on the umask pleg-nri is started with.
@@ -321,6 +322,10 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 	go func() { _ = cmd.Wait(); close(d.done) }()
 	t.Cleanup(func() {
 		d.stop(t)
+		// The front the daemon started outlives it, by design: stop it too.
+		if err := stopFront(filepath.Dir(socket)); err != nil {
+			t.Errorf("stop the front: %v", err)
+		}
 		if t.Failed() {
 			t.Logf("pleg-nri output:\n%s", d.out.String())
 		}
@@ -329,7 +334,10 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 	for {
 		if c, err := net.Dial("unix", socket); err == nil {
 			_ = c.Close()
-			return d
+			if c, err := net.Dial("unix", filepath.Join(filepath.Dir(socket), coreSocketName)); err == nil {
+				_ = c.Close()
+				return d
+			}
 		}
 		select {
 		case <-d.done:
@@ -440,8 +448,10 @@ func hexAddr(t *testing.T, s string) string {
 }
 
 // TestDaemonSocketAndListeners starts the daemon under a permissive and a strict umask: its CRI socket
-// is 0660 in a 0750 directory it created, it listens on nothing but that socket and the loopback
-// metrics address, the metrics answer, and SIGTERM stops it with status 0 and removes the socket.
+// is 0660 in a 0750 directory it created; the front it started listens on nothing but that socket and
+// its control socket, the core on nothing but its event socket and the loopback metrics address; the
+// metrics answer; SIGTERM stops the core with status 0 and removes its socket, and the front serves on
+// until `pleg-nri stop-front`, which removes the CRI socket.
 func TestDaemonSocketAndListeners(t *testing.T) {
 	for _, mask := range []int{0o000, 0o077} {
 		t.Run(fmt.Sprintf("umask %03o", mask), func(t *testing.T) {
@@ -467,27 +477,82 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
-
-			got := listeners(t, d.cmd.Process.Pid)
-			want := map[string]bool{"unix " + sock: true, "tcp " + metrics: true}
-			for _, l := range got {
-				if !want[l] {
-					t.Errorf("pleg-nri listens on %s, beyond its CRI socket and its loopback metrics address", l)
-				}
-				delete(want, l)
+			// One scrape shows the core's metrics and the front's (the kubelet's endpoint).
+			resp, err = http.Get("http://" + metrics + "/metrics")
+			if err != nil {
+				t.Fatalf("/metrics: %v", err)
 			}
-			for l := range want {
-				t.Errorf("pleg-nri does not listen on %s (listeners: %v)", l, got)
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			for _, name := range []string{"pleg_nri_subscribers ", "pleg_nri_event_streams ", "pleg_nri_front_runtime_connected "} {
+				if !strings.Contains(string(body), "\n"+name) {
+					t.Errorf("/metrics has no %s", name)
+				}
+			}
+
+			front, err := queryFront(sockDir, "info")
+			if err != nil {
+				t.Fatalf("no front answers in %s: %v", sockDir, err)
+			}
+			if front.PID == d.cmd.Process.Pid || front.Listen != "unix://"+sock {
+				t.Errorf("front: %+v, want another process serving %s", front, sock)
+			}
+			for pid, want := range map[int][]string{
+				d.cmd.Process.Pid: {"unix " + filepath.Join(sockDir, coreSocketName), "tcp " + metrics},
+				front.PID:         {"unix " + sock, "unix " + filepath.Join(sockDir, frontSocketName)},
+			} {
+				wanted := map[string]bool{}
+				for _, l := range want {
+					wanted[l] = true
+				}
+				got := listeners(t, pid)
+				for _, l := range got {
+					if !wanted[l] {
+						t.Errorf("pid %d listens on %s, beyond %v", pid, l, want)
+					}
+					delete(wanted, l)
+				}
+				for l := range wanted {
+					t.Errorf("pid %d does not listen on %s (listeners: %v)", pid, l, got)
+				}
 			}
 
 			if code := d.stop(t); code != 0 {
 				t.Errorf("exit status %d after SIGTERM, want 0", code)
 			}
+			if _, err := os.Lstat(filepath.Join(sockDir, coreSocketName)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("core socket left after SIGTERM: %v", err)
+			}
+			if c, err := net.Dial("unix", sock); err != nil {
+				t.Errorf("the front's CRI socket does not answer after the core stopped: %v", err)
+			} else {
+				_ = c.Close()
+			}
+			var out bytes.Buffer
+			if err := runStopFront([]string{"--run-dir", sockDir}, &out); err != nil {
+				t.Fatalf("stop-front: %v", err)
+			}
+			if processAlive(front.PID) {
+				t.Errorf("the front (pid %d) runs after stop-front", front.PID)
+			}
 			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
-				t.Errorf("socket left after SIGTERM: %v", err)
+				t.Errorf("socket left after stop-front: %v", err)
 			}
 		})
 	}
+}
+
+// processAlive says whether pid is a live process (not a zombie).
+func processAlive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
 }
 
 // TestDaemonNonLoopbackMetricsWarns: a metrics address that is not loopback is served, because it was
@@ -517,7 +582,9 @@ func freeLoopbackAddr(t *testing.T) string {
 }
 
 // TestRunDaemonStopsCleanly runs the daemon in the test process, with its upstreams absent, until its
-// context is canceled: it returns nil, removes its socket, and (TestMain's goleak) leaves no goroutine.
+// context is canceled: it returns nil, removes its core socket, leaves the front serving (this test
+// binary, started as a front, see TestMain), and once the front is stopped (TestMain's goleak) no
+// goroutine is left.
 func TestRunDaemonStopsCleanly(t *testing.T) {
 	t.Setenv("NRI_PLUGIN_SOCKET", "")
 	dir := shortTemp(t)
@@ -534,7 +601,7 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	go func() { errc <- runDaemon(ctx, cfg, "") }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if c, err := net.Dial("unix", filepath.Join(dir, "run", "cri.sock")); err == nil {
+		if c, err := net.Dial("unix", filepath.Join(dir, "run", coreSocketName)); err == nil {
 			_ = c.Close()
 			break
 		}
@@ -553,7 +620,13 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("runDaemon did not return after cancel")
 	}
+	if _, err := os.Lstat(filepath.Join(dir, "run", coreSocketName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("core socket left: %v", err)
+	}
+	if err := stopFront(filepath.Join(dir, "run")); err != nil {
+		t.Errorf("stop the front: %v", err)
+	}
 	if _, err := os.Lstat(filepath.Join(dir, "run", "cri.sock")); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("socket left: %v", err)
+		t.Errorf("socket left after the front stopped: %v", err)
 	}
 }

@@ -2,6 +2,8 @@
 //
 //	pleg-nri [flags]                                  the daemon (see nri.conf.example for every key)
 //	pleg-nri events [--endpoint URL] [--output text|json]  print a CRI endpoint's event stream
+//	pleg-nri front [flags]                            the front (started by the daemon, see front.go)
+//	pleg-nri stop-front [--run-dir DIR]               stop the front (ends the kubelet's event stream)
 //	pleg-nri version                                  print the version
 package main
 
@@ -36,6 +38,10 @@ func run(ctx context.Context, args []string) error {
 		switch args[0] {
 		case "events":
 			return runEvents(ctx, args[1:], os.Stdout, os.Stderr)
+		case "front":
+			return runFront(ctx, args[1:])
+		case "stop-front":
+			return runStopFront(args[1:], os.Stdout)
 		case "version":
 			fmt.Printf("pleg-nri %s\n", version)
 			return nil

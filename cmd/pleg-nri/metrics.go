@@ -3,14 +3,10 @@ package main
 import (
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
@@ -40,9 +36,6 @@ type metrics struct {
 	hookObs        *prometheus.CounterVec
 	reconnects     *prometheus.CounterVec
 	upstream       *prometheus.GaugeVec
-	forwarded      *prometheus.HistogramVec
-	streams        prometheus.Gauge
-	streamsClosed  *prometheus.CounterVec
 	ckptRestore    *prometheus.CounterVec
 	ckptRestored   prometheus.Gauge
 	ckptWrites     *prometheus.CounterVec
@@ -50,9 +43,6 @@ type metrics struct {
 	ckptBytes      prometheus.Gauge
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
-	staleReads     *prometheus.HistogramVec
-	overlaidReads  *prometheus.CounterVec
-	refreshes      *prometheus.CounterVec
 
 	// nri, events and cri track the upstream connections for /readyz.
 	nri, events, cri upstreamState
@@ -104,19 +94,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
 		upstream: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "upstream_connected",
 			Help: "1 while the upstream connection is up (nri, events, cri)."}, []string{"upstream"}),
-		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
-			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
-			Buckets: latencyBuckets}, []string{"method", "result"}),
-		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "refresh_events_total",
-			Help: "Refresh events (read-freshness: hold): after a held read gave up with containerd's older answer, a STOPPED re-sent with containerd's statuses once it caught up (sent), or none because it never did (not_caught_up)."}, []string{"result"}),
-		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
-			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
-		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
-			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: latencyBuckets}, []string{"method", "code"}),
-		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
-			Help: "Open GetContainerEvents streams."}),
-		streamsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_closed_total",
-			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
 		ckptRestore: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_restores_total",
 			Help: "Checkpoints read at startup, by result (restored, absent, unusable)."}, []string{"result"}),
 		ckptRestored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_restored_objects",
@@ -134,9 +111,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
-		m.hookDuration, m.hookObs, m.reconnects, m.upstream, m.forwarded, m.streams, m.streamsClosed,
-		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.staleReads,
-		m.overlaidReads, m.refreshes)
+		m.hookDuration, m.hookObs, m.reconnects, m.upstream,
+		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped)
 	for _, u := range []string{"nri", "events", "cri"} {
 		m.upstream.WithLabelValues(u).Set(0)
 	}
@@ -253,67 +229,19 @@ func (m *metrics) ConnectionState(up bool) { m.setUpstream("nri", &m.nri, up) }
 
 func (m *metrics) Reconnected() { m.reconnects.WithLabelValues("nri").Inc() }
 
-// eventbridge.Metrics
-
-func (m *metrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
-	m.forwarded.WithLabelValues(methodLabel(method), code.String()).Observe(d.Seconds())
+// coreProxyMetrics adapts metrics to eventbridge.Metrics for the core's event socket, whose client is
+// the front: the send latency (source to the core's socket) and the runtime connection (for /readyz).
+// Forwarded calls and the kubelet's streams are the front's (endpointMetrics).
+type coreProxyMetrics struct {
+	*metrics
+	eventbridge.NopMetrics
 }
 
-// methodLabel returns method when this build knows it (a method of a service in the protobuf
-// registry: every CRI method) and "unknown" otherwise, so a client inventing method names cannot grow
-// the metric without bound.
-func methodLabel(method string) string {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	if !ok {
-		return "unknown"
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return "unknown"
-	}
-	if sd, ok := d.(protoreflect.ServiceDescriptor); !ok || sd.Methods().ByName(protoreflect.Name(name)) == nil {
-		return "unknown"
-	}
-	return method
-}
-
-func (m *metrics) EventStreamOpened() { m.streams.Inc() }
-
-func (m *metrics) EventStreamClosed(code codes.Code) {
-	m.streams.Dec()
-	m.streamsClosed.WithLabelValues(code.String()).Inc()
-}
-
-// proxyMetrics adapts metrics to eventbridge.Metrics, whose EventSent has another signature than
-// pleg.Metrics'.
-type proxyMetrics struct{ *metrics }
-
-// StaleRead is eventbridge.FreshnessMetrics' hook.
-func (p proxyMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
-	result := "gave_up"
-	if caughtUp {
-		result = "caught_up"
-	}
-	p.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
-}
-
-// RefreshSent is eventbridge.RefreshMetrics' hook.
-func (p proxyMetrics) RefreshSent(caughtUp bool) {
-	result := "not_caught_up"
-	if caughtUp {
-		result = "sent"
-	}
-	p.refreshes.WithLabelValues(result).Inc()
-}
-
-// OverlaidRead is eventbridge.FreshnessMetrics' hook.
-func (p proxyMetrics) OverlaidRead(method string) {
-	p.overlaidReads.WithLabelValues(methodLabel(method)).Inc()
-}
-
-func (p proxyMetrics) EventSent(latency time.Duration) {
+func (p coreProxyMetrics) EventSent(latency time.Duration) {
 	p.sendLatency.WithLabelValues("all").Observe(latency.Seconds())
 }
+
+func (p coreProxyMetrics) UpstreamConnectionState(up bool) { p.metrics.UpstreamConnectionState(up) }
 
 func (m *metrics) UpstreamConnectionState(up bool) { m.setUpstream("cri", &m.cri, up) }
 
@@ -362,10 +290,8 @@ func (m *metrics) ready() error {
 }
 
 var (
-	_ pleg.Metrics                 = (*metrics)(nil)
-	_ plugin.Metrics               = (*metrics)(nil)
-	_ eventbridge.Metrics          = proxyMetrics{}
-	_ eventbridge.FreshnessMetrics = proxyMetrics{}
-	_ eventbridge.RefreshMetrics   = proxyMetrics{}
-	_ eventbridge.TaskEventsHooks  = taskHooks{}
+	_ pleg.Metrics                = (*metrics)(nil)
+	_ plugin.Metrics              = (*metrics)(nil)
+	_ eventbridge.Metrics         = coreProxyMetrics{}
+	_ eventbridge.TaskEventsHooks = taskHooks{}
 )

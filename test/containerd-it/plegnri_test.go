@@ -38,9 +38,13 @@ func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 	}
 	p := &plegNRI{d}
 	t.Cleanup(func() {
-		p.Stop()
+		// The front too: a test that leaves a process of pleg-nri behind fails.
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
 		if t.Failed() {
 			t.Logf("pleg-nri log:\n%s", p.Log())
+			t.Logf("pleg-nri front log:\n%s", p.FrontLog())
 		}
 	})
 	return p
@@ -49,7 +53,7 @@ func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 // start starts pleg-nri again, with the same flags, after a stop or a kill.
 func (p *plegNRI) start(t testing.TB) {
 	t.Helper()
-	if err := p.Restart(context.Background()); err != nil {
+	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }

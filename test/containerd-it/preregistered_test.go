@@ -7,17 +7,30 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
 
 // TestPreRegistered: pleg-nri installed as containerd's pre-registered plugin (10-pleg-nri in its
 // plugin_path, its config in plugin_config_path) is launched by containerd, configured through NRI's
-// Configure, serves its CRI endpoint from that config, and streams events.
+// Configure, serves its CRI endpoint from that config (through the front it starts), and streams
+// events. Then containerd restarts, three ways: stopped, with the plugin killed as NRI's Adaptation.Stop
+// does (SIGKILL of the plugin's process, not of its group; a unit with KillMode=control-group would kill
+// the whole cgroup, front included: see docs/restarts.md); stopped, the plugin left running (containerd
+// 2.4 does not stop its plugins at shutdown: the plugin reconnects to the NRI socket, and the one the
+// new containerd launches finds it and exits); and SIGKILLed. Each time a container exits while
+// containerd is down; the subscriber's stream, opened before, stays open, gets that exit's STOPPED, and
+// at the end holds each transition of the test's pods exactly once; the front is the same process all
+// along.
 func TestPreRegistered(t *testing.T) {
 	logOnFailure(t)
 	dir, err := os.MkdirTemp("", "plegnri-pre-")
@@ -41,11 +54,28 @@ func TestPreRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		os.Remove(pluginPath)
-		os.Remove(confPath)
-		// containerd never stops a pre-registered plugin: end it like an operator would.
+		// Stop them before removing the binary: /proc/PID/exe of a removed file reads "... (deleted)".
+		// containerd never stops a pre-registered plugin: end it like an operator would, front included.
 		for _, pid := range pidsOf(pluginPath) {
 			_ = syscall.Kill(pid, syscall.SIGTERM)
+		}
+		if err := plegnri.StopFrontIn(dir); err != nil {
+			t.Error(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); len(pidsOf(pluginPath)) > 0 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if left := pidsOf(pluginPath); len(left) > 0 {
+			for _, pid := range left {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Errorf("pre-registered pleg-nri processes left (killed): %v", left)
+		}
+		os.Remove(pluginPath)
+		os.Remove(confPath)
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "front.log"))
+			t.Logf("front log:\n%s", b)
 		}
 	})
 	// containerd launches pre-registered plugins when it starts.
@@ -64,8 +94,16 @@ func TestPreRegistered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pids := pidsOf(pluginPath); len(pids) != 1 {
-		t.Fatalf("pre-registered pleg-nri processes: %v, want exactly one launched by containerd", pids)
+	front, err := plegnri.FrontPID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cores := func() []int { return slices.DeleteFunc(pidsOf(pluginPath), func(pid int) bool { return pid == front }) }
+	if pids := cores(); len(pids) != 1 {
+		t.Fatalf("pre-registered pleg-nri processes besides the front (%d): %v, want exactly one launched by containerd", front, pids)
+	}
+	if pgid, _ := syscall.Getpgid(front); pgid != front {
+		t.Errorf("the front (pid %d) is in process group %d, want its own", front, pgid)
 	}
 	ours := recordEvents(t, socket)
 	c := newCRI(t, socket)
@@ -75,6 +113,65 @@ func TestPreRegistered(t *testing.T) {
 	ev := ours.wait(t, ctr, evStopped)
 	if st := statusOf(ev, ctr); st.GetExitCode() != 4 {
 		t.Errorf("STOPPED status through the pre-registered plugin: %v", st)
+	}
+
+	// containerd restarts; the stream goes on.
+	prefix := "prereg-gap-" + randomSuffix()
+	direct := newFastCRI(t)
+	gapPod, gapCfg := direct.runPod(prefix)
+	t.Cleanup(func() { removeTestPods(t, direct.rt, prefix) })
+	for i, how := range []string{"stop, plugin killed", "stop", "kill"} {
+		old := cores()
+		gap := direct.create(gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"))
+		direct.start(gap)
+		pid := containerPid(t, gap)
+		// The core may be SIGKILLed: once its checkpoint holds the new container running, nothing of
+		// it is sent again (before, CREATED and STARTED would be, at-least-once).
+		waitCheckpoint(t, filepath.Join(dir, "state", "checkpoint"), gap, pleg.PhaseRunning)
+		stop := env.Stop
+		if how == "kill" {
+			stop = env.Kill
+		}
+		if err := stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if how == "stop, plugin killed" {
+			for _, pid := range old {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		// The container exits while containerd is down.
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill the gap container's process %d: %v", pid, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if err := env.Start(context.Background()); err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		ev := ours.wait(t, gap, evStopped)
+		// containerd reports an exit it did not see (it was down) as 255, reason Unknown.
+		if st := statusOf(ev, gap); st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+			t.Errorf("%s: STOPPED of the container that exited while containerd was down: %v", how, st)
+		}
+		if err := ours.Err(); err != nil {
+			t.Fatalf("%s: the stream ended: %v", how, err)
+		}
+		if now, err := plegnri.FrontPID(dir); err != nil || now != front {
+			t.Fatalf("%s: the front is %d (%v), was %d", how, now, err, front)
+		}
+		// One core runs (the old one reconnected, or the new one containerd launched).
+		err := harness.WaitFor(context.Background(), 20*time.Second, "one pleg-nri core", func() (bool, error) {
+			return len(cores()) == 1, fmt.Errorf("cores: %v", cores())
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		t.Logf("containerd %s: cores before %v, after %v; front %d", how, old, cores(), front)
+	}
+	rs := func() runtimeState { return readRuntime(t, prefix, nil) }
+	rec := func() map[string]map[runtimeapi.ContainerEventType]int { return counts(ours.Events(), prefix) }
+	if problems := waitLives(t, rec, rs, true, nil); len(problems) > 0 {
+		t.Errorf("the stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
 	c.stopPod(podID)
 	c.removePod(podID)
@@ -95,4 +192,24 @@ func pidsOf(path string) []int {
 		}
 	}
 	return pids
+}
+
+// waitCheckpoint waits until the checkpoint at path holds object id at phase want or beyond.
+func waitCheckpoint(t *testing.T, path, id string, want pleg.Phase) {
+	t.Helper()
+	err := harness.WaitFor(context.Background(), 10*time.Second, "the checkpoint to hold "+short(id), func() (bool, error) {
+		ck, err := pleg.ReadCheckpoint(path)
+		if err != nil {
+			return false, err
+		}
+		for _, o := range ck.Objects {
+			if o.ID == id && o.Phase >= want {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

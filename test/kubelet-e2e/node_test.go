@@ -120,9 +120,13 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			n.p.Stop()
+			// The front too: a test that leaves a process of pleg-nri behind fails.
+			if err := n.p.Close(); err != nil {
+				t.Error(err)
+			}
 			if t.Failed() {
 				t.Logf("pleg-nri log (last lines):\n%s", lastLines(n.p.Log(), 200))
+				t.Logf("pleg-nri front log (last lines):\n%s", lastLines(n.p.FrontLog(), 50))
 			}
 		})
 		endpoint = "unix://" + n.p.Socket

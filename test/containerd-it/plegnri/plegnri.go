@@ -1,11 +1,16 @@
 // Package plegnri builds the real pleg-nri binary and runs it as a daemon against a test containerd, for
 // the tests that need the whole program rather than its packages (test/containerd-it,
 // test/kubelet-e2e).
+//
+// The daemon is two processes: the core, which Start, Stop, Kill and Restart run as a service manager
+// would, and the front it spawns detached, which serves Socket and outlives the core's restarts.
+// Close stops both and fails when a process of the daemon is left.
 package plegnri
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,8 +29,18 @@ import (
 
 // Build builds cmd/pleg-nri into dir and returns the binary's path.
 func Build(dir string) (string, error) {
-	bin := filepath.Join(dir, "pleg-nri")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/pleg-nri/pleg-nri/cmd/pleg-nri")
+	return BuildVersion(dir, "pleg-nri", "")
+}
+
+// BuildVersion builds cmd/pleg-nri into dir/name with its version set to version (the default when
+// empty), and returns the binary's path: a different binary, for upgrade tests.
+func BuildVersion(dir, name, version string) (string, error) {
+	bin := filepath.Join(dir, name)
+	args := []string{"build", "-o", bin}
+	if version != "" {
+		args = append(args, "-ldflags", "-X main.version="+version)
+	}
+	cmd := exec.Command("go", append(args, "github.com/pleg-nri/pleg-nri/cmd/pleg-nri")...)
 	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build pleg-nri: %w: %s", err, out)
@@ -50,10 +65,15 @@ type Options struct {
 
 // Daemon is a pleg-nri process run as an external NRI plugin of a test containerd.
 type Daemon struct {
-	// Socket is its CRI endpoint (a path); MetricsAddr its metrics address (host:port).
+	// Socket is its CRI endpoint (a path, served by the front); MetricsAddr its metrics address
+	// (host:port, the core's).
 	Socket, MetricsAddr string
-	// PID is its pid while it runs.
+	// RunDir holds the core's event socket, the front's control socket and the front's log.
+	RunDir string
+	// PID is the core's pid while it runs.
 	PID int
+	// dir is the daemon's directory: every process of the daemon names it on its command line.
+	dir string
 
 	args   []string
 	binary string
@@ -71,7 +91,8 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{Socket: filepath.Join(opts.Dir, "run", "cri.sock"), MetricsAddr: addr, binary: opts.Binary}
+	d := &Daemon{Socket: filepath.Join(opts.Dir, "run", "cri.sock"), RunDir: filepath.Join(opts.Dir, "run"),
+		MetricsAddr: addr, binary: opts.Binary, dir: opts.Dir}
 	d.args = append([]string{
 		"--nri-socket", opts.Env.NRISocket,
 		"--containerd-address", opts.Env.Address,
@@ -84,7 +105,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		"--state-dir", filepath.Join(opts.Dir, "state"),
 	}, opts.Extra...)
 	if err := d.start(ctx); err != nil {
-		d.Stop()
+		_ = d.Close()
 		return nil, err
 	}
 	return d, nil
@@ -92,6 +113,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 
 func (d *Daemon) start(ctx context.Context) error {
 	d.cmd = exec.Command(d.binary, d.args...)
+	// Its own session, as a service manager starts a daemon (systemd calls setsid for every service):
+	// the scheduler's autogroups then place it as on a node, not in the test's group.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	pr, pw := io.Pipe()
 	d.cmd.Stdout, d.cmd.Stderr = pw, pw
 	if err := d.cmd.Start(); err != nil {
@@ -179,11 +203,128 @@ func (d *Daemon) Signal(sig syscall.Signal) error {
 	return d.cmd.Process.Signal(sig)
 }
 
-// Restart stops pleg-nri and starts it again with the same flags (the same socket and metrics
-// address), and waits until it is ready.
+// Restart stops pleg-nri (the core) and starts it again with the same flags (the same socket and
+// metrics address), and waits until it is ready.
 func (d *Daemon) Restart(ctx context.Context) error {
 	d.Stop()
 	return d.start(ctx)
+}
+
+// Start starts the core again after a Stop or a Kill, with the same flags, and waits until it is ready.
+func (d *Daemon) Start(ctx context.Context) error {
+	if d.Running() {
+		return errors.New("pleg-nri is running")
+	}
+	return d.start(ctx)
+}
+
+// SetBinary makes the next start run binary (an upgrade, or a downgrade).
+func (d *Daemon) SetBinary(binary string) { d.binary = binary }
+
+// Close stops the core and the front, waits for them, and returns an error naming every process of
+// the daemon still there (they are killed).
+func (d *Daemon) Close() error {
+	d.Stop()
+	var errs []error
+	if pid, err := d.FrontPID(); err == nil {
+		if err := stopFront(d.RunDir, pid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if left := d.Processes(); len(left) > 0 {
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		errs = append(errs, fmt.Errorf("pleg-nri processes left behind (killed): %v", left))
+	}
+	return errors.Join(errs...)
+}
+
+// Processes lists the live processes of this daemon (core, front, or any process started with its
+// directory on its command line).
+func (d *Daemon) Processes() []int {
+	return ProcessesNaming(d.dir)
+}
+
+// ProcessesNaming lists the live processes, other than this one, whose command line contains s.
+func ProcessesNaming(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() || !harness.Alive(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmdline), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// FrontPID asks the front serving Socket for its pid.
+func (d *Daemon) FrontPID() (int, error) {
+	return FrontPID(d.RunDir)
+}
+
+// FrontPID asks the front whose run directory is runDir for its pid (on its control socket).
+func FrontPID(runDir string) (int, error) {
+	return frontOp(runDir, "info")
+}
+
+func frontOp(runDir, op string) (int, error) {
+	c, err := net.DialTimeout("unix", filepath.Join(runDir, "front.sock"), 5*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("no front in %s: %w", runDir, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "{\"op\":%q}\n", op); err != nil {
+		return 0, err
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return 0, fmt.Errorf("no answer from the front in %s: %w", runDir, err)
+	}
+	var info struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(line, &info); err != nil || info.PID == 0 {
+		return 0, fmt.Errorf("bad answer from the front in %s: %q", runDir, line)
+	}
+	return info.PID, nil
+}
+
+// stopFront asks the front to stop and waits for pid to end (SIGKILL after 10 s).
+func stopFront(runDir string, pid int) error {
+	if _, err := frontOp(runDir, "stop"); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for harness.Alive(pid) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return fmt.Errorf("the front (pid %d) did not stop within 10s: killed", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// StopFrontIn stops the front whose run directory is runDir, if one answers there.
+func StopFrontIn(runDir string) error {
+	pid, err := FrontPID(runDir)
+	if err != nil {
+		return nil
+	}
+	return stopFront(runDir, pid)
+}
+
+// FrontLog returns the front's log.
+func (d *Daemon) FrontLog() string {
+	b, _ := os.ReadFile(filepath.Join(d.RunDir, "front.log"))
+	return string(b)
 }
 
 // Running says whether the process runs.

@@ -1,0 +1,608 @@
+package main
+
+// The front is the small, long-lived process that owns the kubelet's CRI endpoint (--listen) and its
+// connections: it forwards every CRI call to containerd (eventbridge.Proxy) and relays the event stream
+// it gets from the core over the core's event socket (eventbridge.Relay). The core (NRI plugin, state,
+// relist, checkpoint) can then be restarted, killed or upgraded without ending the kubelet's stream: the
+// front subscribes again and the core's startup replay fills the gap. See docs/restarts.md.
+//
+//	kubelet --CRI--> front (--listen) --every call--> containerd CRI
+//	                   ^ GetContainerEvents, relayed
+//	                   |
+//	                 core (<run-dir>/core.sock) <-- NRI, containerd events, relist
+//
+// `pleg-nri` (the daemon) starts the core and makes sure a compatible front runs for its --listen: it
+// spawns one, detached in its own session (like containerd's shims), when none answers on
+// <run-dir>/front.sock, and leaves a running one alone. An incompatible front (another front protocol,
+// another runtime endpoint) is replaced: the new front takes the listening socket over from the old one
+// (fd passing), so the socket never goes away; the old front's open streams end once.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+)
+
+// frontProtocol is the version of what a front and a core expect of each other (the control socket's
+// messages, the core's event socket, the front's flags). A core leaves a running front of the same
+// protocol alone, whatever its binary's version, and replaces one of another.
+const frontProtocol = 1
+
+// The files of the run directory.
+const (
+	coreSocketName  = "core.sock"
+	frontSocketName = "front.sock"
+	frontLogName    = "front.log"
+)
+
+// Bounds of the front's control exchanges.
+const (
+	frontStartTimeout   = 20 * time.Second
+	frontControlTimeout = 5 * time.Second
+	frontStopTimeout    = 5 * time.Second
+)
+
+// frontInfo is what a front says about itself on its control socket.
+type frontInfo struct {
+	Protocol        int    `json:"protocol"`
+	Version         string `json:"version"`
+	PID             int    `json:"pid"`
+	Listen          string `json:"listen"`
+	RuntimeEndpoint string `json:"runtime_endpoint"`
+}
+
+// frontRequest is one request on the control socket.
+type frontRequest struct {
+	// Op is "info", "stop", "handoff" or "metrics" (the answer is then the Prometheus text format).
+	Op string `json:"op"`
+}
+
+// frontConfig is the front's configuration: a subset of the daemon's keys.
+type frontConfig struct {
+	Listen          string
+	RuntimeEndpoint string
+	RunDir          string
+	LogLevel        string
+	// Takeover makes the front take the listening socket of the front running in RunDir.
+	Takeover bool
+	// LogFile, when set, receives the front's output once it serves (before, its errors go to the
+	// daemon that started it).
+	LogFile string
+	// ReadFreshness is the daemon's read-freshness key (eventbridge.ReadFreshness).
+	ReadFreshness string
+}
+
+func (c frontConfig) args() []string {
+	a := []string{"front", "--listen", c.Listen, "--runtime-endpoint", c.RuntimeEndpoint, "--run-dir", c.RunDir, "--log-level", c.LogLevel,
+		"--read-freshness", c.ReadFreshness}
+	if c.Takeover {
+		a = append(a, "--takeover")
+	}
+	if c.LogFile != "" {
+		a = append(a, "--log-file", c.LogFile)
+	}
+	return a
+}
+
+func parseFrontFlags(args []string) (frontConfig, error) {
+	d := DefaultConfig()
+	c := frontConfig{Listen: d.Listen, RuntimeEndpoint: d.RuntimeEndpoint, RunDir: d.runDir(), LogLevel: d.LogLevel,
+		ReadFreshness: d.ReadFreshness}
+	fs := flag.NewFlagSet("pleg-nri front", flag.ContinueOnError)
+	fs.StringVar(&c.Listen, "listen", c.Listen, "CRI endpoint served to the kubelet")
+	fs.StringVar(&c.RuntimeEndpoint, "runtime-endpoint", c.RuntimeEndpoint, "containerd's CRI endpoint (forwarded calls)")
+	fs.StringVar(&c.RunDir, "run-dir", c.RunDir, "directory of the core's event socket and the front's control socket")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
+	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
+	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if !filepath.IsAbs(c.RunDir) {
+		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)
+	}
+	return c, nil
+}
+
+// runFront runs the front until ctx is done, it is asked to stop, or it handed its socket over.
+func runFront(ctx context.Context, args []string) error {
+	cfg, err := parseFrontFlags(args)
+	if err != nil {
+		return err
+	}
+	if err := log.SetLevel(cfg.LogLevel); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	// A front outlives whatever started it, and its stderr (the journal, a pipe) may go away meanwhile:
+	// a write to a broken pipe must not kill it.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	setProcs(ctx)
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("process", "front"))
+
+	// The listeners: the kubelet's and the control socket, opened here or taken over.
+	var lis, ctl net.Listener
+	var predecessor *net.UnixConn
+	if cfg.Takeover {
+		if lis, ctl, predecessor, err = takeOver(ctx, cfg); err != nil {
+			return err
+		}
+		defer predecessor.Close()
+	} else {
+		if lis, err = eventbridge.Listen(ctx, cfg.Listen); err != nil {
+			return err
+		}
+		if ctl, err = eventbridge.Listen(ctx, filepath.Join(cfg.RunDir, frontSocketName)); err != nil {
+			_ = lis.Close()
+			return fmt.Errorf("control socket: %w", err)
+		}
+	}
+
+	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
+	if err != nil {
+		_, _ = lis.Close(), ctl.Close()
+		return fmt.Errorf("--runtime-endpoint: %w", err)
+	}
+	defer backend.Close()
+	reg := prometheus.NewRegistry()
+	em := newEndpointMetrics(reg)
+	relay, err := eventbridge.DialRelay("unix://"+filepath.Join(cfg.RunDir, coreSocketName),
+		eventbridge.WithRelayObserver(func([]byte) { awaitRuntime(ctx, backend, backendCatchUp) }),
+		eventbridge.WithRelayResubscribed(em.resubscribed.Inc))
+	if err != nil {
+		_, _ = lis.Close(), ctl.Close()
+		return err
+	}
+	defer relay.Close()
+	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, relay,
+		eventbridge.WithMetrics(em), eventbridge.WithReadFreshness(eventbridge.ReadFreshness(cfg.ReadFreshness), 0)))
+	if err != nil {
+		_, _ = lis.Close(), ctl.Close()
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if err := srv.StartOn(ctx, lis); err != nil {
+		_, _ = lis.Close(), ctl.Close()
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if predecessor != nil {
+		// The predecessor stops accepting once it reads this; until then both accept on the socket.
+		if _, err := predecessor.Write([]byte("serving\n")); err != nil {
+			log.G(ctx).WithError(err).Warn("could not tell the previous front that this one serves")
+		}
+	}
+
+	if cfg.LogFile != "" {
+		if err := redirectOutput(cfg.LogFile); err != nil {
+			log.G(ctx).WithError(err).Warn("cannot log to the log file: logging to stderr")
+		}
+	}
+	f := &front{cfg: cfg, lis: lis, ctl: ctl, reg: reg, stop: make(chan struct{}), handedOver: make(chan struct{})}
+	go f.serveControl(ctx)
+	log.G(ctx).WithField("listen", cfg.Listen).WithField("version", version).WithField("pid", os.Getpid()).
+		Info("pleg-nri front is serving")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case <-f.stop:
+	case <-f.handedOver:
+	case serveErr = <-srv.Err():
+	}
+	f.closeControl()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), frontStopTimeout)
+	defer cancel()
+	srv.Stop(sctx)
+	if serveErr != nil {
+		return fmt.Errorf("CRI endpoint: %w", serveErr)
+	}
+	log.G(ctx).Info("pleg-nri front stopped")
+	return nil
+}
+
+// backendCatchUp bounds how long an event waits for the front's connection to the runtime.
+const backendCatchUp = 2 * time.Second
+
+// awaitRuntime returns once conn is ready, or after max. It runs before each relayed event is sent on.
+//
+// An event means the core reached containerd; after a restart of containerd it can come before the
+// front's own connection has redialed (gRPC backs off up to 2 s between attempts). The kubelet acts on
+// the event at once (a STOPPED: it restarts the container), and a call that then fails with UNAVAILABLE
+// makes it back off that pod for 10 s. So the event waits until the connection is back: the wait asks
+// gRPC to redial at once, and is none at all in the common case (the connection is ready: one state
+// read).
+func awaitRuntime(ctx context.Context, conn *grpc.ClientConn, max time.Duration) {
+	if conn.GetState() == connectivity.Ready {
+		return
+	}
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		switch conn.GetState() {
+		case connectivity.Ready, connectivity.Shutdown:
+			return
+		case connectivity.TransientFailure, connectivity.Idle:
+			// Redial now rather than at the end of gRPC's backoff (one attempt per poll at most).
+			conn.ResetConnectBackoff()
+			conn.Connect()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			log.G(ctx).WithField("state", conn.GetState()).Debug("relaying an event while the runtime connection is not ready")
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// redirectOutput makes path (appended to, 0600) the process's stdout and stderr.
+func redirectOutput(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, fd := range []int{1, 2} {
+		if err := syscall.Dup3(int(f.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("failed to redirect fd %d to %s: %w", fd, path, err)
+		}
+	}
+	return nil
+}
+
+// front is a running front's control side.
+type front struct {
+	cfg      frontConfig
+	lis, ctl net.Listener
+	// reg holds the endpoint's metrics, served on the control socket.
+	reg *prometheus.Registry
+	// stop is closed by a "stop" request, handedOver once a successor took the sockets.
+	stop, handedOver chan struct{}
+	// once guards the closing of stop and handedOver (one of them, once).
+	once sync.Once
+	// closed is set when the control listener is closed.
+	closed atomic.Bool
+}
+
+func (f *front) closeControl() {
+	if f.closed.CompareAndSwap(false, true) {
+		_ = f.ctl.Close()
+	}
+}
+
+// serveControl answers the control socket until it is closed.
+func (f *front) serveControl(ctx context.Context) {
+	for {
+		c, err := f.ctl.Accept()
+		if err != nil {
+			if !f.closed.Load() {
+				log.G(ctx).WithError(err).Warn("control socket failed")
+			}
+			return
+		}
+		go f.handleControl(ctx, c.(*net.UnixConn))
+	}
+}
+
+func (f *front) info() frontInfo {
+	return frontInfo{Protocol: frontProtocol, Version: version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint}
+}
+
+func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(frontControlTimeout))
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return
+	}
+	var req frontRequest
+	if err := json.Unmarshal(line, &req); err != nil {
+		return
+	}
+	info, _ := json.Marshal(f.info())
+	switch req.Op {
+	case "info":
+		_, _ = c.Write(append(info, '\n'))
+	case "metrics":
+		if err := writeMetrics(c, f.reg); err != nil {
+			log.G(ctx).WithError(err).Warn("failed to write the metrics")
+		}
+	case "stop":
+		log.G(ctx).Info("asked to stop")
+		_, _ = c.Write(append(info, '\n'))
+		f.once.Do(func() { close(f.stop) })
+	case "handoff":
+		if err := f.handOff(ctx, c, info); err != nil {
+			log.G(ctx).WithError(err).Warn("handing the sockets over failed: serving on")
+			return
+		}
+		f.once.Do(func() { close(f.handedOver) })
+	}
+}
+
+// handOff sends the listening sockets to a successor and waits until it serves on them. On success the
+// socket files are left in place when this front closes its listeners.
+func (f *front) handOff(ctx context.Context, c *net.UnixConn, info []byte) error {
+	lf, err := eventbridge.ListenerFile(f.lis)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	cf, err := eventbridge.ListenerFile(f.ctl)
+	if err != nil {
+		return err
+	}
+	defer cf.Close()
+	if err := eventbridge.SendFiles(c, info, lf, cf); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(frontStartTimeout))
+	ack, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || strings.TrimSpace(ack) != "serving" {
+		return fmt.Errorf("the successor did not confirm it serves (%q): %w", ack, err)
+	}
+	eventbridge.KeepSocketFile(f.lis)
+	eventbridge.KeepSocketFile(f.ctl)
+	log.G(ctx).Info("sockets handed over to the successor: ending this front's streams and stopping")
+	return nil
+}
+
+// takeOver asks the front running in cfg.RunDir for its sockets. The returned connection stays open
+// until this front serves: it then writes "serving" on it.
+func takeOver(ctx context.Context, cfg frontConfig) (lis, ctl net.Listener, conn *net.UnixConn, err error) {
+	conn, err = dialControl(filepath.Join(cfg.RunDir, frontSocketName))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
+	}
+	if _, err := conn.Write([]byte(`{"op":"handoff"}` + "\n")); err != nil {
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(frontControlTimeout))
+	msg, files, err := eventbridge.ReceiveFiles(conn, 4096, 2)
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	closeAll := func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}
+	var old frontInfo
+	if err := json.Unmarshal(msg, &old); err != nil || len(files) != 2 {
+		closeAll()
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("takeover: bad answer from the running front (%d sockets): %q", len(files), msg)
+	}
+	if old.Listen != cfg.Listen {
+		closeAll()
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("takeover: the running front serves %s, not %s", old.Listen, cfg.Listen)
+	}
+	defer closeAll()
+	if lis, err = eventbridge.FileListener(files[0]); err != nil {
+		conn.Close()
+		return nil, nil, nil, err
+	}
+	if ctl, err = eventbridge.FileListener(files[1]); err != nil {
+		_ = lis.Close()
+		conn.Close()
+		return nil, nil, nil, err
+	}
+	log.G(ctx).WithField("previous", old.PID).WithField("previous-version", old.Version).Info("took the sockets over from the running front")
+	return lis, ctl, conn, nil
+}
+
+// dialControl connects to a front's control socket.
+func dialControl(path string) (*net.UnixConn, error) {
+	c, err := net.DialTimeout("unix", path, frontControlTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// queryFront sends op to the front whose control socket is in runDir and returns its answer.
+func queryFront(runDir, op string) (frontInfo, error) {
+	var info frontInfo
+	c, err := dialControl(filepath.Join(runDir, frontSocketName))
+	if err != nil {
+		return info, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(frontControlTimeout))
+	if _, err := fmt.Fprintf(c, "{\"op\":%q}\n", op); err != nil {
+		return info, err
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return info, fmt.Errorf("no answer from the front: %w", err)
+	}
+	if err := json.Unmarshal(line, &info); err != nil {
+		return info, fmt.Errorf("bad answer from the front: %w", err)
+	}
+	return info, nil
+}
+
+// ensureFront makes sure a front compatible with cfg serves cfg.Listen: it leaves a compatible one
+// alone, replaces an incompatible one (taking its socket over when it serves the same address), and
+// spawns one when none runs.
+func ensureFront(ctx context.Context, cfg Config, preRegistered bool) error {
+	runDir := cfg.runDir()
+	fc := frontConfig{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: runDir, LogLevel: cfg.LogLevel,
+		ReadFreshness: cfg.ReadFreshness}
+	info, err := queryFront(runDir, "info")
+	if err == nil {
+		switch {
+		case info.Protocol == frontProtocol && info.Listen == cfg.Listen && info.RuntimeEndpoint == cfg.RuntimeEndpoint:
+			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Info("a compatible front serves the CRI endpoint: keeping it")
+			return nil
+		case info.Listen == cfg.Listen:
+			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).WithField("front-protocol", info.Protocol).
+				Warn("the running front is not compatible: replacing it (its open event streams end once)")
+			fc.Takeover = true
+		default:
+			log.G(ctx).WithField("pid", info.PID).WithField("front-listen", info.Listen).
+				Warn("the running front serves another address: stopping it")
+			if err := stopFront(runDir); err != nil {
+				return err
+			}
+		}
+	}
+	return spawnFront(ctx, fc, preRegistered)
+}
+
+// spawnFront starts a front with this binary, detached: in its own session, so that neither a signal to
+// the daemon's process group nor the end of the process that launched the daemon (a service manager's
+// restart, containerd stopping its pre-registered plugins) reaches it. It waits until the front answers.
+func spawnFront(ctx context.Context, fc frontConfig, preRegistered bool) error {
+	var startOut *tailWriter
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("cannot find the pleg-nri binary to start the front: %w", err)
+	}
+	cmd := exec.Command(exe, fc.args()...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	for _, kv := range os.Environ() {
+		// Not the NRI plugin's variables: the front is no plugin.
+		if !strings.HasPrefix(kv, "NRI_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	// Its output: until it serves, a pipe read here, so that its startup errors are the daemon's; then
+	// the journal when the daemon runs under systemd, else a file of the run directory (the daemon's
+	// stderr may be a pipe that ends with it, or nothing, as for a pre-registered plugin).
+	if os.Getenv("JOURNAL_STREAM") != "" && !preRegistered {
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	} else {
+		fc.LogFile = filepath.Join(fc.RunDir, frontLogName)
+		cmd.Args = append(cmd.Args, "--log-file", fc.LogFile)
+		out := &tailWriter{}
+		cmd.Stdout, cmd.Stderr = out, out
+		startOut = out
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("failed to start the front: %w", err)
+	}
+	pid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	// Reap it if it exits while the daemon runs; after the daemon exits, init does.
+	go func() { exited <- cmd.Wait() }()
+	startErr := func(err error) error {
+		if startOut != nil {
+			if last := startOut.lastLine(); last != "" {
+				return fmt.Errorf("%s (the front: %v)", last, err)
+			}
+		}
+		return err
+	}
+	deadline := time.Now().Add(frontStartTimeout)
+	for {
+		info, err := queryFront(fc.RunDir, "info")
+		if err == nil && info.PID == pid {
+			log.G(ctx).WithField("pid", pid).WithField("takeover", fc.Takeover).Info("started the front")
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return startErr(err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return startErr(fmt.Errorf("the front (pid %d) did not answer within %s", pid, frontStartTimeout))
+		}
+	}
+}
+
+// stopFront asks the front in runDir to stop and waits until its control socket is gone.
+func stopFront(runDir string) error {
+	info, err := queryFront(runDir, "stop")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil
+		}
+		return fmt.Errorf("failed to stop the front: %w", err)
+	}
+	deadline := time.Now().Add(2 * frontStopTimeout)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(info.PID, 0) != nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("the front (pid %d) did not stop", info.PID)
+}
+
+// runStopFront is `pleg-nri stop-front`: it stops the front of a run directory (ending the kubelet's
+// event stream), e.g. to remove pleg-nri from a node.
+func runStopFront(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("pleg-nri stop-front", flag.ContinueOnError)
+	runDir := fs.String("run-dir", DefaultConfig().runDir(), "run directory of the front to stop")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := stopFront(*runDir); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "front stopped")
+	return nil
+}
+
+// tailWriter keeps the last line written to it.
+type tailWriter struct {
+	// mu guards buf.
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if len(w.buf) > 64<<10 {
+		w.buf = w.buf[len(w.buf)-32<<10:]
+	}
+	return len(p), nil
+}
+
+// lastLine returns the last non-empty line written, without the program's name prefix.
+func (w *tailWriter) lastLine() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lines := strings.Split(strings.TrimSpace(string(w.buf)), "\n")
+	last := lines[len(lines)-1]
+	if i := strings.Index(last, ": "); i > 0 && !strings.Contains(last[:i], " ") {
+		last = last[i+2:]
+	}
+	return last
+}

@@ -1,0 +1,279 @@
+package eventbridge
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// upstreamCore is a server like the core's event socket: a Proxy with a fakeSource, on a path, that
+// the test can stop and start again (a restart of the core).
+type upstreamCore struct {
+	t    *testing.T
+	path string
+	src  *fakeSource
+	srv  *Server
+}
+
+func startUpstream(t *testing.T, path string) *upstreamCore {
+	t.Helper()
+	u := &upstreamCore{t: t, path: path, src: newFakeSource()}
+	srv, err := NewServer("unix://"+path, NewProxy(runtimeConn(t), u.src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	u.srv = srv
+	t.Cleanup(u.stop)
+	return u
+}
+
+// stop stops the server, as a core's SIGTERM does: open streams end with UNAVAILABLE.
+func (u *upstreamCore) stop() {
+	if u.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u.srv.Stop(ctx)
+	u.srv = nil
+}
+
+// serveRelay serves a Proxy whose events come from relay, and returns a client of it.
+func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServiceClient {
+	t.Helper()
+	srv, err := NewServer("unix://"+path, NewProxy(runtimeConn(t), relay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Stop(ctx)
+	})
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+// runtimeConn is a connection to a fake runtime, the proxies' backend.
+func runtimeConn(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	path := filepath.Join(shortTempDir(t), "rt.sock")
+	startBackend(t, path, &fakeRuntime{})
+	conn, err := DialCRI("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func nextOpened(t *testing.T, src *fakeSource) *fakeStream {
+	t.Helper()
+	select {
+	case s := <-src.opened:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no upstream subscription")
+		return nil
+	}
+}
+
+func recvID(t *testing.T, stream runtimeapi.RuntimeService_GetContainerEventsClient) string {
+	t.Helper()
+	ev, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("the client's stream ended: %v", err)
+	}
+	return ev.ContainerId
+}
+
+// TestRelaySurvivesUpstreamRestarts: a client's stream through the relay stays open while the upstream
+// ends its streams (UNAVAILABLE), goes away (its socket removed, then refused) and comes back, or
+// breaks the connection; the relay subscribes again each time and the client gets the new upstream's
+// events. An eviction (RESOURCE_EXHAUSTED) is not hidden: it ends the client's stream.
+func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
+	dir := shortTempDir(t)
+	corePath, frontPath := filepath.Join(dir, "core.sock"), filepath.Join(dir, "front.sock")
+	up := startUpstream(t, corePath)
+	resubscribed := make(chan struct{}, 10)
+	relay, err := DialRelay("unix://"+corePath, WithRelayResubscribed(func() { resubscribed <- struct{}{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	client := serveRelay(t, frontPath, relay)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := recvID(t, stream); id != "c1" {
+		t.Fatalf("got %q, want c1", id)
+	}
+
+	// A graceful stop and a later start (the socket is gone meanwhile).
+	up.stop()
+	time.Sleep(100 * time.Millisecond)
+	up = startUpstream(t, corePath)
+	nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})
+	if id := recvID(t, stream); id != "c2" {
+		t.Fatalf("got %q, want c2", id)
+	}
+
+	// The upstream's stream ends with UNAVAILABLE while its server runs on.
+	up.src.mu.Lock()
+	last := up.src.streams[len(up.src.streams)-1]
+	up.src.mu.Unlock()
+	last.end <- status.Error(codes.Unavailable, "core shutting down")
+	nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c3"})
+	if id := recvID(t, stream); id != "c3" {
+		t.Fatalf("got %q, want c3", id)
+	}
+	if n := len(resubscribed); n != 2 {
+		t.Errorf("resubscribed %d times, want 2", n)
+	}
+
+	// An eviction ends the client's stream with its status.
+	up.src.mu.Lock()
+	last = up.src.streams[len(up.src.streams)-1]
+	up.src.mu.Unlock()
+	last.end <- status.Error(codes.ResourceExhausted, "evicted")
+	if _, err := stream.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("after an eviction upstream the client got %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
+
+// TestRelayClosesUpstreamWithClient: when the client goes away, the upstream subscription ends too.
+func TestRelayClosesUpstreamWithClient(t *testing.T) {
+	dir := shortTempDir(t)
+	up := startUpstream(t, filepath.Join(dir, "core.sock"))
+	relay, err := DialRelay("unix://" + filepath.Join(dir, "core.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	client := serveRelay(t, filepath.Join(dir, "front.sock"), relay)
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	s := nextOpened(t, up.src)
+	cancel()
+	select {
+	case <-s.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream subscription was not closed after the client left")
+	}
+}
+
+// TestListenerHandoff: a listener opened by Listen, handed to a successor over a unix connection,
+// serves there; the old one closed with KeepSocketFile leaves the socket file in place, and the
+// successor's Close removes it.
+func TestListenerHandoff(t *testing.T) {
+	dir := shortTempDir(t)
+	path := filepath.Join(dir, "cri.sock")
+	old, err := Listen(context.Background(), "unix://"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	f, err := ListenerFile(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SendFiles(a, []byte("hello"), f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	msg, files, err := ReceiveFiles(b, 64, 2)
+	if err != nil || string(msg) != "hello" || len(files) != 1 {
+		t.Fatalf("received %q, %d files, %v", msg, len(files), err)
+	}
+	succ, err := FileListener(files[0])
+	files[0].Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	KeepSocketFile(old)
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("the socket file is gone after the handed-over listener closed: %v", err)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := succ.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial after the handoff: %v", err)
+	}
+	c.Close()
+	if err := <-accepted; err != nil {
+		t.Fatalf("the successor did not accept: %v", err)
+	}
+	if err := succ.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("the successor's Close left the socket file: %v", err)
+	}
+}
+
+// socketPair returns two connected unix connections.
+func socketPair() (*net.UnixConn, *net.UnixConn, error) {
+	dir, err := os.MkdirTemp("", "sp-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "s"), Net: "unix"})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer l.Close()
+	a, err := net.DialUnix("unix", nil, l.Addr().(*net.UnixAddr))
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := l.AcceptUnix()
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}

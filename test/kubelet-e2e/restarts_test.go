@@ -1,0 +1,193 @@
+package kubelete2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
+	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
+)
+
+var (
+	upgradeOnce   sync.Once
+	upgradeBinary string
+	upgradeErr    error
+)
+
+// upgradedPlegNRI builds pleg-nri again with another version: a different binary, as an upgrade
+// installs.
+func upgradedPlegNRI(t *testing.T) string {
+	t.Helper()
+	upgradeOnce.Do(func() {
+		upgradeBinary, upgradeErr = plegnri.BuildVersion(filepath.Dir(plegNRIBinary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
+	})
+	if upgradeErr != nil {
+		t.Fatal(upgradeErr)
+	}
+	return upgradeBinary
+}
+
+// gapPod is a pod whose one container "waiter" exits 7 once the test drops a file named exit in the
+// pod's emptyDir, then runs on after its restart (a container restarted for the first time is not
+// backed off by the kubelet: each step of the test needs a pod of its own).
+func gapPod(name string) kubelet.Pod {
+	return kubelet.Pod{Name: name, Containers: []kubelet.Container{{Name: "waiter", State: true, Script: `[ -e /state/done ] && exec sleep 3600
+while [ ! -e /state/exit ]; do sleep 0.05; done; touch /state/done; exit 7`}}}
+}
+
+// restartLagBound is how soon after pleg-nri or containerd is back the kubelet must have restarted the
+// container that exited while it was down (the issue's bound: without the event, the kubelet would
+// notice at its next relist, up to 300 s later with EventedPLEG on).
+const restartLagBound = time.Second
+
+// TestRestartsKeepFastPath restarts pleg-nri 5 times (SIGTERM, SIGKILL, an upgrade to a different
+// binary and back) and containerd 5 times (SIGTERM, SIGKILL) under a running kubelet (setup 3) while a
+// pod crash-loops, and in each restart a container exits while the process is down. The kubelet's event
+// stream (through pleg-nri's front) never fails: evented_pleg_connection_error_count stays 0 and the
+// kubelet never reconnects or falls back to relisting; each exit in a gap arrives as an event and the
+// kubelet restarts the container within a second of pleg-nri (its /readyz) or containerd (its CRI) being
+// back; no two containers of one name ever run at once in a pod (the node's duplicate watcher); and at
+// the end the kubelet still acts on events.
+func TestRestartsKeepFastPath(t *testing.T) {
+	upgraded := upgradedPlegNRI(t)
+	n := startNode(t, setupEventedPlegNRI)
+	steps := []string{"pleg-nri SIGTERM", "containerd SIGTERM", "pleg-nri SIGKILL", "containerd SIGKILL",
+		"pleg-nri upgrade", "containerd SIGTERM", "pleg-nri SIGTERM", "containerd SIGKILL", "pleg-nri downgrade",
+		"containerd SIGTERM"}
+	// containerd must run again when the test ends, whatever happens.
+	t.Cleanup(func() {
+		if !env.Running() {
+			if err := env.Start(context.Background()); err != nil {
+				t.Errorf("restart containerd: %v", err)
+			}
+		}
+	})
+	crasher := kubelet.Pod{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", Script: "sleep 1; exit 1"}}}
+	if err := n.k.WritePod(crasher); err != nil {
+		t.Fatal(err)
+	}
+	for i := range steps {
+		if err := n.k.WritePod(gapPod(fmt.Sprintf("gap%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods := make([]*kubelet.PodStatus, len(steps))
+	for i := range steps {
+		pods[i] = n.waitPod(fmt.Sprintf("gap%d", i), "running", running)
+	}
+	front, err := n.p.FrontPID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := n.plegMetrics()
+	t.Logf("before the restarts: %s", before)
+
+	ctx := context.Background()
+	var lags []time.Duration
+	for i, step := range steps {
+		p := pods[i]
+		pid := n.waiterPID(p)
+		var back time.Time
+		switch {
+		case strings.HasPrefix(step, "pleg-nri"):
+			switch step {
+			case "pleg-nri SIGKILL":
+				n.p.Kill()
+			case "pleg-nri upgrade":
+				n.p.Stop()
+				n.p.SetBinary(upgraded)
+			case "pleg-nri downgrade":
+				n.p.Stop()
+				n.p.SetBinary(plegNRIBinary)
+			default:
+				n.p.Stop()
+			}
+			n.triggerExit(p, pid)
+			if err := n.p.Start(ctx); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			back = time.Now()
+		default:
+			stop := env.Stop
+			if step == "containerd SIGKILL" {
+				stop = env.Kill
+			}
+			if err := stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n.triggerExit(p, pid)
+			if err := env.Start(ctx); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			back = time.Now()
+		}
+		p = n.waitPod(fmt.Sprintf("gap%d", i), "waiter restarted once and running", restartedTo("waiter", 1))
+		// containerd reports an exit it did not see (it was down) as 255, reason Unknown.
+		if last := p.Container("waiter").LastState.Terminated; last == nil || (strings.HasPrefix(step, "pleg-nri") && last.ExitCode != 7) {
+			t.Errorf("%s: last state of the waiter: %s, want terminated (with exit code 7 if containerd saw it)", step, describePod(p))
+		}
+		// When the kubelet made the new container, by containerd's record.
+		var created time.Time
+		for _, c := range n.containers(p.Metadata.UID) {
+			if c.GetMetadata().GetName() == "waiter" && c.GetMetadata().GetAttempt() == 1 {
+				created = time.Unix(0, c.GetCreatedAt())
+			}
+		}
+		if created.IsZero() {
+			t.Fatalf("%s: no second attempt of the waiter in containerd", step)
+		}
+		lag := created.Sub(back)
+		lags = append(lags, lag)
+		if lag > restartLagBound {
+			t.Errorf("%s: the kubelet restarted the container that exited in the gap %s after the restart, more than %s",
+				step, lag.Round(time.Millisecond), restartLagBound)
+		}
+		m := n.plegMetrics()
+		t.Logf("step %d (%s): container restarted %s after the restart; %s", i+1, step, lag.Round(time.Millisecond), m)
+		if m.ConnError != 0 || m.ConnSuccess != before.ConnSuccess {
+			t.Errorf("%s: the kubelet's event stream failed or reconnected: before %s; now %s", step, before, m)
+		}
+		if now, err := n.p.FrontPID(); err != nil || now != front {
+			t.Errorf("%s: the front is pid %d (%v), was %d", step, now, err, front)
+		}
+	}
+
+	// The fast path is still on: one more exit comes as an event the kubelet acts on.
+	after := n.plegMetrics()
+	if err := n.k.WritePod(gapPod("last")); err != nil {
+		t.Fatal(err)
+	}
+	last := n.waitPod("last", "running", running)
+	n.triggerExit(last, n.waiterPID(last))
+	n.waitPod("last", "waiter restarted once and running", restartedTo("waiter", 1))
+	final := n.plegMetrics()
+	t.Logf("after the restarts: %s", final)
+	n.checkConsumingStream(before, final)
+	// (The events-received metric exists in every kubelet version; the log line of a STOPPED differs.)
+	if final.EventsReceived <= after.EventsReceived {
+		t.Errorf("the kubelet received no event after the restarts: %s, then %s", after, final)
+	}
+	sorted := append([]time.Duration(nil), lags...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	t.Logf("restart lags (back -> new container created): %v; median %s, max %s", lags,
+		sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond))
+	if c := n.crashes("crasher"); c < 1 {
+		t.Errorf("the crasher never restarted: %d", c)
+	}
+}
+
+// crashes returns the restart count the kubelet reports for a one-container pod.
+func (n *node) crashes(name string) int32 {
+	n.t.Helper()
+	p, err := n.k.Pod(name)
+	if err != nil || p == nil || len(p.Status.ContainerStatuses) == 0 {
+		return 0
+	}
+	return p.Status.ContainerStatuses[0].RestartCount
+}
