@@ -36,7 +36,7 @@ run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its str
 	@bash hack/demo.sh
 
 .PHONY: test
-test: verify unit fuzz integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests.
+test: verify unit fuzz integration integration-docker ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests (also on containerd in Docker).
 
 ##@ Build
 
@@ -96,6 +96,15 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+
+.PHONY: integration-docker
+integration-docker: deps ## The side-by-side scenario tests (TestCompare*) against containerd in Docker (image built offline, cached).
+	@set -o pipefail; start=$$(date +%s); \
+	PLEG_NRI_IT_CONTAINERD=docker $(GO) test -count=1 -v -run '^TestCompare' -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) 2>&1 | tee /tmp/pleg-nri-it-docker.log; \
+	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it-docker.log || true); \
+	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it-docker.log || true); \
+	echo "integration-docker: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
+	test "$$passed" -gt 0 || { echo "integration-docker: no scenario test ran"; exit 1; }
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).

@@ -138,6 +138,7 @@ EOF
 	find "$CACHE" -maxdepth 1 -name 'debian-base-*.tar' ! -name "debian-base-$hash.tar" -delete
 fi
 
+old_id=$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 log "docker import $tarball as $IMAGE"
 # docker import cannot set STOPSIGNAL (engines before 25 refuse it as a change): import to a temporary
 # tag, then one Dockerfile step on it with the classic builder, which never contacts a registry.
@@ -151,5 +152,7 @@ LABEL $LABEL=$hash
 EOF
 docker rmi "$IMAGE-import" >/dev/null 2>&1 || true
 have_image || die "imported $IMAGE does not carry the label $LABEL=$hash"
+# The previous build, now untagged (kept if a container still uses it).
+[ -z "$old_id" ] || docker rmi "$old_id" >/dev/null 2>&1 || true
 log "built $IMAGE in $((SECONDS - start))s"
 echo "$IMAGE"
