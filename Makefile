@@ -21,6 +21,7 @@ INTEGRATION_PKGS := ./test/containerd-it/
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
 UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
 IT_TIMEOUT      ?= 30m
+K8S_VERSIONS    ?= v1.37.2 v1.36.3
 FUZZTIME        ?= 10s
 
 ##@ Main
@@ -105,6 +106,11 @@ integration-docker: deps ## The side-by-side scenario tests (TestCompare*) again
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it-docker.log || true); \
 	echo "integration-docker: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
 	test "$$passed" -gt 0 || { echo "integration-docker: no scenario test ran"; exit 1; }
+
+.PHONY: e2e-kind
+e2e-kind: ## kind clusters with and without pleg-nri (deploy/kind/kind-config.yaml), node images built offline; K8S_VERSIONS="v1.37.2 v1.36.3".
+	@test "$$(id -u)" = 0 || { echo "e2e-kind needs root (it builds images with debootstrap)"; exit 1; }
+	bash test/kind/e2e.sh $(K8S_VERSIONS)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
