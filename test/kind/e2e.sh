@@ -31,6 +31,10 @@ go build -o bin/e2e-kind ./test/kind/cmd/e2e-kind
 # kind's docker provider runs its nodes --privileged; the shim stands in for the flags where the
 # engine cannot grant every capability (it passes everything through where it can).
 export PATH=$here/hack/docker-shim:$PATH
+# kind's entrypoint picks fuse-overlayfs when the node's root is on FUSE (Docker's fuse-overlayfs
+# storage driver here) and the image has no fuse-overlayfs snapshotter; containerd's root is on the
+# node's /var volume, where overlayfs works.
+export KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER=${KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER:-overlayfs}
 
 for v in "$@"; do
 	start=$SECONDS

@@ -44,6 +44,8 @@ kubelet=$(KUBELET_VERSION=$K8S_VERSION bash "$root/test/kubelet-e2e/hack/build-k
 k8s=$(K8S_VERSION=$K8S_VERSION bash "$here/hack/build-k8s.sh")
 mapfile -t images < <("$k8s/kubeadm" config images list --kubernetes-version "$K8S_VERSION" 2>/dev/null)
 [ ${#images[@]} -ge 5 ] || die "kubeadm config images list gave: ${images[*]}"
+# No kube-proxy: the tests' kind config runs kubeProxyMode none.
+mapfile -t images < <(printf '%s\n' "${images[@]}" | grep -v '/kube-proxy:')
 etcd_version= coredns_version= pause_image=
 for i in "${images[@]}"; do
 	case $i in
@@ -95,6 +97,7 @@ build_ctr=pleg-nri-kind-node-build-$$
 cleanup() {
 	docker rm -f -v "$build_ctr" >/dev/null 2>&1 || true
 	for i in "${images[@]}"; do docker rmi "$i" >/dev/null 2>&1 || true; done
+	docker rmi "$IMAGE-base" >/dev/null 2>&1 || true
 	rm -rf "$ctx"
 }
 trap cleanup EXIT
@@ -191,13 +194,14 @@ docker cp "$ctx/archives/." "$build_ctr:/kind/images/"
 docker exec "$build_ctr" sh -c '
 	set -e
 	containerd >/tmp/containerd.log 2>&1 &
+	pid=$!
 	i=0
 	until ctr version >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 300 ] || { cat /tmp/containerd.log; exit 1; }; sleep 0.1; done
 	for a in /kind/images/*.tar; do
 		ctr --namespace=k8s.io images import --label=io.cri-containerd.pinned=pinned --all-platforms --no-unpack --digests "$a"
 	done
 	ctr --namespace=k8s.io images list -q
-	kill %1; wait
+	kill $pid; wait $pid || true
 	rm -rf /kind/images /tmp/containerd.log' >"$ctx/import.log" 2>&1 || {
 	cat "$ctx/import.log" >&2
 	die "importing the images failed"
@@ -210,7 +214,6 @@ docker commit \
 	--change 'CMD []' \
 	--change "LABEL $LABEL=$hash org.pleg-nri.kubernetes=$K8S_VERSION" \
 	"$build_ctr" "$IMAGE" >/dev/null
-docker rmi "$IMAGE-base" >/dev/null 2>&1 || true
 [ -z "$old_id" ] || docker rmi "$old_id" >/dev/null 2>&1 || true
 current || die "built $IMAGE does not carry the label $LABEL=$hash"
 log "built $IMAGE in $((SECONDS - start))s"

@@ -120,11 +120,24 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("e2e-kind: %s: created in %s, crash->restarted %s (kubelet backoff included), delete of a running pod %s\n",
 			r.name, r.created.Round(time.Second), r.restart, r.deleted.Round(100*time.Millisecond))
 	}
+	var failures []string
+	for _, r := range results {
+		for k, v := range r.statuses {
+			fmt.Printf("e2e-kind: %s: %s: %s\n", r.name, k, v)
+		}
+		for _, f := range r.failures {
+			failures = append(failures, r.name+": "+f)
+		}
+	}
 	if len(results) == 2 {
 		if d := diffStatuses(results[1].statuses, results[0].statuses); d != "" {
-			return fmt.Errorf("pod statuses differ (baseline vs pleg-nri):\n%s", d)
+			failures = append(failures, "pod statuses differ (baseline vs pleg-nri):\n"+d)
+		} else {
+			fmt.Printf("e2e-kind: %d pod statuses equal on both clusters\n", len(results[0].statuses))
 		}
-		fmt.Printf("e2e-kind: %d pod statuses equal on both clusters\n", len(results[0].statuses))
+	}
+	if len(failures) > 0 {
+		return errors.New(strings.Join(failures, "\n"))
 	}
 	return nil
 }
@@ -136,6 +149,8 @@ type clusterResult struct {
 	created  time.Duration
 	restart  time.Duration
 	deleted  time.Duration
+	// failures are the checks that failed after the workload ran (the restart checks).
+	failures []string
 }
 
 func runCluster(ctx context.Context, o options, name, config, kubeconfig string, plegNRI bool) (res clusterResult, err error) {
@@ -182,6 +197,10 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	if _, err := k("wait", "--for=condition=Ready", "node/"+node, "--timeout=120s"); err != nil {
 		return res, err
 	}
+	// Pods are refused until the controller manager made the namespace's default service account.
+	if _, err := k("wait", "--for=create", "serviceaccount/default", "--timeout=120s"); err != nil {
+		return res, err
+	}
 	if _, err := k("apply", "-f", o.workloads); err != nil {
 		return res, err
 	}
@@ -213,8 +232,9 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	res.deleted = time.Since(start)
 
 	if plegNRI {
+		// A failure here does not stop the run: the status comparison still says what it says.
 		if err := restartChecks(ctx, k, node); err != nil {
-			return res, err
+			res.failures = append(res.failures, err.Error())
 		}
 	}
 	return res, nil
