@@ -95,10 +95,23 @@ func missingCapabilities() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	last := len(capNames) - 1
+	if data, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			last = n
+		}
+	}
+	return capsMissing(string(status), last)
+}
+
+// capsMissing returns the names of the capabilities 0..lastCap that the CapBnd line of a
+// /proc/PID/status text does not have.
+func capsMissing(status string, lastCap int) ([]string, error) {
 	var bnd uint64
 	found := false
-	for _, l := range strings.Split(string(status), "\n") {
+	for _, l := range strings.Split(status, "\n") {
 		if v, ok := strings.CutPrefix(l, "CapBnd:"); ok {
+			var err error
 			if bnd, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
 				return nil, fmt.Errorf("failed to parse CapBnd %q: %w", v, err)
 			}
@@ -108,14 +121,9 @@ func missingCapabilities() ([]string, error) {
 	if !found {
 		return nil, errors.New("no CapBnd in /proc/self/status")
 	}
-	last := len(capNames) - 1
-	if data, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && n < last {
-			last = n
-		}
-	}
+	lastCap = min(lastCap, len(capNames)-1)
 	var missing []string
-	for i := 0; i <= last; i++ {
+	for i := 0; i <= lastCap; i++ {
 		if bnd&(1<<uint(i)) == 0 {
 			missing = append(missing, capNames[i])
 		}
