@@ -80,6 +80,7 @@ COPY cni/ /opt/cni/bin/
 COPY images/ /opt/pleg-nri/images/
 COPY config.toml /etc/containerd/config.toml
 COPY 10-pods.conflist /etc/cni/net.d/10-pods.conflist
+COPY crictl.yaml /etc/crictl.yaml
 COPY entrypoint.sh /usr/local/bin/entrypoint
 COPY run-containerd.sh /usr/local/bin/run-containerd
 RUN mkdir -p /var/lib/containerd
