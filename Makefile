@@ -27,6 +27,7 @@ KUBELET_ALL_VERSIONS  ?= v1.37.2 v1.36.3 v1.35.4
 KUBELET_VERSION ?= v1.37.2
 UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
 IT_TIMEOUT      ?= 30m
+K8S_VERSIONS    ?= v1.37.2 v1.36.3
 FUZZTIME        ?= 10s
 
 ##@ Main
@@ -42,7 +43,7 @@ run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its str
 	@bash hack/demo.sh
 
 .PHONY: test
-test: verify unit fuzz integration ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests.
+test: verify unit fuzz integration integration-docker ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests (also on containerd in Docker).
 
 ##@ Build
 
@@ -119,6 +120,20 @@ run-integration:
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s (kubelets: $(KUBELETS))"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }; \
 	exit $$rc
+
+.PHONY: integration-docker
+integration-docker: deps ## The side-by-side scenario tests (TestCompare*) against containerd in Docker (image built offline, cached).
+	@set -o pipefail; start=$$(date +%s); \
+	PLEG_NRI_IT_CONTAINERD=docker $(GO) test -count=1 -v -run '^TestCompare' -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) 2>&1 | tee /tmp/pleg-nri-it-docker.log; \
+	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it-docker.log || true); \
+	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it-docker.log || true); \
+	echo "integration-docker: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
+	test "$$passed" -gt 0 || { echo "integration-docker: no scenario test ran"; exit 1; }
+
+.PHONY: e2e-kind
+e2e-kind: ## kind clusters with and without pleg-nri (deploy/kind/kind-config.yaml), node images built offline; K8S_VERSIONS="v1.37.2 v1.36.3".
+	@test "$$(id -u)" = 0 || { echo "e2e-kind needs root (it builds images with debootstrap)"; exit 1; }
+	bash test/kind/e2e.sh $(K8S_VERSIONS)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).

@@ -26,8 +26,13 @@ func TestMain(m *testing.M) {
 func runTests(m *testing.M) (code int) {
 	ctx := context.Background()
 	start := time.Now()
-	var err error
-	env, err = harness.New(ctx, harness.Options{Log: os.Stderr})
+	// PLEG_NRI_IT_CONTAINERD=docker: containerd in a container (make integration-docker).
+	where, err := harness.ContainerdFromEnv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	env, err = harness.New(ctx, harness.Options{Log: os.Stderr, Containerd: where})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: cannot set up the containerd integration environment: %v\n", err)
 		return 1

@@ -106,7 +106,7 @@ func TestCompareHostSIGKILL(t *testing.T) {
 	ctr := s.c.create(podID, podCfg, containerConfig("victim", "sleep 3600"))
 	s.c.start(ctr)
 	s.waitBoth(keys(ctr, evStarted)...)
-	if err := syscall.Kill(containerPid(t, ctr), syscall.SIGKILL); err != nil {
+	if err := env.SignalContainerProcess(context.Background(), containerPid(t, ctr), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	s.waitBoth(keys(ctr, evStopped)...)
@@ -231,7 +231,7 @@ func TestCompareContainerdRestart(t *testing.T) {
 	if err := env.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := env.SignalContainerProcess(context.Background(), pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.c.rt.Version(ctx(t), &runtimeapi.VersionRequest{})

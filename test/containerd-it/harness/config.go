@@ -110,8 +110,8 @@ func (e *Env) writeConfigs() error {
 		"ShimSocketDir": e.ShimSocketDir,
 		"Snapshotter":   e.Snapshotter,
 		"PauseImage":    PauseImage,
-		"Runc":          filepath.Join(e.BinDir, "runc"),
-		"CNIBinDir":     filepath.Join(e.BinDir, "cni"),
+		"Runc":          e.runcPath(),
+		"CNIBinDir":     e.cniBinDir(),
 		"CNIConfDir":    e.CNIConfDir,
 		"NRISocket":     e.NRISocket,
 		"NRIPluginDir":  e.NRIPluginDir,
@@ -133,4 +133,20 @@ func (e *Env) writeConfigs() error {
 		return fmt.Errorf("failed to write CNI config: %w", err)
 	}
 	return nil
+}
+
+// runcPath is runc's path where containerd runs: the cache's or the image's.
+func (e *Env) runcPath() string {
+	if e.Container != "" {
+		return imageRunc
+	}
+	return filepath.Join(e.BinDir, "runc")
+}
+
+// cniBinDir is the CNI plugins' directory where containerd runs: the cache's or the image's.
+func (e *Env) cniBinDir() string {
+	if e.Container != "" {
+		return imageCNIBinDir
+	}
+	return filepath.Join(e.BinDir, "cni")
 }

@@ -43,6 +43,8 @@ type Options struct {
 	Persistent bool
 	// Log receives the harness's progress lines (default io.Discard).
 	Log io.Writer
+	// Containerd says where containerd runs: Native (default) or Docker (see ContainerdFromEnv).
+	Containerd string
 }
 
 // Env is one isolated containerd and everything it owns. The exported fields are saved in Dir/env.json,
@@ -74,8 +76,11 @@ type Env struct {
 	// Owner is the pid of the process that made the environment (0 when Persistent): when it is dead,
 	// the next harness run tears the environment down.
 	Owner int
-	// PID is containerd's pid while it runs.
+	// PID is containerd's pid while it runs (on this machine, also when it runs in a container).
 	PID int
+	// Container is the Docker container containerd runs in, and Image its image; both empty when
+	// containerd runs natively.
+	Container, Image string
 
 	opts Options
 	cmd  *exec.Cmd
@@ -106,6 +111,17 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if err := InstallDeps(ctx, opts.Cache, opts.Log); err != nil {
 		return nil, err
+	}
+	var image string
+	switch opts.Containerd {
+	case "", Native:
+	case Docker:
+		var err error
+		if image, err = buildContainerdImage(ctx, opts.Cache, opts.Log); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("unknown Options.Containerd %q (want %q or %q)", opts.Containerd, Native, Docker)
 	}
 	CleanStale(ctx, opts.Log)
 
@@ -141,7 +157,11 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 		Bridge:        "plegit" + id,
 		Subnet:        fmt.Sprintf("10.250.%d.0/24", int(raw[0])),
 		CgroupParent:  "/" + dirPrefix + id,
+		Image:         image,
 		opts:          opts,
+	}
+	if image != "" {
+		e.Container = dirPrefix + id
 	}
 	if !opts.Persistent {
 		e.Owner = os.Getpid()
@@ -165,7 +185,11 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	e.logf("environment %s in %s (snapshotter %s)", e.ID, e.Dir, e.Snapshotter)
+	if e.Container != "" {
+		e.logf("environment %s in %s (snapshotter %s), containerd in container %s", e.ID, e.Dir, e.Snapshotter, e.Container)
+	} else {
+		e.logf("environment %s in %s (snapshotter %s)", e.ID, e.Dir, e.Snapshotter)
+	}
 	return e, nil
 }
 
@@ -218,8 +242,11 @@ func InstallDeps(ctx context.Context, cache string, log io.Writer) error {
 // Start starts containerd (again, after Stop) and waits until its CRI reports the runtime and the
 // network ready and the test images are present; on the first start it imports them.
 func (e *Env) Start(ctx context.Context) error {
-	if e.cmd != nil {
+	if e.cmd != nil || (e.Container != "" && e.PID != 0 && Alive(e.PID)) {
 		return errors.New("containerd is already running")
+	}
+	if e.Container != "" {
+		return e.startDocker(ctx)
 	}
 	logf, err := os.OpenFile(e.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -253,6 +280,37 @@ func (e *Env) Start(ctx context.Context) error {
 	return nil
 }
 
+// startDocker is Start for containerd in a container.
+func (e *Env) startDocker(ctx context.Context) error {
+	if err := appendLog(e.LogPath, fmt.Sprintf("==== harness: starting containerd in %s at %s ====\n",
+		e.Container, time.Now().Format(time.RFC3339Nano))); err != nil {
+		return err
+	}
+	if err := e.startInContainer(ctx); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.LogTail(40))
+	}
+	if err := e.save(); err != nil {
+		return err
+	}
+	if err := e.waitReady(ctx); err != nil {
+		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
+	}
+	if err := e.ensureImages(ctx); err != nil {
+		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
+	}
+	return nil
+}
+
+func appendLog(path, line string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(line)
+	return err
+}
+
 // waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady.
 func (e *Env) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -263,6 +321,9 @@ func (e *Env) waitReady(ctx context.Context) error {
 		case <-e.exited:
 			return errors.New("containerd exited")
 		default:
+		}
+		if e.Container != "" && !Alive(e.PID) {
+			return errors.New("containerd exited")
 		}
 		lastErr = func() error {
 			conn, err := e.Dial(ctx)
@@ -318,6 +379,14 @@ func (e *Env) ensureImages(ctx context.Context) error {
 	}
 	if present() {
 		return nil
+	}
+	if e.Container != "" {
+		if err := e.importInContainer(ctx); err != nil {
+			return err
+		}
+		return WaitFor(ctx, 10*time.Second, "the imported images in the CRI image store", func() (bool, error) {
+			return present(), nil
+		})
 	}
 	archives, err := BuildImages(ctx, e.Cache)
 	if err != nil {

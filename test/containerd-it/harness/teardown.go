@@ -35,6 +35,9 @@ func (e *Env) Teardown(ctx context.Context) error {
 	if err := e.signal(ctx, syscall.SIGTERM, 15*time.Second); err != nil {
 		errs = append(errs, err)
 	}
+	if err := e.removeContainer(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("removing container %s: %w", e.Container, err))
+	}
 	e.killProcesses()
 	e.unmountAll()
 	e.removeCgroups()
@@ -295,6 +298,9 @@ func (e *Env) Leftovers() []string {
 	}
 	if _, err := os.Stat(e.Dir); err == nil {
 		out = append(out, "directory "+e.Dir)
+	}
+	if e.Container != "" && e.containerExists(context.Background()) {
+		out = append(out, "docker container "+e.Container)
 	}
 	return out
 }

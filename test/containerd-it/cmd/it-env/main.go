@@ -48,7 +48,11 @@ func up(ctx context.Context) error {
 	if data, err := os.ReadFile(stateFile); err == nil {
 		return fmt.Errorf("an environment is already up in %s: run `make it-down` first", strings.TrimSpace(string(data)))
 	}
-	e, err := harness.New(ctx, harness.Options{Persistent: true, Log: os.Stderr})
+	where, err := harness.ContainerdFromEnv()
+	if err != nil {
+		return err
+	}
+	e, err := harness.New(ctx, harness.Options{Persistent: true, Log: os.Stderr, Containerd: where})
 	if err != nil {
 		return err
 	}
