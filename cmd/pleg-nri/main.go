@@ -1,8 +1,8 @@
 // Command pleg-nri is the container event source for the kubelet's EventedPLEG on containerd nodes.
 //
-//	pleg-nri [flags]                                  the daemon (see nri.conf.example for every key)
-//	pleg-nri events [--endpoint URL] [--output text|json]  print a CRI endpoint's event stream
-//	pleg-nri version                                  print the version
+//	pleg-nri [flags]          the daemon (see nri.conf.example for every key)
+//	pleg-nri events [flags]   print a CRI endpoint's event stream (pleg-nri events -h)
+//	pleg-nri version          print the version
 package main
 
 import (
@@ -35,7 +35,7 @@ func run(ctx context.Context, args []string) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "events":
-			return runEvents(ctx, args[1:], os.Stdout, os.Stderr)
+			return runEvents(ctx, args[1:], os.Getenv, os.Stdout, os.Stderr)
 		case "version":
 			fmt.Printf("pleg-nri %s\n", version)
 			return nil
