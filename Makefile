@@ -44,6 +44,26 @@ test: verify unit fuzz integration ## Everything CI runs: gofmt, vet, staticchec
 build: ## Build bin/pleg-nri.
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/pleg-nri ./cmd/pleg-nri
 
+##@ Deploy
+
+IMAGE          ?= pleg-nri:$(VERSION)
+IMAGE_TAR      ?= $(BIN)/pleg-nri-image.tar
+PREFIX         ?= /
+INSTALL_MODE   ?= systemd
+INSTALL_CONFIG ?=
+
+.PHONY: image
+image: ## OCI image (static pleg-nri FROM scratch, the host files, busybox for the installer) as IMAGE, saved to IMAGE_TAR.
+	VERSION=$(VERSION) bash deploy/image/build.sh $(IMAGE) $(IMAGE_TAR)
+
+.PHONY: install
+install: build ## Install the host files under PREFIX (a root, default /): INSTALL_MODE=systemd (service) or nri (pre-registered).
+	sh deploy/install.sh --root $(PREFIX) --mode $(INSTALL_MODE) --binary $(BIN)/pleg-nri $(if $(INSTALL_CONFIG),--config $(INSTALL_CONFIG))
+
+.PHONY: uninstall
+uninstall: ## Remove what make install put under PREFIX (the configuration and the state stay).
+	sh deploy/install.sh --root $(PREFIX) --mode $(INSTALL_MODE) --uninstall
+
 ##@ Checks
 
 .PHONY: verify

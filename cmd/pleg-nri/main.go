@@ -2,6 +2,7 @@
 //
 //	pleg-nri [flags]          the daemon (see nri.conf.example for every key)
 //	pleg-nri events [flags]   print a CRI endpoint's event stream (pleg-nri events -h)
+//	pleg-nri kubelet-config   point a kubelet's configuration at pleg-nri (pleg-nri kubelet-config -h)
 //	pleg-nri version          print the version
 package main
 
@@ -36,6 +37,8 @@ func run(ctx context.Context, args []string) error {
 		switch args[0] {
 		case "events":
 			return runEvents(ctx, args[1:], os.Getenv, os.Stdout, os.Stderr)
+		case "kubelet-config":
+			return runKubeletConfig(args[1:], os.Stdout, os.Stderr)
 		case "version":
 			fmt.Printf("pleg-nri %s\n", version)
 			return nil

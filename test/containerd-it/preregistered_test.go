@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -28,12 +30,20 @@ func TestPreRegistered(t *testing.T) {
 	socket, metrics := filepath.Join(dir, "cri.sock"), freeLoopbackAddr(t)
 	conf := fmt.Sprintf("listen: unix://%s\nmetrics-address: %s\ncontainerd-address: %s\nruntime-endpoint: unix://%s\nnri-socket: %s\nstate-dir: %s\nlog-level: debug\n",
 		socket, metrics, env.Address, env.Address, env.NRISocket, filepath.Join(dir, "state"))
-	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
-	confPath := filepath.Join(env.NRIConfDir, "10-pleg-nri.conf")
 	data, err := os.ReadFile(plegNRIBinary)
 	if err != nil {
 		t.Fatal(err)
 	}
+	runPreRegistered(t, data, conf, socket, metrics)
+}
+
+// runPreRegistered installs binary as the harness containerd's pre-registered plugin 10-pleg-nri with
+// conf as its configuration, restarts containerd (which launches it), waits for its /readyz on
+// metrics, and checks a container's STOPPED reaches its CRI endpoint at socket; it returns that event.
+func runPreRegistered(t *testing.T, data []byte, conf, socket, metrics string) *runtimeapi.ContainerEventResponse {
+	t.Helper()
+	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
+	confPath := filepath.Join(env.NRIConfDir, "10-pleg-nri.conf")
 	if err := os.WriteFile(pluginPath, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +62,7 @@ func TestPreRegistered(t *testing.T) {
 	if err := env.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	err = harness.WaitFor(context.Background(), 20*time.Second, "the pre-registered pleg-nri's /readyz", func() (bool, error) {
+	err := harness.WaitFor(context.Background(), 20*time.Second, "the pre-registered pleg-nri's /readyz", func() (bool, error) {
 		resp, err := http.Get("http://" + metrics + "/readyz")
 		if err != nil {
 			return false, err
@@ -79,6 +89,7 @@ func TestPreRegistered(t *testing.T) {
 	c.stopPod(podID)
 	c.removePod(podID)
 	ours.wait(t, podID, evDeleted)
+	return ev
 }
 
 // pidsOf lists the live processes whose executable is path.
