@@ -19,7 +19,9 @@ STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
-UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
+# The deployment artifacts under systemd and helm (make test-deploy).
+DEPLOY_PKG       := ./test/deploy/
+UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e -e github.com/pleg-nri/pleg-nri/test/deploy)
 IT_TIMEOUT      ?= 30m
 FUZZTIME        ?= 10s
 
@@ -116,6 +118,13 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	failed=$$(grep -c -E '^\s*--- FAIL' /tmp/pleg-nri-it.log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
+
+.PHONY: test-deploy
+test-deploy: deps image helm ## The image (docker load, ctr import), make install, the systemd units under systemd, the Helm chart (~3 min).
+	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
+	bash test/images/debian-base.sh >/dev/null
+	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
+	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
