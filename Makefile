@@ -124,7 +124,7 @@ test-deploy: deps image helm ## The image (docker load, ctr import), make instal
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
 	bash test/images/debian-base.sh >/dev/null
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
-	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
+	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).

@@ -32,10 +32,20 @@ log() { echo "pleg-nri node: $*"; }
 die() { log "$*" >&2; exit 1; }
 host() { nsenter -t 1 -m -- "$@"; }
 
+# ready: /readyz answers 200. (nc, not busybox's static wget: that one crashes without glibc's NSS
+# files, which a FROM scratch image does not have.)
+ready() {
+	rest=${READYZ#http://}
+	hostport=${rest%%/*}
+	path=/${rest#*/}
+	printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" |
+		nc -w 2 "${hostport%:*}" "${hostport##*:}" 2>/dev/null | head -1 | grep -q '^HTTP/1\.[01] 200'
+}
+
 # wait_ready: /readyz answers 200 within READY_TIMEOUT seconds.
 wait_ready() {
 	i=0
-	until wget -q -O /dev/null -T 2 "$READYZ" 2>/dev/null; do
+	until ready; do
 		i=$((i + 1))
 		[ "$i" -le "$READY_TIMEOUT" ] || die "pleg-nri did not answer $READYZ within ${READY_TIMEOUT}s"
 		sleep 1
@@ -64,7 +74,7 @@ install() {
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
 			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
 			host systemctl is-active -q pleg-nri.service; then
-			log "pleg-nri $("$BIN" version) is installed and running"
+			log "$("$BIN" version) is installed and running"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --binary "$BIN" --config "$CONFIG"
 			host systemctl daemon-reload
@@ -75,8 +85,8 @@ install() {
 		;;
 	nri)
 		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
-			wget -q -O /dev/null -T 2 "$READYZ" 2>/dev/null; then
-			log "pleg-nri $("$BIN" version) is installed and running pre-registered"
+			ready; then
+			log "$("$BIN" version) is installed and running pre-registered"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --binary "$BIN" --config "$CONFIG"
 			# containerd starts pre-registered plugins only when it starts, and never restarts one.

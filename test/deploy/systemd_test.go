@@ -134,7 +134,7 @@ func startNode(t *testing.T) *node {
 		"-v", repoRoot()+":/src:ro", baseImage)
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := tryRun("docker", "exec", n.name, "journalctl", "--no-pager", "-n", "200", "-u", "pleg-nri", "-u", "containerd")
+			out, _ := tryRun("docker", "exec", n.name, "sh", "-c", "journalctl --no-pager -n 60 -u pleg-nri -u containerd -u kubelet; systemctl status --no-pager pleg-nri")
 			t.Logf("journal of the node:\n%s", out)
 		}
 		_, _ = tryRun("docker", "rm", "-f", "-v", n.name)
