@@ -16,6 +16,8 @@ VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || e
 LDFLAGS         := -X main.version=$(VERSION)
 STATICCHECK_VER := v0.8.2
 STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
+HELM_VER        := v3.22.0
+HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
@@ -57,6 +59,13 @@ INSTALL_CONFIG ?=
 .PHONY: image
 image: ## OCI image (static pleg-nri FROM scratch, the host files, busybox for the installer) as IMAGE, saved to IMAGE_TAR.
 	VERSION=$(VERSION) bash deploy/image/build.sh $(IMAGE) $(IMAGE_TAR)
+
+$(HELM):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
 
 .PHONY: install
 install: build ## Install the host files under PREFIX (a root, default /): INSTALL_MODE=systemd (service) or nri (pre-registered).
