@@ -65,6 +65,11 @@ func TestImage(t *testing.T) {
 		t.Errorf("docker run %s version: %q", tag, out)
 	}
 	t.Logf("docker run %s version: %s (the test's own build: %s)", tag, out, version)
+	// What the Helm chart's pods run: the node agent and the host files, with a shell.
+	runCmd(t, "", "docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", tag, "-c",
+		"test -x /opt/pleg-nri/node.sh && test -x /opt/pleg-nri/install.sh && test -f /opt/pleg-nri/systemd/pleg-nri.service && "+
+			"test -f /opt/pleg-nri/systemd/kubelet.service.d/10-pleg-nri.conf && test -f /opt/pleg-nri/nri/10-pleg-nri.conf && "+
+			"test -f /opt/pleg-nri/config.yaml && nsenter --help 2>&1 | grep -q Usage && nc --help 2>&1 | grep -q Usage")
 
 	// ctr images import into the harness's containerd, then a CRI container from it.
 	ref := "docker.io/library/" + tag
