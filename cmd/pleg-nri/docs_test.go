@@ -65,7 +65,9 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rules struct{ Groups []struct{ Rules []struct{ Alert string } } }
+	var rules struct {
+		Groups []struct{ Rules []struct{ Alert string } }
+	}
 	if err := yaml.Unmarshal(rulesData, &rules); err != nil {
 		t.Fatal(err)
 	}
