@@ -18,6 +18,9 @@ STATICCHECK_VER := v0.8.2
 STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
 HELM_VER        := v3.22.0
 HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
+# promtool: without the service discovery plugins (one of their modules is not on the proxy).
+PROMTOOL_VER    := v0.316.0
+PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
@@ -66,6 +69,13 @@ $(HELM):
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
+
+$(PROMTOOL):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VER)
+
+.PHONY: promtool
+promtool: $(PROMTOOL) ## Build promtool from the Go module proxy into the dependency cache (~5 min cold).
 
 .PHONY: install
 install: build ## Install the host files under PREFIX (a root, default /): INSTALL_MODE=systemd (service) or nri (pre-registered).
@@ -129,11 +139,11 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
 
 .PHONY: test-deploy
-test-deploy: deps image helm ## The image (docker load, ctr import), make install, the systemd units under systemd, the Helm chart (~3 min).
+test-deploy: deps image helm promtool ## The image (docker load, ctr import), make install, the systemd units under systemd, the Helm chart (~3 min).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
 	bash test/images/debian-base.sh >/dev/null
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
-	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
+	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
