@@ -145,6 +145,10 @@ test-deploy: deps image helm promtool ## The image (docker load, ctr import), ma
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
 	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
+.PHONY: test-deploy-kind
+test-deploy-kind: image helm ## The Helm chart installed, upgraded and uninstalled in a kind cluster (make e2e-kind's node image; ~5 min).
+	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
+
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
