@@ -17,6 +17,10 @@ CONFIG=${PLEG_NRI_CONFIG:-/etc/pleg-nri-config/config.yaml}
 READYZ=${PLEG_NRI_READYZ:-http://127.0.0.1:9810/readyz}
 READY_TIMEOUT=${PLEG_NRI_READY_TIMEOUT:-120}
 SWITCH=${PLEG_NRI_SWITCH_KUBELET:-false}
+# Restart a kubelet already on pleg-nri after restarting pleg-nri (see the chart's
+# kubelet.restartAfterPlegNRIRestart): a restart of pleg-nri's only process ends the kubelet's event
+# stream, and the kubelet's immediate retries can use up all 5 it allows while pleg-nri is down.
+RESTART_KUBELET=${PLEG_NRI_RESTART_KUBELET_AFTER_RESTART:-false}
 EVENTED_PLEG=${PLEG_NRI_EVENTED_PLEG:-true}
 ENDPOINT=${PLEG_NRI_ENDPOINT:-unix:///run/pleg-nri/cri.sock}
 RESTORE_ENDPOINT=${PLEG_NRI_RESTORE_ENDPOINT:-unix:///run/containerd/containerd.sock}
@@ -69,6 +73,7 @@ kubelet_config() {
 same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$2")" ]; }
 
 install() {
+	restarted=false
 	case $MODE in
 	systemd)
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
@@ -81,6 +86,7 @@ install() {
 			host systemctl enable pleg-nri.service
 			log "restarting pleg-nri.service"
 			host systemctl restart pleg-nri.service
+			restarted=true
 		fi
 		;;
 	nri)
@@ -92,15 +98,22 @@ install() {
 			# containerd starts pre-registered plugins only when it starts, and never restarts one.
 			log "restarting containerd.service, which starts pre-registered plugins"
 			host systemctl restart containerd.service
+			restarted=true
 		fi
 		;;
 	*) die "PLEG_NRI_MODE: want systemd or nri, got $MODE" ;;
 	esac
 	wait_ready
 	if [ "$SWITCH" = true ]; then
+		was_switched=false
+		[ -e "$SWITCHED" ] && was_switched=true
 		mkdir -p "$(dirname "$SWITCHED")"
 		touch "$SWITCHED"
 		kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+		if [ "$out" = unchanged ] && $was_switched && $restarted && [ "$RESTART_KUBELET" = true ]; then
+			log "pleg-nri was restarted under a switched kubelet: restarting $KUBELET_UNIT so that it streams events again"
+			host systemctl restart "$KUBELET_UNIT"
+		fi
 	elif [ -e "$SWITCHED" ]; then
 		kubelet_config "$RESTORE_ENDPOINT" remove
 		rm -f "$SWITCHED"
@@ -112,6 +125,7 @@ install() {
 }
 
 uninstall() {
+	restarted=false
 	if [ -e "$SWITCHED" ]; then
 		kubelet_config "$RESTORE_ENDPOINT" remove
 		rm -f "$SWITCHED"

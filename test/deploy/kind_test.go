@@ -202,10 +202,10 @@ func TestHelmKind(t *testing.T) {
 	if kcfg := onNode("cat", "/var/lib/kubelet/config.yaml"); !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") {
 		t.Errorf("the upgrade switched the kubelet back:\n%s", kcfg)
 	}
-	// The kubelet's fast path must still be on: its stream reconnected, fewer than 5 stream errors.
-	// A restart of pleg-nri ends the kubelet's stream, and a kubelet whose immediate retries all fail
-	// while pleg-nri is down gives up at once: this needs the kubelet's socket and stream to be held
-	// across the restart of pleg-nri's main process (the front/core split, issue 12).
+	// The kubelet's fast path must still be on: its stream reconnected, fewer than 5 stream errors. A
+	// restart of pleg-nri's only process ends the kubelet's stream, and the kubelet's immediate retries
+	// while it is down use up all 5 (seen here without kubelet.restartAfterPlegNRIRestart): the chart
+	// restarts the kubelet after pleg-nri by default.
 	if ok, detail := waitCond(time.Minute, streaming); !ok {
 		t.Errorf("the kubelet's event stream after the upgrade: %s", detail)
 	}

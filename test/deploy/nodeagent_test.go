@@ -109,7 +109,7 @@ func TestNodeAgent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cfgDir, "config.yaml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	switchEnv := map[string]string{"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true"}
+	switchEnv := map[string]string{"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "false"}
 
 	// Install, switching the kubelet.
 	a := n.agent(image, cfgDir, "install", switchEnv)
@@ -175,7 +175,31 @@ func TestNodeAgent(t *testing.T) {
 		t.Errorf("the kubelet's configuration after the upgrade:\n%s", kcfg)
 	}
 	if now := n.prop("kubelet.service", "InvocationID"); now != kubeletInvocation {
-		t.Errorf("the upgrade restarted the kubelet")
+		t.Errorf("the upgrade restarted the kubelet (PLEG_NRI_RESTART_KUBELET_AFTER_RESTART=false)")
+	}
+	run(t, "docker", "rm", "-f", a)
+
+	// Another configuration with the chart's default, kubelet.restartAfterPlegNRIRestart: pleg-nri is
+	// restarted, then the kubelet, once pleg-nri is ready.
+	plegPID = n.prop("pleg-nri.service", "MainPID")
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.yaml"), []byte(strings.Replace(config, "log-level: info", "log-level: warn", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restartEnv := map[string]string{"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "true"}
+	a = n.agent(image, cfgDir, "install", restartEnv, "-v", upgraded+":/usr/local/bin/pleg-nri:ro")
+	if now := n.prop("pleg-nri.service", "MainPID"); now == plegPID {
+		t.Errorf("the new configuration did not restart pleg-nri")
+	}
+	if now := n.prop("kubelet.service", "InvocationID"); now == kubeletInvocation {
+		t.Errorf("the kubelet was not restarted after pleg-nri (PLEG_NRI_RESTART_KUBELET_AFTER_RESTART=true)")
+	} else {
+		kubeletInvocation = now
+	}
+	// Nothing changed: nothing is restarted, the kubelet neither.
+	run(t, "docker", "rm", "-f", a)
+	a = n.agent(image, cfgDir, "install", restartEnv, "-v", upgraded+":/usr/local/bin/pleg-nri:ro")
+	if now := n.prop("kubelet.service", "InvocationID"); now != kubeletInvocation {
+		t.Errorf("an unchanged install restarted the kubelet (PLEG_NRI_RESTART_KUBELET_AFTER_RESTART=true)")
 	}
 	run(t, "docker", "rm", "-f", a)
 

@@ -67,6 +67,8 @@ env:
     value: {{ .Values.kubelet.switchEndpoint | quote }}
   - name: PLEG_NRI_EVENTED_PLEG
     value: {{ .Values.kubelet.eventedPLEG | quote }}
+  - name: PLEG_NRI_RESTART_KUBELET_AFTER_RESTART
+    value: {{ .Values.kubelet.restartAfterPlegNRIRestart | quote }}
   - name: PLEG_NRI_ENDPOINT
     value: {{ index .Values.config "listen" | default "unix:///run/pleg-nri/cri.sock" | quote }}
   - name: PLEG_NRI_RESTORE_ENDPOINT
