@@ -139,7 +139,7 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
 
 .PHONY: test-deploy
-test-deploy: deps image helm promtool ## The image (docker load, ctr import), make install, the systemd units under systemd, the Helm chart (~3 min).
+test-deploy: deps image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
 	bash test/images/debian-base.sh >/dev/null
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
