@@ -225,3 +225,59 @@ func TestNodeAgent(t *testing.T) {
 		t.Errorf("pleg-nri still answers after uninstall: %s", out)
 	}
 }
+
+// TestNodeAgentPreregistered runs the node agent in the chart's mode nri: it installs pleg-nri as
+// containerd's pre-registered plugin, restarts containerd, which launches it, and waits for /readyz;
+// uninstall ends the plugin and removes its files.
+func TestNodeAgentPreregistered(t *testing.T) {
+	image := os.Getenv("PLEG_NRI_IMAGE")
+	need(t, image != "", "PLEG_NRI_IMAGE (the image of make image) is not set")
+	_, err := tryRun("docker", "image", "inspect", image)
+	need(t, err == nil, "no image %s", image)
+	n := startNode(t)
+	tmp := t.TempDir()
+	n.sh("install -m 0755 /cache/containerd/containerd /cache/containerd/containerd-shim-runc-v2 /cache/runc/runc /usr/local/bin/ && mkdir -p /etc/containerd")
+	for path, content := range map[string]string{"/etc/systemd/system/containerd.service": containerdUnit, "/etc/containerd/config.toml": containerdConfig} {
+		f := filepath.Join(tmp, filepath.Base(path))
+		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		run(t, "docker", "cp", f, n.name+":"+path)
+	}
+	n.exec("systemctl", "daemon-reload")
+	n.exec("systemctl", "enable", "--now", "containerd.service")
+	cfgDir := filepath.Join(tmp, "config")
+	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.yaml"), []byte("listen: unix:///run/pleg-nri/cri.sock\nmetrics-address: 127.0.0.1:9810\nstate-dir: /var/lib/pleg-nri\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"PLEG_NRI_MODE": "nri"}
+	a := n.agent(image, cfgDir, "install", env)
+	n.waitReady()
+	// containerd launched it from its plugin_path, with the installed configuration.
+	ps := n.sh("ps -eo pid,ppid,args | grep '[/]opt/nri/plugins/10-pleg-nri'")
+	ctrdPID := n.prop("containerd.service", "MainPID")
+	if fields := strings.Fields(ps); len(fields) < 3 || fields[1] != ctrdPID {
+		t.Errorf("the plugin process %q is not containerd's (%s) child", strings.TrimSpace(ps), ctrdPID)
+	}
+	if got := n.exec("cat", "/etc/nri/conf.d/10-pleg-nri.conf"); !strings.Contains(got, "listen: unix:///run/pleg-nri/cri.sock") {
+		t.Errorf("the pre-registered configuration:\n%s", got)
+	}
+	if out, err := n.tryExec("systemctl", "cat", "pleg-nri.service"); err == nil {
+		t.Errorf("mode nri installed the systemd unit:\n%s", out)
+	}
+	run(t, "docker", "rm", "-f", a)
+
+	n.agent(image, cfgDir, "uninstall", env)
+	n.waitFor("the plugin process gone", 30*time.Second, func() (bool, string) {
+		out, err := n.tryExec("sh", "-c", "ps -eo args | grep '[/]opt/nri/plugins/10-pleg-nri'")
+		return err != nil, out
+	})
+	for _, f := range []string{"/opt/nri/plugins/10-pleg-nri", "/etc/nri/conf.d/10-pleg-nri.conf"} {
+		if _, err := n.tryExec("test", "-e", f); err == nil {
+			t.Errorf("%s is still there after uninstall", f)
+		}
+	}
+}
