@@ -150,6 +150,7 @@ func TestHelmKind(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the upgrade image: %v\n%s", err, out)
 	}
+	t.Cleanup(func() { _, _ = tryRun("docker", "rmi", "pleg-nri:kind-upgrade") })
 	kindCmd("load", "image-archive", upTar, "--name", name)
 	repo, version, _ := strings.Cut(tag, ":")
 
