@@ -16,6 +16,11 @@ VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || e
 LDFLAGS         := -X main.version=$(VERSION)
 STATICCHECK_VER := v0.8.2
 STATICCHECK     := $(PLEG_NRI_CACHE)/staticcheck-$(STATICCHECK_VER)/staticcheck
+HELM_VER        := v3.22.0
+HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
+# promtool: without the service discovery plugins (one of their modules is not on the proxy).
+PROMTOOL_VER    := v0.316.0
+PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
@@ -25,7 +30,9 @@ KUBELET_TEST_VERSIONS ?= v1.37.2 v1.36.3
 KUBELET_ALL_VERSIONS  ?= v1.37.2 v1.36.3 v1.35.4
 # The kubelet of make bench-kubelet and make bench-node.
 KUBELET_VERSION ?= v1.37.2
-UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e)
+# The deployment artifacts under systemd and helm (make test-deploy).
+DEPLOY_PKG       := ./test/deploy/
+UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e -e github.com/pleg-nri/pleg-nri/test/deploy)
 IT_TIMEOUT      ?= 30m
 K8S_VERSIONS    ?= v1.37.2 v1.36.3
 FUZZTIME        ?= 10s
@@ -50,6 +57,40 @@ test: verify unit fuzz integration integration-docker ## Everything CI runs: gof
 .PHONY: build
 build: ## Build bin/pleg-nri.
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/pleg-nri ./cmd/pleg-nri
+
+##@ Deploy
+
+IMAGE          ?= pleg-nri:$(VERSION)
+IMAGE_TAR      ?= $(BIN)/pleg-nri-image.tar
+PREFIX         ?= /
+INSTALL_MODE   ?= systemd
+INSTALL_CONFIG ?=
+
+.PHONY: image
+image: ## OCI image (static pleg-nri FROM scratch, the host files, busybox for the installer) as IMAGE, saved to IMAGE_TAR.
+	VERSION=$(VERSION) bash deploy/image/build.sh $(IMAGE) $(IMAGE_TAR)
+
+$(HELM):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
+
+$(PROMTOOL):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VER)
+
+.PHONY: promtool
+promtool: $(PROMTOOL) ## Build promtool from the Go module proxy into the dependency cache (~5 min cold).
+
+.PHONY: install
+install: build ## Install the host files under PREFIX (a root, default /): INSTALL_MODE=systemd (service) or nri (pre-registered).
+	sh deploy/install.sh --root $(PREFIX) --mode $(INSTALL_MODE) --binary $(BIN)/pleg-nri $(if $(INSTALL_CONFIG),--config $(INSTALL_CONFIG))
+
+.PHONY: uninstall
+uninstall: ## Remove what make install put under PREFIX (the configuration and the state stay).
+	sh deploy/install.sh --root $(PREFIX) --mode $(INSTALL_MODE) --uninstall
 
 ##@ Checks
 
@@ -134,6 +175,17 @@ integration-docker: deps ## The side-by-side scenario tests (TestCompare*) again
 e2e-kind: ## kind clusters with and without pleg-nri (deploy/kind/kind-config.yaml), node images built offline; K8S_VERSIONS="v1.37.2 v1.36.3".
 	@test "$$(id -u)" = 0 || { echo "e2e-kind needs root (it builds images with debootstrap)"; exit 1; }
 	bash test/kind/e2e.sh $(K8S_VERSIONS)
+
+.PHONY: test-deploy
+test-deploy: deps image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
+	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
+	bash test/images/debian-base.sh >/dev/null
+	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
+	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
+
+.PHONY: test-deploy-kind
+test-deploy-kind: image helm ## The Helm chart installed, upgraded and uninstalled in a kind cluster (make e2e-kind's node image; ~5 min).
+	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).

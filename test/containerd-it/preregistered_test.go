@@ -41,59 +41,12 @@ func TestPreRegistered(t *testing.T) {
 	socket, metrics := filepath.Join(dir, "cri.sock"), freeLoopbackAddr(t)
 	conf := fmt.Sprintf("listen: unix://%s\nmetrics-address: %s\ncontainerd-address: %s\nruntime-endpoint: unix://%s\nnri-socket: %s\nstate-dir: %s\nlog-level: debug\n",
 		socket, metrics, env.Address, env.Address, env.NRISocket, filepath.Join(dir, "state"))
-	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
-	confPath := filepath.Join(env.NRIConfDir, "10-pleg-nri.conf")
 	data, err := os.ReadFile(plegNRIBinary)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(pluginPath, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Stop them before removing the binary: /proc/PID/exe of a removed file reads "... (deleted)".
-		// containerd never stops a pre-registered plugin: end it like an operator would, front included.
-		for _, pid := range pidsOf(pluginPath) {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
-		}
-		if err := plegnri.StopFrontIn(dir); err != nil {
-			t.Error(err)
-		}
-		for deadline := time.Now().Add(10 * time.Second); len(pidsOf(pluginPath)) > 0 && time.Now().Before(deadline); {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if left := pidsOf(pluginPath); len(left) > 0 {
-			for _, pid := range left {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			t.Errorf("pre-registered pleg-nri processes left (killed): %v", left)
-		}
-		os.Remove(pluginPath)
-		os.Remove(confPath)
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "front.log"))
-			t.Logf("front log:\n%s", b)
-		}
-	})
-	// containerd launches pre-registered plugins when it starts.
-	if err := env.Restart(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	err = harness.WaitFor(context.Background(), 20*time.Second, "the pre-registered pleg-nri's /readyz", func() (bool, error) {
-		resp, err := http.Get("http://" + metrics + "/readyz")
-		if err != nil {
-			return false, err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("%s", strings.TrimSpace(string(body)))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ours := runPreRegistered(t, data, conf, socket, metrics)
+	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
 	front, err := plegnri.FrontPID(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -105,16 +58,6 @@ func TestPreRegistered(t *testing.T) {
 	if pgid, _ := syscall.Getpgid(front); pgid != front {
 		t.Errorf("the front (pid %d) is in process group %d, want its own", front, pgid)
 	}
-	ours := recordEvents(t, socket)
-	c := newCRI(t, socket)
-	podID, podCfg := c.runPod("prereg")
-	ctr := c.create(podID, podCfg, containerConfig("app", "exit 4"))
-	c.start(ctr)
-	ev := ours.wait(t, ctr, evStopped)
-	if st := statusOf(ev, ctr); st.GetExitCode() != 4 {
-		t.Errorf("STOPPED status through the pre-registered plugin: %v", st)
-	}
-
 	// containerd restarts; the stream goes on.
 	prefix := "prereg-gap-" + randomSuffix()
 	direct := newFastCRI(t)
@@ -173,9 +116,6 @@ func TestPreRegistered(t *testing.T) {
 	if problems := waitLives(t, rec, rs, true, nil); len(problems) > 0 {
 		t.Errorf("the stream against containerd's final state (%d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
-	c.stopPod(podID)
-	c.removePod(podID)
-	ours.wait(t, podID, evDeleted)
 }
 
 // pidsOf lists the live processes whose executable is path.
@@ -212,4 +152,76 @@ func waitCheckpoint(t *testing.T, path, id string, want pleg.Phase) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runPreRegistered installs data as the harness containerd's pre-registered plugin 10-pleg-nri with conf as
+// its configuration, restarts containerd (which launches it), waits for its /readyz on metrics, and checks
+// that a container's STOPPED reaches its CRI endpoint at socket (served by the front it starts, whose run
+// directory is socket's). It returns that event and the recorder of the stream. The cleanup stops the
+// plugin's processes and its front, and fails the test if one is left.
+func runPreRegistered(t *testing.T, data []byte, conf, socket, metrics string) (*runtimeapi.ContainerEventResponse, *eventRecorder) {
+	t.Helper()
+	dir := filepath.Dir(socket)
+	pluginPath := filepath.Join(env.NRIPluginDir, "10-pleg-nri")
+	confPath := filepath.Join(env.NRIConfDir, "10-pleg-nri.conf")
+	if err := os.WriteFile(pluginPath, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Stop them before removing the binary: /proc/PID/exe of a removed file reads "... (deleted)".
+		// containerd never stops a pre-registered plugin: end it like an operator would, front included.
+		for _, pid := range pidsOf(pluginPath) {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+		}
+		if err := plegnri.StopFrontIn(dir); err != nil {
+			t.Error(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); len(pidsOf(pluginPath)) > 0 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if left := pidsOf(pluginPath); len(left) > 0 {
+			for _, pid := range left {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			t.Errorf("pre-registered pleg-nri processes left (killed): %v", left)
+		}
+		os.Remove(pluginPath)
+		os.Remove(confPath)
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "front.log"))
+			t.Logf("front log:\n%s", b)
+		}
+	})
+	// containerd launches pre-registered plugins when it starts.
+	if err := env.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := harness.WaitFor(context.Background(), 20*time.Second, "the pre-registered pleg-nri's /readyz", func() (bool, error) {
+		resp, err := http.Get("http://" + metrics + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("%s", strings.TrimSpace(string(body)))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := recordEvents(t, socket)
+	c := newCRI(t, socket)
+	podID, podCfg := c.runPod("prereg")
+	ctr := c.create(podID, podCfg, containerConfig("app", "exit 4"))
+	c.start(ctr)
+	ev := ours.wait(t, ctr, evStopped)
+	if st := statusOf(ev, ctr); st.GetExitCode() != 4 {
+		t.Errorf("STOPPED status through the pre-registered plugin: %v", st)
+	}
+	c.stopPod(podID)
+	c.removePod(podID)
+	ours.wait(t, podID, evDeleted)
+	return ev, ours
 }

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"sigs.k8s.io/yaml"
+)
+
+// kubeletEdit is what `pleg-nri kubelet-config` changes in a kubelet's settings.
+type kubeletEdit struct {
+	// endpoint is the containerRuntimeEndpoint to set; empty leaves it.
+	endpoint string
+	// eventedPLEG sets the EventedPLEG gate to "true" or "false", or removes it ("remove"); empty
+	// leaves it.
+	eventedPLEG string
+}
+
+// editKubeletConfig applies e to a KubeletConfiguration file's YAML and says whether it changed. The
+// file is rewritten with its keys sorted; comments are not kept (kubeadm writes none).
+func editKubeletConfig(data []byte, e kubeletEdit) ([]byte, bool, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		return nil, false, fmt.Errorf("not a kubelet configuration: %w", err)
+	}
+	if cfg == nil {
+		cfg = map[string]any{}
+	}
+	if k, _ := cfg["kind"].(string); k != "" && k != "KubeletConfiguration" {
+		return nil, false, fmt.Errorf("kind is %q, want KubeletConfiguration", k)
+	}
+	changed := false
+	if e.endpoint != "" && cfg["containerRuntimeEndpoint"] != e.endpoint {
+		cfg["containerRuntimeEndpoint"] = e.endpoint
+		changed = true
+	}
+	gates, _ := cfg["featureGates"].(map[string]any)
+	switch e.eventedPLEG {
+	case "":
+	case "remove":
+		if _, ok := gates["EventedPLEG"]; ok {
+			delete(gates, "EventedPLEG")
+			if len(gates) == 0 {
+				delete(cfg, "featureGates")
+			}
+			changed = true
+		}
+	case "true", "false":
+		want := e.eventedPLEG == "true"
+		if gates == nil {
+			gates = map[string]any{}
+			cfg["featureGates"] = gates
+		}
+		if v, ok := gates["EventedPLEG"].(bool); !ok || v != want {
+			gates["EventedPLEG"] = want
+			changed = true
+		}
+	default:
+		return nil, false, fmt.Errorf("EventedPLEG: want true, false or remove, got %q", e.eventedPLEG)
+	}
+	if !changed {
+		return data, false, nil
+	}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return nil, false, fmt.Errorf("failed to encode the kubelet configuration: %w", err)
+	}
+	return out, true, nil
+}
+
+// runtimeEndpointFlag is the kubelet's --container-runtime-endpoint flag with its value, as kubeadm
+// writes it in kubeadm-flags.env.
+var runtimeEndpointFlag = regexp.MustCompile(`--container-runtime-endpoint[= ]("[^"]*"|[^\s"]+)`)
+
+// editKubeadmFlags sets the value of --container-runtime-endpoint in a kubeadm-flags.env, where it
+// is (flags win over the configuration file), and says whether it changed. A file without the flag is
+// left as it is.
+func editKubeadmFlags(data []byte, endpoint string) ([]byte, bool) {
+	if endpoint == "" || !runtimeEndpointFlag.Match(data) {
+		return data, false
+	}
+	out := runtimeEndpointFlag.ReplaceAll(data, []byte("--container-runtime-endpoint="+endpoint))
+	return out, !bytes.Equal(out, data)
+}
+
+// writeAtomic replaces path with data (a temporary file in the same directory, then a rename),
+// keeping its mode.
+func writeAtomic(path string, data []byte) error {
+	mode := os.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".pleg-nri-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// runKubeletConfig is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's flags
+// file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints "changed"
+// or "unchanged", so that a caller restarts the kubelet only when needed. The Helm chart's node script
+// runs it; an operator can too.
+func runKubeletConfig(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("pleg-nri kubelet-config", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "/var/lib/kubelet/config.yaml", "the kubelet's configuration file (KubeletConfiguration)")
+	flags := fs.String("kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine")
+	var e kubeletEdit
+	fs.StringVar(&e.endpoint, "container-runtime-endpoint", "", "set containerRuntimeEndpoint to this (e.g. "+DefaultConfig().Listen+")")
+	fs.StringVar(&e.eventedPLEG, "evented-pleg", "", "set the EventedPLEG feature gate: true, false, or remove")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	data, err := os.ReadFile(*config)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	out, changed, err := editKubeletConfig(data, e)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *config, err)
+	}
+	if changed {
+		if err := writeAtomic(*config, out); err != nil {
+			return fmt.Errorf("failed to write %s: %w", *config, err)
+		}
+	}
+	if fdata, err := os.ReadFile(*flags); err == nil {
+		if fout, fchanged := editKubeadmFlags(fdata, e.endpoint); fchanged {
+			if err := writeAtomic(*flags, fout); err != nil {
+				return fmt.Errorf("failed to write %s: %w", *flags, err)
+			}
+			changed = true
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("--kubeadm-flags: %w", err)
+	}
+	fmt.Fprintln(stdout, map[bool]string{true: "changed", false: "unchanged"}[changed])
+	return nil
+}

@@ -1,0 +1,164 @@
+#!/bin/sh
+# The Helm chart's per-node agent, run from the pleg-nri image (busybox sh) in a privileged pod with
+# the host's PID namespace and the host's / at $HOST_ROOT.
+#
+#   node.sh install     install or upgrade pleg-nri on the host, start it, wait for /readyz, switch the
+#                       kubelet when asked (PLEG_NRI_SWITCH_KUBELET=true), then stay (the DaemonSet)
+#   node.sh uninstall   put the kubelet back on containerd's socket first (if this chart switched it),
+#                       then stop and remove pleg-nri (the pre-delete hook)
+#
+# Host commands run in the host's mount namespace (nsenter -t 1 -m): the host's systemctl talks to
+# the host's systemd.
+set -eu
+
+HOST_ROOT=${HOST_ROOT:-/host}
+MODE=${PLEG_NRI_MODE:-systemd}
+CONFIG=${PLEG_NRI_CONFIG:-/etc/pleg-nri-config/config.yaml}
+READYZ=${PLEG_NRI_READYZ:-http://127.0.0.1:9810/readyz}
+READY_TIMEOUT=${PLEG_NRI_READY_TIMEOUT:-120}
+SWITCH=${PLEG_NRI_SWITCH_KUBELET:-false}
+# Restart a kubelet already on pleg-nri after restarting pleg-nri (see the chart's
+# kubelet.restartAfterPlegNRIRestart): a restart of pleg-nri's only process ends the kubelet's event
+# stream, and the kubelet's immediate retries can use up all 5 it allows while pleg-nri is down.
+RESTART_KUBELET=${PLEG_NRI_RESTART_KUBELET_AFTER_RESTART:-false}
+EVENTED_PLEG=${PLEG_NRI_EVENTED_PLEG:-true}
+ENDPOINT=${PLEG_NRI_ENDPOINT:-unix:///run/pleg-nri/cri.sock}
+RESTORE_ENDPOINT=${PLEG_NRI_RESTORE_ENDPOINT:-unix:///run/containerd/containerd.sock}
+KUBELET_CONFIG=${KUBELET_CONFIG:-/var/lib/kubelet/config.yaml}
+KUBEADM_FLAGS=${KUBEADM_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
+KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
+# The mark that this chart switched the kubelet (so that uninstall, or switchKubelet=false, undoes it).
+SWITCHED=$HOST_ROOT/etc/pleg-nri/kubelet-switched
+BIN=/usr/local/bin/pleg-nri
+SRC=/opt/pleg-nri
+
+log() { echo "pleg-nri node: $*"; }
+die() { log "$*" >&2; exit 1; }
+host() { nsenter -t 1 -m -- "$@"; }
+
+# ready: /readyz answers 200. (nc, not busybox's static wget: that one crashes without glibc's NSS
+# files, which a FROM scratch image does not have.)
+ready() {
+	rest=${READYZ#http://}
+	hostport=${rest%%/*}
+	path=/${rest#*/}
+	printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" |
+		nc -w 2 "${hostport%:*}" "${hostport##*:}" 2>/dev/null | head -1 | grep -q '^HTTP/1\.[01] 200'
+}
+
+# wait_ready: /readyz answers 200 within READY_TIMEOUT seconds.
+wait_ready() {
+	i=0
+	until ready; do
+		i=$((i + 1))
+		[ "$i" -le "$READY_TIMEOUT" ] || die "pleg-nri did not answer $READYZ within ${READY_TIMEOUT}s"
+		sleep 1
+	done
+	log "pleg-nri is ready ($READYZ)"
+}
+
+# kubelet_config ENDPOINT GATE: edit the kubelet's settings; restart the kubelet if they changed.
+kubelet_config() {
+	out=$("$BIN" kubelet-config --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
+		--container-runtime-endpoint "$1" --evented-pleg "$2")
+	if [ "$out" = changed ]; then
+		log "kubelet: containerRuntimeEndpoint=$1 EventedPLEG=$2; restarting $KUBELET_UNIT"
+		host systemctl restart "$KUBELET_UNIT"
+	else
+		log "kubelet: already containerRuntimeEndpoint=$1 EventedPLEG=$2"
+	fi
+}
+
+# same FILE1 FILE2: both exist with the same content.
+same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$2")" ]; }
+
+install() {
+	restarted=false
+	case $MODE in
+	systemd)
+		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
+			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
+			host systemctl is-active -q pleg-nri.service; then
+			log "$("$BIN" version) is installed and running"
+		else
+			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --binary "$BIN" --config "$CONFIG"
+			host systemctl daemon-reload
+			host systemctl enable pleg-nri.service
+			log "restarting pleg-nri.service"
+			host systemctl restart pleg-nri.service
+			restarted=true
+		fi
+		;;
+	nri)
+		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
+			ready; then
+			log "$("$BIN" version) is installed and running pre-registered"
+		else
+			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --binary "$BIN" --config "$CONFIG"
+			# containerd starts pre-registered plugins only when it starts, and never restarts one.
+			log "restarting containerd.service, which starts pre-registered plugins"
+			host systemctl restart containerd.service
+			restarted=true
+		fi
+		;;
+	*) die "PLEG_NRI_MODE: want systemd or nri, got $MODE" ;;
+	esac
+	wait_ready
+	if [ "$SWITCH" = true ]; then
+		was_switched=false
+		[ -e "$SWITCHED" ] && was_switched=true
+		mkdir -p "$(dirname "$SWITCHED")"
+		touch "$SWITCHED"
+		kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+		if [ "$out" = unchanged ] && $was_switched && $restarted && [ "$RESTART_KUBELET" = true ]; then
+			log "pleg-nri was restarted under a switched kubelet: restarting $KUBELET_UNIT so that it streams events again"
+			host systemctl restart "$KUBELET_UNIT"
+		fi
+	elif [ -e "$SWITCHED" ]; then
+		kubelet_config "$RESTORE_ENDPOINT" remove
+		rm -f "$SWITCHED"
+	fi
+	touch /tmp/pleg-nri-ready
+	log "done; staying for the DaemonSet"
+	trap 'exit 0' TERM INT
+	while :; do sleep 3600 & wait $!; done
+}
+
+uninstall() {
+	restarted=false
+	if [ -e "$SWITCHED" ]; then
+		kubelet_config "$RESTORE_ENDPOINT" remove
+		rm -f "$SWITCHED"
+		i=0
+		until host systemctl is-active -q "$KUBELET_UNIT"; do
+			i=$((i + 1))
+			[ "$i" -le 60 ] || die "$KUBELET_UNIT is not active 60s after its restart"
+			sleep 1
+		done
+	fi
+	case $MODE in
+	systemd)
+		if host systemctl cat pleg-nri.service >/dev/null 2>&1; then
+			# KillMode=process leaves detached helpers on stop: end them all, the kubelet is off pleg-nri.
+			host systemctl kill --kill-whom=all pleg-nri.service 2>/dev/null || true
+			host systemctl disable --now pleg-nri.service
+		fi
+		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --uninstall
+		host systemctl daemon-reload
+		;;
+	nri)
+		# containerd does not stop a plugin whose file is gone: end the one running.
+		for p in /proc/[0-9]*; do
+			if [ "$(readlink "$p/exe" 2>/dev/null)" = /opt/nri/plugins/10-pleg-nri ]; then kill "${p#/proc/}" || true; fi
+		done
+		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --uninstall
+		;;
+	esac
+	log "pleg-nri removed"
+}
+
+case ${1:-} in
+install) install ;;
+uninstall) uninstall ;;
+*) die "usage: node.sh install|uninstall" ;;
+esac

@@ -1,0 +1,77 @@
+// Package deploy tests pleg-nri's deployment artifacts for real: the systemd units under systemd (in a
+// Debian bookworm container booted with /sbin/init, next to a real containerd) and the Helm chart
+// (rendered by a helm built from the Go module proxy). make test-deploy builds what they need and sets
+// PLEG_NRI_DEPLOY_TESTS=1; without it, a test whose environment is absent skips loudly, with it such a
+// test fails.
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// repoRoot is the repository's root directory.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// cacheDir is the dependency cache (containerd, runc, helm).
+func cacheDir() string {
+	if c := os.Getenv("PLEG_NRI_CACHE"); c != "" {
+		return c
+	}
+	return "/var/cache/pleg-nri"
+}
+
+// need fails the test under make test-deploy, or skips it loudly otherwise, when its environment is
+// absent.
+func need(t *testing.T, ok bool, format string, args ...any) {
+	t.Helper()
+	if ok {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("PLEG_NRI_DEPLOY_TESTS") == "1" {
+		t.Fatalf("environment absent under make test-deploy: %s", msg)
+	}
+	t.Skipf("SKIP (loud): %s (make test-deploy builds it)", msg)
+}
+
+// run runs name with args and returns its combined output; an error fails the test with that output.
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// tryRun runs name with args and returns its output and error.
+func tryRun(name string, args ...string) (string, error) {
+	var b bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err := cmd.Run()
+	return b.String(), err
+}
+
+// buildStatic builds a static pleg-nri into dir.
+func buildStatic(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "pleg-nri")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version=deploy-test", "-o", bin, "./cmd/pleg-nri")
+	cmd.Dir = repoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}

@@ -1,0 +1,258 @@
+package deploy
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// helmBin is the helm of make helm (PLEG_NRI_HELM), or the cache's.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	h := os.Getenv("PLEG_NRI_HELM")
+	if h == "" {
+		h = filepath.Join(cacheDir(), "helm-v3.22.0", "helm")
+	}
+	_, err := os.Stat(h)
+	need(t, err == nil, "no helm at %s (make helm)", h)
+	return h
+}
+
+func chartDir() string { return filepath.Join(repoRoot(), "deploy", "helm", "pleg-nri") }
+
+// render runs helm template with args and returns the objects by kind/name.
+func render(t *testing.T, args ...string) map[string]map[string]any {
+	t.Helper()
+	out := run(t, helmBin(t), append([]string{"template", "rel", chartDir(), "--namespace", "kube-system"}, args...)...)
+	objs := map[string]map[string]any{}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var o map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("helm template printed bad YAML: %v\n%s", err, doc)
+		}
+		if o == nil {
+			continue
+		}
+		objs[o["kind"].(string)+"/"+get(o, "metadata", "name").(string)] = o
+	}
+	return objs
+}
+
+// get walks a decoded object by keys (string) and indexes (int).
+func get(o any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := o.(map[string]any)
+			o = m[k]
+		case int:
+			l, _ := o.([]any)
+			if k >= len(l) {
+				return nil
+			}
+			o = l[k]
+		}
+	}
+	return o
+}
+
+// envOf returns a container's environment as a map.
+func envOf(c any) map[string]string {
+	env := map[string]string{}
+	for _, e := range get(c, "env").([]any) {
+		env[get(e, "name").(string)] = get(e, "value").(string)
+	}
+	return env
+}
+
+func TestHelmLint(t *testing.T) {
+	out := run(t, helmBin(t), "lint", "--strict", chartDir())
+	if !strings.Contains(out, "0 chart(s) failed") {
+		t.Errorf("helm lint:\n%s", out)
+	}
+	// With the kubelet switch and the pre-registered mode too.
+	run(t, helmBin(t), "lint", "--strict", chartDir(), "--set", "kubelet.switchEndpoint=true", "--set", "mode=nri")
+}
+
+// TestHelmTemplate checks what matters in the rendered chart: the DaemonSet is a host installer on
+// every node (system-node-critical, tolerates every taint, host PID and network, privileged, the host's
+// / mounted), it runs node.sh install with the configuration, the kubelet switch is off unless asked,
+// and helm uninstall first runs node.sh uninstall on every node.
+func TestHelmTemplate(t *testing.T) {
+	objs := render(t)
+	var kinds []string
+	for k := range objs {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	if strings.Join(kinds, " ") != "ConfigMap/rel-pleg-nri DaemonSet/rel-pleg-nri Job/rel-pleg-nri-uninstall" {
+		t.Fatalf("rendered %v", kinds)
+	}
+	ds := objs["DaemonSet/rel-pleg-nri"]
+	pod := get(ds, "spec", "template", "spec")
+	for path, want := range map[string]any{
+		"priorityClassName": "system-node-critical", "hostPID": true, "hostNetwork": true,
+		"automountServiceAccountToken": false,
+	} {
+		if got := get(pod, path); got != want {
+			t.Errorf("DaemonSet pod %s = %v, want %v", path, got, want)
+		}
+	}
+	if tol := get(pod, "tolerations"); len(tol.([]any)) != 1 || get(tol, 0, "operator") != "Exists" || get(tol, 0, "key") != nil {
+		t.Errorf("tolerations %v, want one that tolerates every taint", tol)
+	}
+	if v := get(pod, "volumes", 0); get(v, "name") != "host" || get(v, "hostPath", "path") != "/" {
+		t.Errorf("volume 0 = %v, want the host's /", v)
+	}
+	c := get(pod, "containers", 0)
+	if get(c, "securityContext", "privileged") != true {
+		t.Error("the installer is not privileged")
+	}
+	if cmd, _ := json.Marshal(get(c, "command")); string(cmd) != `["/bin/sh","/opt/pleg-nri/node.sh","install"]` {
+		t.Errorf("command %s", cmd)
+	}
+	mounts, _ := json.Marshal(get(c, "volumeMounts"))
+	if !strings.Contains(string(mounts), `"mountPath":"/host","name":"host"`) || !strings.Contains(string(mounts), `"mountPath":"/etc/pleg-nri-config"`) {
+		t.Errorf("volumeMounts %s", mounts)
+	}
+	env := envOf(c)
+	for k, want := range map[string]string{"HOST_ROOT": "/host", "PLEG_NRI_MODE": "systemd", "PLEG_NRI_SWITCH_KUBELET": "false",
+		"PLEG_NRI_READYZ": "http://127.0.0.1:9810/readyz", "PLEG_NRI_CONFIG": "/etc/pleg-nri-config/config.yaml",
+		"PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
+		"PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "true"} {
+		if env[k] != want {
+			t.Errorf("env %s=%q, want %q", k, env[k], want)
+		}
+	}
+	if get(c, "readinessProbe") == nil || get(c, "resources", "requests") == nil {
+		t.Error("no readiness probe or resources")
+	}
+	// The configuration: only keys pleg-nri knows (those of nri.conf.example).
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(get(objs["ConfigMap/rel-pleg-nri"], "data", "config.yaml").(string)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	known := exampleKeys(t)
+	for k := range cfg {
+		if !known[k] {
+			t.Errorf("the ConfigMap has key %q, which pleg-nri does not know", k)
+		}
+	}
+	// A configuration change rolls the DaemonSet.
+	sum := get(ds, "spec", "template", "metadata", "annotations", "checksum/config")
+	if sum2 := get(render(t, "--set", "config.log-level=debug")["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations", "checksum/config"); sum == sum2 || sum == nil {
+		t.Errorf("checksum/config %v does not change with the configuration (%v)", sum, sum2)
+	}
+
+	// The uninstall hook.
+	job := objs["Job/rel-pleg-nri-uninstall"]
+	if get(job, "metadata", "annotations", "helm.sh/hook") != "pre-delete" {
+		t.Errorf("the uninstall Job is not a pre-delete hook: %v", get(job, "metadata", "annotations"))
+	}
+	jc := get(job, "spec", "template", "spec", "containers", 0)
+	if cmd, _ := json.Marshal(get(jc, "command")); string(cmd) != `["/bin/sh","/opt/pleg-nri/node.sh","uninstall"]` {
+		t.Errorf("uninstall command %s", cmd)
+	}
+	if get(job, "spec", "template", "spec", "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution", 0, "topologyKey") != "kubernetes.io/hostname" {
+		t.Error("the uninstall pods are not one per node")
+	}
+	if get(job, "spec", "template", "spec", "priorityClassName") != "system-node-critical" || get(job, "spec", "template", "spec", "hostPID") != true {
+		t.Error("the uninstall pod is not like the installer's")
+	}
+	job3 := render(t, "--set", "uninstall.nodeCount=3")["Job/rel-pleg-nri-uninstall"]
+	if get(job3, "spec", "completions") != 3.0 || get(job3, "spec", "parallelism") != 3.0 {
+		t.Errorf("uninstall.nodeCount=3: completions %v parallelism %v", get(job3, "spec", "completions"), get(job3, "spec", "parallelism"))
+	}
+
+	// The kubelet switch, only when asked; the pre-registered mode.
+	on := envOf(get(render(t, "--set", "kubelet.switchEndpoint=true", "--set", "kubelet.eventedPLEG=false", "--set", "mode=nri",
+		"--set", "config.listen=unix:///run/other/cri.sock")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))
+	for k, want := range map[string]string{"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "false", "PLEG_NRI_MODE": "nri",
+		"PLEG_NRI_ENDPOINT": "unix:///run/other/cri.sock"} {
+		if on[k] != want {
+			t.Errorf("switched: env %s=%q, want %q", k, on[k], want)
+		}
+	}
+}
+
+// exampleKeys returns the keys of nri.conf.example (a unit test of cmd/pleg-nri ties them to the
+// daemon's defaults, so they are every key pleg-nri knows).
+func exampleKeys(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(), "nri.conf.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for k := range m {
+		keys[k] = true
+	}
+	if len(keys) < 10 {
+		t.Fatalf("nri.conf.example has only %v", keys)
+	}
+	return keys
+}
+
+// TestHelmValuesSchema: the schema knows every pleg-nri key and rejects what pleg-nri or the chart
+// would fail on later.
+func TestHelmValuesSchema(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(chartDir(), "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Config struct {
+				Properties map[string]any
+			}
+		}
+	}
+	if err := json.Unmarshal(data, &schema); err != nil {
+		t.Fatal(err)
+	}
+	known := exampleKeys(t)
+	for k := range known {
+		if schema.Properties.Config.Properties[k] == nil {
+			t.Errorf("values.schema.json has no config key %q", k)
+		}
+	}
+	for k := range schema.Properties.Config.Properties {
+		if !known[k] {
+			t.Errorf("values.schema.json has config key %q, which pleg-nri does not know", k)
+		}
+	}
+	h := helmBin(t)
+	for _, bad := range [][]string{
+		{"--set", "mode=daemonset"},
+		{"--set", "config.relist-priod=5s"},
+		{"--set", "config.relist-period=often"},
+		{"--set", "config.plugin-idx=7"},
+		{"--set", "kubelet.switchEndpoint=yes"},
+		{"--set", "config.metrics-address=null"},
+		{"--set", "image.pullPolicy=Sometimes"},
+		{"--set", "uninstall.nodeCount=-1"},
+		{"--set", "unknownValue=1"},
+	} {
+		out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, bad...)...)
+		if err == nil || !strings.Contains(out, "schema") {
+			t.Errorf("helm template %v was accepted: %v\n%s", bad, err, out)
+		}
+	}
+	for _, good := range [][]string{
+		{"--set", "config.relist-period=5s", "--set-string", "config.startup-replay=0", "--set-string", "config.plugin-idx=20"},
+		{"--set", "config.subscriber-queue=4096", "--set", "config.log-level=debug"},
+	} {
+		if out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, good...)...); err != nil {
+			t.Errorf("helm template %v was refused: %v\n%s", good, err, out)
+		}
+	}
+}
