@@ -32,7 +32,7 @@ help: ## Show this help.
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its stream next to containerd's; leaves nothing behind.
+run: build deps-runtime ## Demo: pleg-nri on an isolated containerd, a workload, its stream next to containerd's; leaves nothing behind.
 	@bash hack/demo.sh
 
 .PHONY: test
@@ -83,9 +83,15 @@ fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 1
 	done
 
 .PHONY: deps
-deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
+deps: deps-runtime deps-kubelet ## Install and build what the integration tests need (cached: a second run builds nothing).
+
+.PHONY: deps-runtime
+deps-runtime: ## Install and build containerd, runc, crictl, CNI and the test images' inputs (cached).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
 	bash test/containerd-it/hack/install-deps.sh >/dev/null
+
+.PHONY: deps-kubelet
+deps-kubelet: ## Build the kubelet the kubelet suite runs (cached; several minutes the first time).
 	bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null
 
 .PHONY: integration
@@ -98,11 +104,11 @@ integration: deps ## Integration tests against a real, isolated containerd with 
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }
 
 .PHONY: soak
-soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
+soak: deps-runtime ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
 
 .PHONY: bench
-bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
+bench: deps-runtime ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
 	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
 	if ! list=$$($(GO) test -list '^BenchmarkHook' ./plugin/ 2>&1); then echo "$$list"; echo "bench: ./plugin/ does not build: its BenchmarkHook is left out"; \
 	elif ! grep -q '^BenchmarkHook' <<<"$$list"; then echo "bench: ./plugin/ has no BenchmarkHook, skipped"; \
@@ -117,7 +123,7 @@ bench-kubelet: deps ## A real kubelet's crash-to-restart time: GenericPLEG, Even
 	PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench.md $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 20m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up
-it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.
+it-up: deps-runtime ## Start the harness's containerd by hand and print its sockets as shell exports.
 	@$(GO) run ./test/containerd-it/cmd/it-env up
 
 .PHONY: it-down
