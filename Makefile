@@ -46,7 +46,7 @@ help: ## Show this help.
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: build deps ## Demo: pleg-nri on an isolated containerd, a workload, its stream next to containerd's; leaves nothing behind.
+run: build deps-runtime ## Demo: pleg-nri on an isolated containerd, a workload, its stream next to containerd's; leaves nothing behind.
 	@bash hack/demo.sh
 
 .PHONY: test
@@ -131,9 +131,15 @@ fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 1
 	done
 
 .PHONY: deps
-deps: ## Install and build what the integration tests need (cached: a second run builds nothing).
+deps: deps-runtime deps-kubelet ## Install and build what the integration tests need (cached: a second run builds nothing).
+
+.PHONY: deps-runtime
+deps-runtime: ## Install and build containerd, runc, crictl, CNI and the test images' inputs (cached).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
 	bash test/containerd-it/hack/install-deps.sh >/dev/null
+
+.PHONY: deps-kubelet
+deps-kubelet: ## Build the kubelets the kubelet suite and its benches run (cached; several minutes each the first time).
 	@for v in $(sort $(KUBELET_TEST_VERSIONS) $(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
 
 .PHONY: integration
@@ -163,7 +169,7 @@ run-integration:
 	exit $$rc
 
 .PHONY: integration-docker
-integration-docker: deps ## The side-by-side scenario tests (TestCompare*) against containerd in Docker (image built offline, cached).
+integration-docker: deps-runtime ## The side-by-side scenario tests (TestCompare*) against containerd in Docker (image built offline, cached).
 	@set -o pipefail; start=$$(date +%s); \
 	PLEG_NRI_IT_CONTAINERD=docker $(GO) test -count=1 -v -run '^TestCompare' -timeout $(IT_TIMEOUT) $(INTEGRATION_PKGS) 2>&1 | tee /tmp/pleg-nri-it-docker.log; \
 	passed=$$(grep -c -E '^\s*--- PASS' /tmp/pleg-nri-it-docker.log || true); \
@@ -177,7 +183,7 @@ e2e-kind: ## kind clusters with and without pleg-nri (deploy/kind/kind-config.ya
 	bash test/kind/e2e.sh $(K8S_VERSIONS)
 
 .PHONY: test-deploy
-test-deploy: deps image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
+test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
 	bash test/images/debian-base.sh >/dev/null
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
@@ -188,11 +194,11 @@ test-deploy-kind: image helm ## The Helm chart installed, upgraded and uninstall
 	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
 
 .PHONY: soak
-soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
+soak: deps-runtime ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour).
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
 
 .PHONY: bench
-bench: deps ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
+bench: deps-runtime ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
 	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
 	if ! list=$$($(GO) test -list '^BenchmarkHook' ./plugin/ 2>&1); then echo "$$list"; echo "bench: ./plugin/ does not build: its BenchmarkHook is left out"; \
 	elif ! grep -q '^BenchmarkHook' <<<"$$list"; then echo "bench: ./plugin/ has no BenchmarkHook, skipped"; \
@@ -213,7 +219,7 @@ bench-node: deps ## What 100 pods cost the node per PLEG setup, idle and with ch
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeCost -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up
-it-up: deps ## Start the harness's containerd by hand and print its sockets as shell exports.
+it-up: deps-runtime ## Start the harness's containerd by hand and print its sockets as shell exports.
 	@$(GO) run ./test/containerd-it/cmd/it-env up
 
 .PHONY: it-down

@@ -377,6 +377,19 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer te.Close()
+	// missing is told each time Run looks for the socket and does not find it.
+	missing := make(chan bool, 1)
+	exists := te.socketExists
+	te.socketExists = func() bool {
+		ok := exists()
+		if !ok {
+			select {
+			case missing <- true:
+			default:
+			}
+		}
+		return ok
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- te.Run(ctx) }()
@@ -385,8 +398,8 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 		<-done
 	}()
 
-	// The socket appears late.
-	time.Sleep(50 * time.Millisecond)
+	// The socket appears late: after Run found it missing and waits for it.
+	waitFor(t, missing, true)
 	srv := startFakeEvents(t, path, fe)
 	waitFor(t, hooks.ch, "reconnect")
 	select {

@@ -99,7 +99,7 @@ func (m *recMetrics) Reconnected() {
 // stopping it closes the plugin's connection the way a runtime restart does (Adaptation.Stop leaves external
 // plugins connected).
 type fakeRuntime struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	inner string // the adaptation's socket
 	Outer string // the socket plugins dial
@@ -126,7 +126,7 @@ func (r *fakeRuntime) RecordPluginLatency(_, _ string, d time.Duration) {
 	r.latency = append(r.latency, d)
 }
 
-func newFakeRuntime(t *testing.T) *fakeRuntime {
+func newFakeRuntime(t testing.TB) *fakeRuntime {
 	dir := t.TempDir()
 	r := &fakeRuntime{t: t, dir: dir, inner: filepath.Join(dir, "nri-inner.sock"), Outer: filepath.Join(dir, "run", "nri.sock")}
 	t.Cleanup(r.Stop)
@@ -221,7 +221,7 @@ func (r *fakeRuntime) NRI() *adaptation.Adaptation {
 
 // harness runs a Plugin against a fakeRuntime.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	rec     *recorder
 	metrics *recMetrics
 	synced  chan struct{}
@@ -231,7 +231,7 @@ type harness struct {
 	cancel  context.CancelFunc
 }
 
-func startPlugin(t *testing.T, socket string, mod func(*Plugin)) *harness {
+func startPlugin(t testing.TB, socket string, mod func(*Plugin)) *harness {
 	t.Helper()
 	h := &harness{t: t, rec: &recorder{}, metrics: newRecMetrics(), synced: make(chan struct{}, 10),
 		state: make(chan bool, 10), done: make(chan error, 1)}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/net/multiplex"
@@ -14,14 +13,32 @@ import (
 )
 
 // registerOnly is a runtime service that accepts a registration, then drops the connection without sending
-// Configure: a runtime that dies between the two.
+// Configure: a runtime that dies between the two. RegisterPlugin answers only once release is closed, so
+// that the test knows the next write on the connection is that answer.
 type registerOnly struct {
 	registered chan struct{}
+	release    chan struct{}
 }
 
 func (r *registerOnly) RegisterPlugin(context.Context, *api.RegisterPluginRequest) (*api.Empty, error) {
 	r.registered <- struct{}{}
+	<-r.release
 	return &api.Empty{}, nil
+}
+
+// writeSignalConn signals on wrote after each write to the connection.
+type writeSignalConn struct {
+	net.Conn
+	wrote chan struct{}
+}
+
+func (c writeSignalConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	select {
+	case c.wrote <- struct{}{}:
+	default:
+	}
+	return n, err
 }
 
 func (r *registerOnly) UpdateContainers(context.Context, *api.UpdateContainersRequest) (*api.UpdateContainersResponse, error) {
@@ -37,7 +54,7 @@ func TestStuckRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := &registerOnly{registered: make(chan struct{}, 1)}
+	svc := &registerOnly{registered: make(chan struct{}, 1), release: make(chan struct{})}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -45,7 +62,8 @@ func TestStuckRegistration(t *testing.T) {
 		if err != nil {
 			return
 		}
-		mux := multiplex.Multiplex(conn, multiplex.WithBlockedRead())
+		wconn := writeSignalConn{Conn: conn, wrote: make(chan struct{}, 1)}
+		mux := multiplex.Multiplex(wconn, multiplex.WithBlockedRead())
 		defer mux.Close()
 		rpcl, err := mux.Listen(multiplex.RuntimeServiceConn)
 		if err != nil {
@@ -60,8 +78,14 @@ func TestStuckRegistration(t *testing.T) {
 		go rpcs.Serve(context.Background(), rpcl)
 		mux.Unblock()
 		<-svc.registered
-		// Let the reply reach the plugin: its Start now waits for Configure.
-		time.Sleep(200 * time.Millisecond)
+		select { // forget the writes before the answer
+		case <-wconn.wrote:
+		default:
+		}
+		close(svc.release)
+		// The answer is in the socket once written: the plugin reads it before it sees the connection
+		// close, so its Start is waiting for Configure when the runtime goes away.
+		<-wconn.wrote
 	}()
 
 	h := startPlugin(t, rt.Outer, nil)
