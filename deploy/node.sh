@@ -18,8 +18,8 @@ READYZ=${PLEG_NRI_READYZ:-http://127.0.0.1:9810/readyz}
 READY_TIMEOUT=${PLEG_NRI_READY_TIMEOUT:-120}
 SWITCH=${PLEG_NRI_SWITCH_KUBELET:-false}
 # Restart a kubelet already on pleg-nri after restarting pleg-nri (see the chart's
-# kubelet.restartAfterPlegNRIRestart): a restart of pleg-nri's only process ends the kubelet's event
-# stream, and the kubelet's immediate retries can use up all 5 it allows while pleg-nri is down.
+# kubelet.restartAfterPlegNRIRestart). Not needed to keep events: pleg-nri's front keeps the kubelet's
+# stream across restarts; it starts the count of 5 stream errors again for a kubelet that gave up.
 RESTART_KUBELET=${PLEG_NRI_RESTART_KUBELET_AFTER_RESTART:-false}
 EVENTED_PLEG=${PLEG_NRI_EVENTED_PLEG:-true}
 ENDPOINT=${PLEG_NRI_ENDPOINT:-unix:///run/pleg-nri/cri.sock}

@@ -134,7 +134,13 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer cri.Close()
-	pcfg := pleg.Config{Status: cri, Lister: cri, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
+	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
+	oom, err := eventbridge.NewOOMChecker(cfg.ContainerdAddress, cfg.ContainerdNamespace)
+	if err != nil {
+		return fmt.Errorf("config key \"containerd-address\": %w", err)
+	}
+	defer oom.Close()
+	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: newOOMMetrics(m, reg), SubscriberQueue: cfg.SubscriberQueue,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	if cfg.StateDir != "" {

@@ -70,6 +70,7 @@ type frontInfo struct {
 	PID             int    `json:"pid"`
 	Listen          string `json:"listen"`
 	RuntimeEndpoint string `json:"runtime_endpoint"`
+	ReadFreshness   string `json:"read_freshness"`
 }
 
 // frontRequest is one request on the control socket.
@@ -310,7 +311,8 @@ func (f *front) serveControl(ctx context.Context) {
 }
 
 func (f *front) info() frontInfo {
-	return frontInfo{Protocol: frontProtocol, Version: version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint}
+	return frontInfo{Protocol: frontProtocol, Version: version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
+		ReadFreshness: f.cfg.ReadFreshness}
 }
 
 func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
@@ -461,7 +463,8 @@ func ensureFront(ctx context.Context, cfg Config, preRegistered bool) error {
 	info, err := queryFront(runDir, "info")
 	if err == nil {
 		switch {
-		case info.Protocol == frontProtocol && info.Listen == cfg.Listen && info.RuntimeEndpoint == cfg.RuntimeEndpoint:
+		case info.Protocol == frontProtocol && info.Listen == cfg.Listen && info.RuntimeEndpoint == cfg.RuntimeEndpoint &&
+			info.ReadFreshness == cfg.ReadFreshness:
 			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Info("a compatible front serves the CRI endpoint: keeping it")
 			return nil
 		case info.Listen == cfg.Listen:

@@ -21,9 +21,40 @@ import (
 func exposedNames(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	m := newMetrics(prometheus.NewRegistry())
+	reg0 := prometheus.NewRegistry()
+	m := newMetrics(reg0)
+	// The core's metrics, the OOM check's, and the kubelet endpoint's, which the front keeps and the
+	// core's /metrics serves with its own.
+	for _, set := range []any{m, newOOMMetrics(m, reg0), newEndpointMetrics(reg0)} {
+		describeFields(t, reflect.Indirect(reflect.ValueOf(set)), names)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+		if mf.GetType() == dto.MetricType_HISTOGRAM || mf.GetType() == dto.MetricType_SUMMARY {
+			names[mf.GetName()+"_sum"], names[mf.GetName()+"_count"], names[mf.GetName()+"_bucket"] = true, true, true
+		}
+	}
+	if !names["pleg_nri_event_send_latency_seconds_bucket"] || !names["process_resident_memory_bytes"] {
+		t.Fatalf("the names found miss known metrics: %v", names)
+	}
+	return names
+}
+
+// describeFields adds to names the metric names of every prometheus.Collector field of the struct v.
+func describeFields(t *testing.T, v reflect.Value, names map[string]bool) {
+	t.Helper()
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
-	v := reflect.ValueOf(m).Elem()
+	if !v.CanAddr() {
+		p := reflect.New(v.Type())
+		p.Elem().Set(v)
+		v = p.Elem()
+	}
 	for i := 0; i < v.NumField(); i++ {
 		f := v.Field(i)
 		if !f.CanInterface() {
@@ -52,22 +83,6 @@ func exposedNames(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		names[mf.GetName()] = true
-		if mf.GetType() == dto.MetricType_HISTOGRAM || mf.GetType() == dto.MetricType_SUMMARY {
-			names[mf.GetName()+"_sum"], names[mf.GetName()+"_count"], names[mf.GetName()+"_bucket"] = true, true, true
-		}
-	}
-	if !names["pleg_nri_event_send_latency_seconds_bucket"] || !names["process_resident_memory_bytes"] {
-		t.Fatalf("the names found miss known metrics: %v", names)
-	}
-	return names
 }
 
 // metricRef finds the metric names a PromQL expression uses (pleg-nri's, the Go and process
