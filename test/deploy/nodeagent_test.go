@@ -179,7 +179,7 @@ func TestNodeAgent(t *testing.T) {
 	}
 	run(t, "docker", "rm", "-f", a)
 
-	// Another configuration with the chart's default, kubelet.restartAfterPlegNRIRestart: pleg-nri is
+	// Another configuration with kubelet.restartAfterPlegNRIRestart on: pleg-nri is
 	// restarted, then the kubelet, once pleg-nri is ready.
 	plegPID = n.prop("pleg-nri.service", "MainPID")
 	if err := os.WriteFile(filepath.Join(cfgDir, "config.yaml"), []byte(strings.Replace(config, "log-level: info", "log-level: warn", 1)), 0o644); err != nil {
