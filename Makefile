@@ -95,12 +95,16 @@ uninstall: ## Remove what make install put under PREFIX (the configuration and t
 ##@ Checks
 
 .PHONY: verify
-verify: fmt-check vet lint ## gofmt, go vet and staticcheck.
+verify: fmt-check vet lint tidy-check ## gofmt, go vet, staticcheck and go mod tidy.
 
 .PHONY: fmt-check
 fmt-check: ## Fail if gofmt would change a file.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+.PHONY: tidy-check
+tidy-check: ## Fail if go mod tidy would change go.mod or go.sum (it prints the difference).
+	$(GO) mod tidy -diff
 
 .PHONY: vet
 vet: ## go vet every package.
