@@ -95,12 +95,7 @@ func NewCRIClient(endpoint string, extra ...grpc.DialOption) (*CRIClient, error)
 	if err != nil {
 		return nil, err
 	}
-	return NewCRIClientFromConn(conn), nil
-}
-
-// NewCRIClientFromConn returns a CRIClient over an existing connection; Close then closes it.
-func NewCRIClientFromConn(conn *grpc.ClientConn) *CRIClient {
-	return &CRIClient{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}
+	return &CRIClient{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}, nil
 }
 
 // Close closes the connection.

@@ -87,7 +87,7 @@ func decodeEnvelope(env *events.Envelope) (pleg.Observation, verdict, error) {
 		obs.ID = e.ContainerID
 		obs.Phase = pleg.PhaseExited
 		// containerd's CRI does the same conversion: exit statuses above MaxInt32 do not occur in practice.
-		obs.ExitCode = int32(e.ExitStatus) //nolint:gosec // see above
+		obs.ExitCode = int32(e.ExitStatus)
 		obs.HasExitCode = true
 		if e.ExitedAt != nil {
 			obs.FinishedAt = e.ExitedAt.AsTime()

@@ -283,7 +283,7 @@ func (t *TaskEvents) Run(ctx context.Context) error {
 	}
 	for {
 		if err := t.waitSocket(ctx); err != nil {
-			return nil //nolint:nilerr // only ctx ends the wait, and Run returns nil then
+			return nil // only ctx ends the wait, and Run returns nil then
 		}
 
 		var since time.Time
@@ -313,7 +313,7 @@ func (t *TaskEvents) Run(ctx context.Context) error {
 			log.G(ctx).WithError(err).WithField("retry_in", delay).Debug("containerd events subscription failed")
 		}
 		if err := t.sleep(ctx, delay); err != nil {
-			return nil //nolint:nilerr // canceled
+			return nil // canceled
 		}
 		delay = min(delay*2, t.maxBackoff)
 	}

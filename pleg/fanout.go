@@ -59,9 +59,6 @@ type Subscription struct {
 	notify chan struct{} // capacity 1: wakes Next after a push, an eviction or Close
 }
 
-// ID is the subscriber's id, as used in logs and metrics.
-func (s *Subscription) ID() uint64 { return s.id }
-
 // SubscriptionStats accounts for every event offered to one subscription, exactly:
 //
 //	Offered == Delivered + Coalesced + Dropped + Queued

@@ -34,8 +34,6 @@ const (
 	// running, so it is not counted as a relist repair (a repair means the event inputs missed
 	// something while pleg-nri was watching).
 	SourceStartup
-
-	numSources
 )
 
 // String returns the source's name as used in logs and metric labels.
@@ -55,15 +53,6 @@ func (s Source) String() string {
 		return "startup"
 	}
 	return fmt.Sprintf("source(%d)", uint8(s))
-}
-
-// Sources lists every source, for metric registration.
-func Sources() []Source {
-	out := make([]Source, 0, numSources)
-	for s := Source(0); s < numSources; s++ {
-		out = append(out, s)
-	}
-	return out
 }
 
 // Kind says what an observed object is.
