@@ -97,9 +97,6 @@ type Metrics interface {
 	RelistCompleted(d time.Duration, err error)
 	// RelistRepair counts an event emitted because a relist found what the events missed.
 	RelistRepair(kind Kind, t runtimeapi.ContainerEventType)
-	// EventSent is called by the stream server after it sent an event to a subscriber; latency is from
-	// the event's SourceTime to the send. The package itself never calls it.
-	EventSent(t runtimeapi.ContainerEventType, src Source, latency time.Duration)
 	// CheckpointLoaded reports the checkpoint read at startup: the objects restored from it and the
 	// result (one of the Checkpoint* constants).
 	CheckpointLoaded(objects int, result string)
@@ -136,7 +133,6 @@ func (NopMetrics) EventsCoalesced(int)                                          
 func (NopMetrics) SubscriberEvicted(uint64)                                                {}
 func (NopMetrics) RelistCompleted(time.Duration, error)                                    {}
 func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                        {}
-func (NopMetrics) EventSent(runtimeapi.ContainerEventType, Source, time.Duration)          {}
 func (NopMetrics) CheckpointLoaded(int, string)                                            {}
 func (NopMetrics) CheckpointWritten(int, int, time.Duration, error)                        {}
 func (NopMetrics) StartupReplayDropped()                                                   {}

@@ -192,11 +192,6 @@ func (m *metrics) RelistRepair(kind pleg.Kind, t runtimeapi.ContainerEventType) 
 	m.repairs.WithLabelValues(kind.String(), eventType(t)).Inc()
 }
 
-// EventSent is pleg.Metrics' send hook; the proxy reports sends through eventbridge.Metrics instead.
-func (m *metrics) EventSent(t runtimeapi.ContainerEventType, src pleg.Source, latency time.Duration) {
-	m.sendLatency.WithLabelValues(src.String()).Observe(latency.Seconds())
-}
-
 func (m *metrics) CheckpointLoaded(objects int, result string) {
 	m.ckptRestore.WithLabelValues(result).Inc()
 	m.ckptRestored.Set(float64(objects))
