@@ -129,6 +129,10 @@ type PLEG struct {
 	wake    chan struct{} // capacity 1: the inbox is not empty
 
 	// mu guards st and spare, and serializes every change of the state (drain, Relist).
+	//
+	// Lock order: relistMu, then mu, then fanout.mu, then Subscription.mu; the fetcher's mu is taken
+	// under mu (the state machine pushes status requests) and never the other way round; inboxMu is a
+	// leaf, held only to append to or swap the inbox.
 	mu    sync.Mutex
 	st    *state
 	spare []input // the inbox's previous backing array, reused
