@@ -2,11 +2,7 @@ package eventbridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/url"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -27,7 +23,7 @@ const MaxMsgSize = 16 << 20
 // the runtime restarts; calls are not WaitForReady, so they fail with codes.Unavailable at once while
 // the runtime is down. extra options are appended.
 func DialCRI(endpoint string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	target, err := criTarget(endpoint)
+	target, err := grpcTarget(endpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -52,28 +48,6 @@ func DialCRI(endpoint string, extra ...grpc.DialOption) (*grpc.ClientConn, error
 		return nil, fmt.Errorf("failed to create CRI client for %s: %w", endpoint, err)
 	}
 	return conn, nil
-}
-
-// criTarget turns a CRI endpoint into a gRPC target.
-func criTarget(endpoint string) (string, error) {
-	switch {
-	case endpoint == "":
-		return "", errors.New("CRI endpoint is empty")
-	case filepath.IsAbs(endpoint):
-		return "unix://" + endpoint, nil
-	case strings.HasPrefix(endpoint, "unix://"):
-		if !filepath.IsAbs(strings.TrimPrefix(endpoint, "unix://")) {
-			return "", fmt.Errorf("CRI endpoint %q: the socket path must be absolute", endpoint)
-		}
-		return endpoint, nil
-	case strings.HasPrefix(endpoint, "tcp://"):
-		u, err := url.Parse(endpoint)
-		if err != nil || u.Host == "" {
-			return "", fmt.Errorf("CRI endpoint %q: bad tcp address", endpoint)
-		}
-		return "passthrough:///" + u.Host, nil
-	}
-	return "", fmt.Errorf("CRI endpoint %q: want unix:///path, an absolute path or tcp://host:port", endpoint)
 }
 
 // CRIClient is a CRI client of the runtime (containerd), used by the core for exact statuses and by the

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -190,7 +189,7 @@ func NewTaskEvents(address string, obs Observer, opts ...TaskEventsOption) (*Tas
 		return t, nil
 	}
 
-	path, err := containerdSocketPath(address)
+	path, err := unixSocketPath(address)
 	if err != nil {
 		return nil, fmt.Errorf("task events: %w", err)
 	}
@@ -226,18 +225,6 @@ func NewTaskEvents(address string, obs Observer, opts ...TaskEventsOption) (*Tas
 // taskEventsFilter is the containerd events filter of every /tasks/ topic in namespace ns.
 func taskEventsFilter(ns string) string {
 	return fmt.Sprintf(`namespace==%q,topic~="^/tasks/"`, ns)
-}
-
-// containerdSocketPath returns the socket path of a containerd address given as a path or a unix:// URL.
-func containerdSocketPath(address string) (string, error) {
-	path := strings.TrimPrefix(address, "unix://")
-	if path == "" {
-		return "", errors.New("containerd address is empty")
-	}
-	if strings.Contains(path, "://") {
-		return "", fmt.Errorf("containerd address %q: only unix sockets are supported", address)
-	}
-	return path, nil
 }
 
 // Close releases the containerd connection. Call it after Run has returned.

@@ -44,7 +44,7 @@ type OOMChecker struct {
 // NewOOMChecker returns an OOMChecker on the containerd at address (a path or a unix:// URL), for the
 // tasks of namespace ns. The connection is made on the first call.
 func NewOOMChecker(address, ns string) (*OOMChecker, error) {
-	path, err := containerdSocketPath(address)
+	path, err := unixSocketPath(address)
 	if err != nil {
 		return nil, fmt.Errorf("oom checker: %w", err)
 	}

@@ -67,7 +67,7 @@ const (
 
 // DialRelay returns a Relay whose upstream is the CRI endpoint (see DialCRI). Close it when done.
 func DialRelay(endpoint string, opts ...RelayOption) (*Relay, error) {
-	target, err := criTarget(endpoint)
+	target, err := grpcTarget(endpoint)
 	if err != nil {
 		return nil, err
 	}

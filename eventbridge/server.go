@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,37 +30,12 @@ const liveProbeTimeout = time.Second
 // of 2 minutes. A CRI client on the node completes it in well under a millisecond.
 const HandshakeTimeout = 5 * time.Second
 
-// ParseListenAddress splits a listen address into a network and an address: "unix:///path" and
-// "/path" are unix sockets, "tcp://host:port" is TCP. Nothing else is accepted, so that a TCP listener is
-// only ever opened when asked for explicitly.
-func ParseListenAddress(listen string) (network, address string, err error) {
-	switch {
-	case listen == "":
-		return "", "", errors.New("listen address is empty")
-	case strings.HasPrefix(listen, "unix://"):
-		path := strings.TrimPrefix(listen, "unix://")
-		if !filepath.IsAbs(path) {
-			return "", "", fmt.Errorf("listen address %q: the socket path must be absolute", listen)
-		}
-		return "unix", filepath.Clean(path), nil
-	case filepath.IsAbs(listen):
-		return "unix", filepath.Clean(listen), nil
-	case strings.HasPrefix(listen, "tcp://"):
-		u, err := url.Parse(listen)
-		if err != nil || u.Host == "" || u.Path != "" {
-			return "", "", fmt.Errorf("listen address %q: want tcp://host:port", listen)
-		}
-		return "tcp", u.Host, nil
-	}
-	return "", "", fmt.Errorf("listen address %q: want unix:///path, an absolute path or tcp://host:port", listen)
-}
-
 // Listen opens the listener of the CRI endpoint. For a unix socket it creates the socket's directory
 // (0750) if it is missing but its parent exists, replaces a stale socket left by a previous run,
 // refuses a path that is not a socket or on which another server answers, and makes the socket 0660.
 // Closing the listener removes the socket file, unless something else has replaced it meanwhile.
 func Listen(ctx context.Context, listen string) (net.Listener, error) {
-	network, address, err := ParseListenAddress(listen)
+	network, address, err := ParseEndpoint(listen)
 	if err != nil {
 		return nil, err
 	}
@@ -225,10 +198,10 @@ type Server struct {
 	watchDone chan struct{}
 }
 
-// NewServer returns a server for the proxy on the listen address (see ParseListenAddress). extra
+// NewServer returns a server for the proxy on the listen address (see ParseEndpoint). extra
 // server options are added to the proxy's and to a HandshakeTimeout.
 func NewServer(listen string, proxy *Proxy, extra ...grpc.ServerOption) (*Server, error) {
-	if _, _, err := ParseListenAddress(listen); err != nil {
+	if _, _, err := ParseEndpoint(listen); err != nil {
 		return nil, err
 	}
 	if proxy == nil {

@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-func TestParseListenAddress(t *testing.T) {
+func TestParseEndpoint(t *testing.T) {
 	for _, tc := range []struct {
 		in            string
 		network, addr string
@@ -30,13 +30,13 @@ func TestParseListenAddress(t *testing.T) {
 		{in: "tcp://host:1/path", wantErr: true},
 		{in: "http://127.0.0.1:1", wantErr: true},
 	} {
-		network, addr, err := ParseListenAddress(tc.in)
+		network, addr, err := ParseEndpoint(tc.in)
 		if (err != nil) != tc.wantErr {
-			t.Errorf("ParseListenAddress(%q): error %v, want error %v", tc.in, err, tc.wantErr)
+			t.Errorf("ParseEndpoint(%q): error %v, want error %v", tc.in, err, tc.wantErr)
 			continue
 		}
 		if network != tc.network || addr != tc.addr {
-			t.Errorf("ParseListenAddress(%q) = %q, %q; want %q, %q", tc.in, network, addr, tc.network, tc.addr)
+			t.Errorf("ParseEndpoint(%q) = %q, %q; want %q, %q", tc.in, network, addr, tc.network, tc.addr)
 		}
 	}
 }

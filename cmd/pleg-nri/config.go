@@ -178,7 +178,7 @@ func (c Config) runDir() string {
 	if c.RunDir != "" {
 		return c.RunDir
 	}
-	if network, address, err := eventbridge.ParseListenAddress(c.Listen); err == nil && network == "unix" {
+	if network, address, err := eventbridge.ParseEndpoint(c.Listen); err == nil && network == "unix" {
 		return filepath.Dir(address)
 	}
 	return defaultRunDir
