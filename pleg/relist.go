@@ -3,7 +3,6 @@ package pleg
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -56,11 +55,11 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 
 	sandboxes, err := p.cfg.Lister.ListPodSandbox(ctx)
 	if err != nil {
-		return RelistResult{}, fmt.Errorf("failed to list pod sandboxes: %w", err)
+		return RelistResult{}, err // the Lister says what failed
 	}
 	containers, err := p.cfg.Lister.ListContainers(ctx)
 	if err != nil {
-		return RelistResult{}, fmt.Errorf("failed to list containers: %w", err)
+		return RelistResult{}, err
 	}
 	res := RelistResult{Sandboxes: len(sandboxes), Containers: len(containers)}
 

@@ -373,12 +373,12 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 	case KindSandbox:
 		res.sandbox, res.err = p.cfg.Status.PodSandboxStatus(cctx, r.id)
 		if res.err == nil && res.sandbox == nil {
-			res.err = fmt.Errorf("empty status for sandbox %s", r.id)
+			res.err = fmt.Errorf("failed to get status of sandbox %s: empty status", r.id)
 		}
 	default:
 		res.container, res.err = p.cfg.Status.ContainerStatus(cctx, r.id)
 		if res.err == nil && res.container == nil {
-			res.err = fmt.Errorf("empty status for container %s", r.id)
+			res.err = fmt.Errorf("failed to get status of container %s: empty status", r.id)
 		}
 	}
 	d := time.Since(start)
@@ -392,9 +392,7 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 	default:
 		result = StatusResultError
 	}
-	if res.err != nil {
-		res.err = fmt.Errorf("failed to get status of %s %s: %w", r.kind, r.id, res.err)
-	}
+	// The StatusSource's errors say what failed (eventbridge.CRIClient: "failed to get status of ...").
 	p.metrics.StatusCall(r.kind, r.verify, result, d)
 	res.at = p.clock.Now()
 	return res

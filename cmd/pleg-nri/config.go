@@ -16,6 +16,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/pleg-nri/pleg-nri/eventbridge"
 )
 
@@ -219,10 +220,8 @@ func (c Config) Validate() error {
 	if c.StartupReplay < 0 {
 		bad("startup-replay", "must not be negative (0 disables it), got %s", c.StartupReplay)
 	}
-	if len(c.PluginIdx) != 2 || c.PluginIdx[0] < '0' || c.PluginIdx[0] > '9' || c.PluginIdx[1] < '0' || c.PluginIdx[1] > '9' {
-		if c.PluginIdx != "" {
-			bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
-		}
+	if c.PluginIdx != "" && api.CheckPluginIndex(c.PluginIdx) != nil {
+		bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 	}
 	if _, err := eventbridge.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
