@@ -18,6 +18,8 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
 // Config is the daemon's configuration. The --config file (YAML) and the pre-registered plugin's
@@ -61,22 +63,23 @@ type Config struct {
 	ReadFreshness string `json:"read-freshness"`
 }
 
-// DefaultConfig returns the configuration used for every key not set.
+// DefaultConfig returns the configuration used for every key not set. The packages' own defaults are
+// the daemon's, so that one place says each.
 func DefaultConfig() Config {
 	return Config{
-		NRISocket:           "/var/run/nri/nri.sock",
+		NRISocket:           plugin.DefaultSocketPath,
 		ContainerdAddress:   "/run/containerd/containerd.sock",
-		ContainerdNamespace: "k8s.io",
+		ContainerdNamespace: eventbridge.DefaultNamespace,
 		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
 		Listen:              "unix:///run/pleg-nri/cri.sock",
 		MetricsAddress:      "127.0.0.1:9810",
-		RelistPeriod:        Duration(10 * time.Second),
-		PluginName:          "pleg-nri",
-		PluginIdx:           "10",
-		SubscriberQueue:     1024,
+		RelistPeriod:        Duration(pleg.DefaultRelistPeriod),
+		PluginName:          plugin.DefaultPluginName,
+		PluginIdx:           plugin.DefaultPluginIdx,
+		SubscriberQueue:     pleg.DefaultSubscriberQueue,
 		LogLevel:            "info",
 		StateDir:            "/var/lib/pleg-nri",
-		CheckpointInterval:  Duration(time.Second),
+		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:       Duration(time.Minute),
 		ReadFreshness:       string(eventbridge.DefaultReadFreshness),
 	}
