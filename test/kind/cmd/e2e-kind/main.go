@@ -120,8 +120,10 @@ func run(ctx context.Context, o options) (err error) {
 		results = append(results, r)
 	}
 	for _, r := range results {
-		fmt.Printf("e2e-kind: %s: created in %s, crash->restarted %s (kubelet backoff included), delete of a running pod %s\n",
-			r.name, r.created.Round(time.Second), r.restart, r.deleted.Round(100*time.Millisecond))
+		fmt.Printf("e2e-kind: %s: created in %s; crash->replacement created %s, started %s (first restart); "+
+			"second restart %s (kubelet backoff included); delete of a running pod %s\n",
+			r.name, r.created.Round(time.Second), r.firstCreated.Round(time.Millisecond), r.firstStarted.Round(time.Millisecond),
+			r.restart, r.deleted.Round(100*time.Millisecond))
 	}
 	var failures []string
 	for _, r := range results {
@@ -152,6 +154,10 @@ type clusterResult struct {
 	created  time.Duration
 	restart  time.Duration
 	deleted  time.Duration
+	// firstCreated and firstStarted are the crasher's first restart (no kubelet backoff), as make
+	// bench-kubelet measures it: its first container's exit to the replacement's creation and start,
+	// from containerd's timestamps.
+	firstCreated, firstStarted time.Duration
 	// failures are the checks that failed after the workload ran (the restart checks).
 	failures []string
 }
@@ -211,6 +217,15 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	if _, err := k("apply", "-f", o.workloads); err != nil {
 		return res, err
 	}
+	// The crasher's first restart, read at once: the kubelet's container GC may remove attempt 0 later,
+	// and its second restart comes 10 s later (backoff), so restartCount=1 is there to be seen.
+	if _, err := k("wait", "pod", "-l", "app=crasher", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1",
+		"--timeout=180s"); err != nil {
+		return res, fmt.Errorf("waiting for the crasher's first restart: %w", err)
+	}
+	if res.firstCreated, res.firstStarted, err = firstRestart(ctx, node); err != nil {
+		return res, err
+	}
 	if err := waitOOM(ctx, k, o.workloads, node); err != nil {
 		return res, err
 	}
@@ -235,6 +250,7 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	if res.statuses, res.restart, err = normalize(raw); err != nil {
 		return res, err
 	}
+
 	start = time.Now()
 	if _, err := k("delete", "pod", "deleted", "--wait=true", "--timeout=60s"); err != nil {
 		return res, err
@@ -372,6 +388,62 @@ func normalize(raw string) (map[string]string, time.Duration, error) {
 		out[key] = b.String()
 	}
 	return out, restart, nil
+}
+
+// firstRestart reads the crasher's attempts 0 and 1 from the node's containerd (crictl on its own
+// socket, not through pleg-nri) and returns attempt 0's exit to attempt 1's creation and start.
+func firstRestart(ctx context.Context, node string) (created, started time.Duration, err error) {
+	crictl := func(args ...string) (string, error) {
+		return cmd(ctx, "docker", append([]string{"exec", node, "crictl", "-r", "unix:///run/containerd/containerd.sock"}, args...)...)
+	}
+	out, err := crictl("ps", "-a", "--label", "io.kubernetes.container.name=app", "-o", "json")
+	if err != nil {
+		return 0, 0, err
+	}
+	var list struct {
+		Containers []struct {
+			ID       string `json:"id"`
+			Metadata struct {
+				Attempt int `json:"attempt"`
+			} `json:"metadata"`
+		} `json:"containers"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		return 0, 0, fmt.Errorf("crictl ps: %w", err)
+	}
+	ids := map[int]string{}
+	for _, c := range list.Containers {
+		ids[c.Metadata.Attempt] = c.ID
+	}
+	if ids[0] == "" || ids[1] == "" {
+		return 0, 0, fmt.Errorf("the crasher's attempts 0 and 1 are not both in containerd: %s", out)
+	}
+	times := func(id string) (c, s, f time.Time, err error) {
+		out, err := crictl("inspect", "-o", "json", id)
+		if err != nil {
+			return c, s, f, err
+		}
+		var st struct {
+			Status struct {
+				CreatedAt  time.Time `json:"createdAt"`
+				StartedAt  time.Time `json:"startedAt"`
+				FinishedAt time.Time `json:"finishedAt"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return c, s, f, fmt.Errorf("crictl inspect %s: %w", id, err)
+		}
+		return st.Status.CreatedAt, st.Status.StartedAt, st.Status.FinishedAt, nil
+	}
+	_, _, exited, err := times(ids[0])
+	if err != nil {
+		return 0, 0, err
+	}
+	c, s, _, err := times(ids[1])
+	if err != nil {
+		return 0, 0, err
+	}
+	return c.Sub(exited), s.Sub(exited), nil
 }
 
 // state is a container state as the API gives it.
