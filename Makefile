@@ -147,7 +147,7 @@ deps-kubelet: ## Build the kubelets the kubelet suite and its benches run (cache
 	@for v in $(sort $(KUBELET_TEST_VERSIONS) $(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
 
 .PHONY: integration
-integration: deps ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
+integration: deps image ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
 	@$(MAKE) --no-print-directory run-integration KUBELETS="$(KUBELET_TEST_VERSIONS)"
 
 .PHONY: kubelet-all
@@ -161,7 +161,7 @@ PKGS ?= $(INTEGRATION_PKGS)
 .PHONY: run-integration
 run-integration:
 	@set -o pipefail; start=$$(date +%s); log=/tmp/pleg-nri-it.log; : >$$log; rc=0; \
-	if [ -n "$(PKGS)" ]; then $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(PKGS) 2>&1 | tee -a $$log || rc=1; fi; \
+	if [ -n "$(PKGS)" ]; then PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(PKGS) 2>&1 | tee -a $$log || rc=1; fi; \
 	for v in $(KUBELETS); do \
 	  echo "integration: the kubelet suite on kubelet $$v"; \
 	  KUBELET_VERSION=$$v $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(KUBELET_E2E_PKG) 2>&1 | tee -a $$log || rc=1; \

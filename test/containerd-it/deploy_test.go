@@ -32,13 +32,13 @@ func runCmd(t *testing.T, dir string, name string, args ...string) string {
 	return string(out)
 }
 
-// TestImage loads the image of `make image` (PLEG_NRI_IMAGE_TAR, set by make test-deploy) into docker
+// TestImage loads the image of `make image` (PLEG_NRI_IMAGE_TAR, set by make integration and make test-deploy) into docker
 // and into the harness's containerd with `ctr images import`, and runs `pleg-nri version` from it in
 // both: as a docker container, and as a CRI container of a pod.
 func TestImage(t *testing.T) {
 	tarball := os.Getenv("PLEG_NRI_IMAGE_TAR")
 	if tarball == "" {
-		t.Skip("SKIP (loud): PLEG_NRI_IMAGE_TAR is not set: run make test-deploy, which builds the image first")
+		t.Skip("SKIP (loud): PLEG_NRI_IMAGE_TAR is not set: make integration and make test-deploy build the image first and set it")
 	}
 	logOnFailure(t)
 	var manifest []struct{ RepoTags []string }
