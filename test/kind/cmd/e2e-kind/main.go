@@ -217,6 +217,18 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	if _, err := k("apply", "-f", o.workloads); err != nil {
 		return res, err
 	}
+	// kubectl wait with a selector fails at once while nothing matches: the Deployment's pod is made
+	// asynchronously, so wait for it to exist first.
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		out, err := k("get", "pod", "-l", "app=crasher", "-o", "name")
+		if err == nil && strings.TrimSpace(out) != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("the crasher's pod was not created in 2 min: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	// The crasher's first restart, read at once: the kubelet's container GC may remove attempt 0 later,
 	// and its second restart comes 10 s later (backoff), so restartCount=1 is there to be seen.
 	if _, err := k("wait", "pod", "-l", "app=crasher", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1",
