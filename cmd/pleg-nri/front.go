@@ -163,9 +163,18 @@ func runFront(ctx context.Context, args []string) error {
 		}
 	}
 
+	// Closing the listeners on a failure below: a socket taken over stays (the previous front, told
+	// nothing, serves on); one opened here is removed.
+	closeListeners := func() {
+		if cfg.Takeover {
+			eventbridge.KeepSocketFile(lis)
+			eventbridge.KeepSocketFile(ctl)
+		}
+		_, _ = lis.Close(), ctl.Close()
+	}
 	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
 	if err != nil {
-		_, _ = lis.Close(), ctl.Close()
+		closeListeners()
 		return fmt.Errorf("--runtime-endpoint: %w", err)
 	}
 	defer backend.Close()
@@ -175,18 +184,18 @@ func runFront(ctx context.Context, args []string) error {
 		eventbridge.WithRelayObserver(func([]byte) { awaitRuntime(ctx, backend, backendCatchUp) }),
 		eventbridge.WithRelayResubscribed(em.resubscribed.Inc))
 	if err != nil {
-		_, _ = lis.Close(), ctl.Close()
+		closeListeners()
 		return err
 	}
 	defer relay.Close()
 	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, relay,
 		eventbridge.WithMetrics(em), eventbridge.WithReadFreshness(eventbridge.ReadFreshness(cfg.ReadFreshness), 0)))
 	if err != nil {
-		_, _ = lis.Close(), ctl.Close()
+		closeListeners()
 		return fmt.Errorf("--listen: %w", err)
 	}
 	if err := srv.StartOn(ctx, lis); err != nil {
-		_, _ = lis.Close(), ctl.Close()
+		closeListeners()
 		return fmt.Errorf("--listen: %w", err)
 	}
 	if predecessor != nil {
@@ -414,6 +423,7 @@ func takeOver(ctx context.Context, cfg frontConfig) (lis, ctl net.Listener, conn
 		return nil, nil, nil, err
 	}
 	if ctl, err = eventbridge.FileListener(files[1]); err != nil {
+		eventbridge.KeepSocketFile(lis) // the previous front serves on
 		_ = lis.Close()
 		conn.Close()
 		return nil, nil, nil, err
