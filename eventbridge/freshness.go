@@ -46,7 +46,7 @@ func ParseReadFreshness(s string) (ReadFreshness, error) {
 	return "", fmt.Errorf("unknown read freshness %q: want %q, %q or %q", s, ReadFreshnessOverlay, ReadFreshnessHold, ReadFreshnessOff)
 }
 
-// DefaultReadFreshness is the mode of a config that names none (the README gives the measurements
+// DefaultReadFreshness is the mode of a config that names none (docs/internals.md gives the measurements
 // behind the choice).
 const DefaultReadFreshness = ReadFreshnessOverlay
 

@@ -580,7 +580,7 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	p("evented setups wait longer (the kubelet's pod worker waits for a cached status newer than its last sync). pleg-nri")
 	p("sends STOPPED before containerd's CRI says the container exited; the kubelet then reads the pod through pleg-nri")
 	p("(1.37: the relist the STOPPED requests; 1.36: its on-demand relist after a sync), and what it gets for the exited")
-	p("container while containerd is behind depends on pleg-nri's `read-freshness` (see the README): overlay answers with")
+	p("container while containerd is behind depends on pleg-nri's `read-freshness` (see docs/internals.md): overlay answers with")
 	p("the stop already sent (reads overlaid), hold waits for containerd (reads held), off forwards containerd's RUNNING.")
 	return b.String()
 }
