@@ -692,15 +692,7 @@ func (s *state) snapshot(w uint64, scope string, now time.Time) *checkpoint {
 		if cp.sandbox.id == "" {
 			continue // the sandbox's own events were not received: neither were its containers'
 		}
-		slices.SortFunc(cp.containers, func(a, b ckptObject) int {
-			switch {
-			case a.created < b.created:
-				return -1
-			case a.created > b.created:
-				return 1
-			}
-			return strings.Compare(a.id, b.id)
-		})
+		slices.SortFunc(cp.containers, func(a, b ckptObject) int { return containerOrder(a.created, b.created, a.id, b.id) })
 		c.pods = append(c.pods, *cp)
 	}
 	return c

@@ -42,6 +42,7 @@ package pleg
 // ordered by created_at then id.
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -891,14 +892,15 @@ func (s *state) list(p *pod, o *object) {
 	p.listed = slices.Insert(p.listed, i, o)
 }
 
-func compareContainers(a, b *object) int {
-	switch {
-	case a.created < b.created:
-		return -1
-	case a.created > b.created:
-		return 1
+func compareContainers(a, b *object) int { return containerOrder(a.created, b.created, a.id, b.id) }
+
+// containerOrder is the order of a pod's containers in containers_statuses and in the checkpoint: by
+// creation time, then by id.
+func containerOrder(aCreated, bCreated int64, aID, bID string) int {
+	if c := cmp.Compare(aCreated, bCreated); c != 0 {
+		return c
 	}
-	return strings.Compare(a.id, b.id)
+	return strings.Compare(aID, bID)
 }
 
 // sortedContainers returns a pod's containers in containers_statuses order.
