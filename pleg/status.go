@@ -382,20 +382,25 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 		}
 	}
 	d := time.Since(start)
-	result := StatusResultOK
-	switch {
-	case res.err == nil:
-	case isNotFound(res.err):
-		result = StatusResultNotFound
-	case errors.Is(cctx.Err(), context.DeadlineExceeded) || status.Code(res.err) == codes.DeadlineExceeded:
-		result = StatusResultTimeout
-	default:
-		result = StatusResultError
-	}
+	result := callResult(cctx, res.err)
 	// The StatusSource's errors say what failed (eventbridge.CRIClient: "failed to get status of ...").
 	p.metrics.StatusCall(r.kind, r.verify, result, d)
 	res.at = p.clock.Now()
 	return res
+}
+
+// callResult classifies a status or OOM call's outcome for the metrics: ok, not found, timed out (ctx is
+// the call's own), or another error.
+func callResult(ctx context.Context, err error) string {
+	switch {
+	case err == nil:
+		return StatusResultOK
+	case isNotFound(err):
+		return StatusResultNotFound
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+		return StatusResultTimeout
+	}
+	return StatusResultError
 }
 
 // callOOM makes one OOM check under its timeout and measures it.
@@ -405,16 +410,7 @@ func (p *PLEG) callOOM(ctx context.Context, r fetchReq) fetchResult {
 	start := time.Now()
 	res := fetchResult{req: r}
 	res.oomKilled, res.err = p.cfg.OOM.OOMKilled(cctx, r.id, r.cgroup)
-	result := StatusResultOK
-	switch {
-	case res.err == nil:
-	case isNotFound(res.err):
-		result = StatusResultNotFound
-	case errors.Is(cctx.Err(), context.DeadlineExceeded) || status.Code(res.err) == codes.DeadlineExceeded:
-		result = StatusResultTimeout
-	default:
-		result = StatusResultError
-	}
+	result := callResult(cctx, res.err)
 	if res.err != nil {
 		res.err = fmt.Errorf("failed to check container %s for an OOM kill: %w", r.id, res.err)
 	}
