@@ -299,8 +299,9 @@ func slowRunc(t *testing.T, secs int) {
 	t.Helper()
 	c := context.Background()
 	wrapper := filepath.Join(env.Dir, "slow-runc")
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && sleep %d && break; done\nexec %s/runc \"$@\"\n",
-		secs, env.BinDir)
+	// The wrapper is in the environment's directory, which containerd in Docker sees at the same path.
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && sleep %d && break; done\nexec %s \"$@\"\n",
+		secs, env.RuncPath())
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func slowRunc(t *testing.T, secs int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slow := strings.Replace(string(orig), `BinaryName = "`+env.BinDir+`/runc"`, `BinaryName = "`+wrapper+`"`, 1)
+	slow := strings.Replace(string(orig), `BinaryName = "`+env.RuncPath()+`"`, `BinaryName = "`+wrapper+`"`, 1)
 	if slow == string(orig) {
 		t.Fatal("no runc BinaryName in containerd's config")
 	}

@@ -110,7 +110,7 @@ func (e *Env) writeConfigs() error {
 		"ShimSocketDir": e.ShimSocketDir,
 		"Snapshotter":   e.Snapshotter,
 		"PauseImage":    PauseImage,
-		"Runc":          e.runcPath(),
+		"Runc":          e.RuncPath(),
 		"CNIBinDir":     e.cniBinDir(),
 		"CNIConfDir":    e.CNIConfDir,
 		"NRISocket":     e.NRISocket,
@@ -135,8 +135,8 @@ func (e *Env) writeConfigs() error {
 	return nil
 }
 
-// runcPath is runc's path where containerd runs: the cache's or the image's.
-func (e *Env) runcPath() string {
+// RuncPath is runc's path where containerd runs: the cache's, or the image's for containerd in Docker.
+func (e *Env) RuncPath() string {
 	if e.Container != "" {
 		return imageRunc
 	}
