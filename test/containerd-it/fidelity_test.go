@@ -297,11 +297,19 @@ func TestCompareSlowExitHandling(t *testing.T) {
 // when the test ends.
 func slowRunc(t *testing.T, secs int) {
 	t.Helper()
+	wrapRuncDelete(t, "slow-runc", fmt.Sprintf("sleep %d", secs))
+}
+
+// wrapRuncDelete restarts the harness's containerd with a runc wrapper (name, in the environment's
+// directory, which containerd in Docker sees at the same path) that runs the shell command beforeDelete
+// before each `runc delete`: containerd's exit handling, which it finishes before it updates the exited
+// container's CRI status. containerd's own runc comes back when the test ends.
+func wrapRuncDelete(t *testing.T, name, beforeDelete string) {
+	t.Helper()
 	c := context.Background()
-	wrapper := filepath.Join(env.Dir, "slow-runc")
-	// The wrapper is in the environment's directory, which containerd in Docker sees at the same path.
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && sleep %d && break; done\nexec %s \"$@\"\n",
-		secs, env.RuncPath())
+	wrapper := filepath.Join(env.Dir, name)
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { %s; } && break; done\nexec %s \"$@\"\n",
+		beforeDelete, env.RuncPath())
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -309,8 +317,8 @@ func slowRunc(t *testing.T, secs int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slow := strings.Replace(string(orig), `BinaryName = "`+env.RuncPath()+`"`, `BinaryName = "`+wrapper+`"`, 1)
-	if slow == string(orig) {
+	wrapped := strings.Replace(string(orig), `BinaryName = "`+env.RuncPath()+`"`, `BinaryName = "`+wrapper+`"`, 1)
+	if wrapped == string(orig) {
 		t.Fatal("no runc BinaryName in containerd's config")
 	}
 	restart := func(config []byte) {
@@ -324,7 +332,7 @@ func slowRunc(t *testing.T, secs int) {
 			t.Fatal(err)
 		}
 	}
-	restart([]byte(slow))
+	restart([]byte(wrapped))
 	t.Cleanup(func() { restart(orig) })
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ import (
 // container's CRI status, so containerd shows an exited container RUNNING until the gate opens). The
 // gate starts open; the original config comes back when the test ends.
 func gateRuncDelete(t *testing.T) (closeGate, openGate func()) {
-	ctx := context.Background()
 	gate := filepath.Join(env.Dir, "delete-gate")
 	openGate = func() {
 		if err := os.WriteFile(gate, nil, 0o644); err != nil {
@@ -36,33 +34,7 @@ func gateRuncDelete(t *testing.T) (closeGate, openGate func()) {
 		}
 	}
 	openGate()
-	wrapper := filepath.Join(env.Dir, "gated-runc")
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { while [ ! -e %s ]; do sleep 0.05; done; } && break; done\nexec %s/runc \"$@\"\n",
-		gate, env.BinDir)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	orig, err := os.ReadFile(env.ConfigPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gated := strings.Replace(string(orig), `BinaryName = "`+env.BinDir+`/runc"`, `BinaryName = "`+wrapper+`"`, 1)
-	if gated == string(orig) {
-		t.Fatal("no runc BinaryName in containerd's config")
-	}
-	restart := func(config []byte) {
-		if err := env.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(env.ConfigPath, config, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := env.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	restart([]byte(gated))
-	t.Cleanup(func() { restart(orig) })
+	wrapRuncDelete(t, "gated-runc", fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", gate))
 	t.Cleanup(openGate)
 	return closeGate, openGate
 }
