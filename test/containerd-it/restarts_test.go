@@ -29,23 +29,15 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
 
-var (
-	upgradeOnce   sync.Once
-	upgradeBinary string
-	upgradeErr    error
-)
-
-// upgradedPlegNRI builds pleg-nri again with another version string: a different binary, as an upgrade
-// installs.
+// upgradedPlegNRI is pleg-nri built again with another version: a different binary, as an upgrade
+// installs (plegnri.Upgraded).
 func upgradedPlegNRI(t *testing.T) string {
 	t.Helper()
-	upgradeOnce.Do(func() {
-		upgradeBinary, upgradeErr = plegnri.BuildVersion(filepath.Dir(plegNRIBinary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
-	})
-	if upgradeErr != nil {
-		t.Fatal(upgradeErr)
+	bin, err := plegnri.Upgraded(plegNRIBinary)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return upgradeBinary
+	return bin
 }
 
 // coreSocket is the core's event socket (beside the front's CRI socket).

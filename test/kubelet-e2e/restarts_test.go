@@ -3,10 +3,8 @@ package kubelete2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,23 +12,15 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
-var (
-	upgradeOnce   sync.Once
-	upgradeBinary string
-	upgradeErr    error
-)
-
-// upgradedPlegNRI builds pleg-nri again with another version: a different binary, as an upgrade
-// installs.
+// upgradedPlegNRI is pleg-nri built again with another version: a different binary, as an upgrade
+// installs (plegnri.Upgraded).
 func upgradedPlegNRI(t *testing.T) string {
 	t.Helper()
-	upgradeOnce.Do(func() {
-		upgradeBinary, upgradeErr = plegnri.BuildVersion(filepath.Dir(plegNRIBinary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
-	})
-	if upgradeErr != nil {
-		t.Fatal(upgradeErr)
+	bin, err := plegnri.Upgraded(plegNRIBinary)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return upgradeBinary
+	return bin
 }
 
 // gapPod is a pod whose one container "waiter" exits 7 once the test drops a file named exit in the

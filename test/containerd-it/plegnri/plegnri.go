@@ -32,6 +32,26 @@ func Build(dir string) (string, error) {
 	return BuildVersion(dir, "pleg-nri", "")
 }
 
+// upgrades memoizes Upgraded: binary -> its upgraded copy (*upgrade).
+var upgrades sync.Map
+
+type upgrade struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// Upgraded builds, once per binary, pleg-nri again beside binary with another version string
+// (v99.0.0-upgrade-test): a different binary, as an upgrade installs.
+func Upgraded(binary string) (string, error) {
+	v, _ := upgrades.LoadOrStore(binary, &upgrade{})
+	u := v.(*upgrade)
+	u.once.Do(func() {
+		u.bin, u.err = BuildVersion(filepath.Dir(binary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
+	})
+	return u.bin, u.err
+}
+
 // BuildVersion builds cmd/pleg-nri into dir/name with its version set to version (the default when
 // empty), and returns the binary's path: a different binary, for upgrade tests.
 func BuildVersion(dir, name, version string) (string, error) {
