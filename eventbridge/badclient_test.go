@@ -231,7 +231,7 @@ func newEnvWithServerOptions(t testing.TB, containers int, opts ...grpc.ServerOp
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = upstream.Close() })
-	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), NewProxy(upstream, e.source, WithMetrics(e.metrics)), opts...)
+	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff}), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestEncodedEventStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := encodedSource{encoded: b, decoded: event("decoded", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)}
-	srv, err := NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), NewProxy(upstream, src))
+	srv, err := NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: src, ReadFreshness: ReadFreshnessOff}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,80 +116,78 @@ type TaskEvents struct {
 	observed, execExits, ignored, decodeErrors, subscriptions atomic.Uint64
 }
 
-// TaskEventsOption configures a TaskEvents.
-type TaskEventsOption func(*TaskEvents) error
-
-// WithNamespace sets the containerd namespace to observe (default k8s.io).
-func WithNamespace(ns string) TaskEventsOption {
-	return func(t *TaskEvents) error {
-		if ns == "" {
-			return errors.New("containerd namespace must not be empty")
-		}
-		t.namespace = ns
-		return nil
-	}
+// TaskEventsConfig is everything a TaskEvents is built from: its settings (a zero field takes its
+// default) and what the daemon or a test wires in. As every component of pleg-nri, TaskEvents takes one
+// Config struct and no functional options.
+type TaskEventsConfig struct {
+	// Address is containerd's socket (a path, with or without "unix://"). Required unless Subscribe is
+	// set.
+	Address string
+	// Namespace is the containerd namespace to observe; default DefaultNamespace.
+	Namespace string
+	// Observer receives the observations. Required.
+	Observer Observer
+	// Hooks are told about the subscription's state; nil is NopTaskEventsHooks.
+	Hooks TaskEventsHooks
+	// MinBackoff and MaxBackoff bound the delay between two subscriptions (default 100ms..5s): the first
+	// retry comes after MinBackoff, each further one doubles the delay up to MaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// Subscribe, when set, replaces the containerd client: no socket is dialed or waited for. For tests
+	// and for callers that already hold an events subscriber.
+	Subscribe SubscribeFunc
 }
 
-// WithHooks sets the hooks told about the subscription's state.
-func WithHooks(h TaskEventsHooks) TaskEventsOption {
-	return func(t *TaskEvents) error {
-		if h == nil {
-			h = NopTaskEventsHooks{}
-		}
-		t.hooks = h
-		return nil
+// withDefaults returns c with its zero fields set to their defaults.
+func (c TaskEventsConfig) withDefaults() TaskEventsConfig {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
 	}
+	if c.Hooks == nil {
+		c.Hooks = NopTaskEventsHooks{}
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = defaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = defaultMaxBackoff
+	}
+	return c
 }
 
-// WithBackoff sets the bounds of the resubscription backoff (default 100ms..5s).
-func WithBackoff(minDelay, maxDelay time.Duration) TaskEventsOption {
-	return func(t *TaskEvents) error {
-		if minDelay <= 0 || maxDelay < minDelay {
-			return fmt.Errorf("invalid backoff bounds %s..%s", minDelay, maxDelay)
-		}
-		t.minBackoff, t.maxBackoff = minDelay, maxDelay
-		return nil
+// Validate checks c once the defaults are applied.
+func (c TaskEventsConfig) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Observer == nil:
+		return errors.New("no observer")
+	case c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("invalid backoff bounds %s..%s: want 0 < min <= max", c.MinBackoff, c.MaxBackoff)
 	}
+	return nil
 }
 
-// WithSubscribeFunc replaces the containerd client with f; no socket is dialed or waited for. For tests
-// and for callers that already hold an events subscriber.
-func WithSubscribeFunc(f SubscribeFunc) TaskEventsOption {
-	return func(t *TaskEvents) error {
-		if f == nil {
-			return errors.New("nil subscribe function")
-		}
-		t.subscribe = f
-		return nil
+// NewTaskEvents returns a TaskEvents that subscribes to the containerd at cfg.Address and hands
+// observations to cfg.Observer. The connection is made lazily by Run; Close releases it.
+func NewTaskEvents(cfg TaskEventsConfig) (*TaskEvents, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("task events: %w", err)
 	}
-}
-
-// NewTaskEvents returns a TaskEvents that subscribes to the containerd at address (a socket path, with or
-// without "unix://") and hands observations to obs. The connection is made lazily by Run; Close releases
-// it.
-func NewTaskEvents(address string, obs Observer, opts ...TaskEventsOption) (*TaskEvents, error) {
-	if obs == nil {
-		return nil, errors.New("task events: nil observer")
-	}
+	cfg = cfg.withDefaults()
 	t := &TaskEvents{
-		namespace:  DefaultNamespace,
-		observer:   obs,
-		hooks:      NopTaskEventsHooks{},
-		minBackoff: defaultMinBackoff,
-		maxBackoff: defaultMaxBackoff,
+		namespace:  cfg.Namespace,
+		observer:   cfg.Observer,
+		hooks:      cfg.Hooks,
+		subscribe:  cfg.Subscribe,
+		minBackoff: cfg.MinBackoff,
+		maxBackoff: cfg.MaxBackoff,
 		sleep:      sleepCtx,
 		now:        time.Now,
-	}
-	for _, o := range opts {
-		if err := o(t); err != nil {
-			return nil, fmt.Errorf("task events: %w", err)
-		}
 	}
 	if t.subscribe != nil {
 		return t, nil
 	}
 
-	path, err := unixSocketPath(address)
+	path, err := unixSocketPath(cfg.Address)
 	if err != nil {
 		return nil, fmt.Errorf("task events: %w", err)
 	}

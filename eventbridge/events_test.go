@@ -158,8 +158,8 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 		delaysMu sync.Mutex
 		delays   []time.Duration
 	)
-	te, err := NewTaskEvents("", ObserverFunc(func(o pleg.Observation) { observed <- o }),
-		WithSubscribeFunc(fs.subscribe), WithHooks(hooks))
+	te, err := NewTaskEvents(TaskEventsConfig{Observer: ObserverFunc(func(o pleg.Observation) { observed <- o }),
+		Subscribe: fs.subscribe, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 
 func TestTaskEventsWaitsForSocket(t *testing.T) {
 	fs := &fakeSubscriber{attempts: make(chan attempt, 1)}
-	te, err := NewTaskEvents("", ObserverFunc(func(pleg.Observation) {}), WithSubscribeFunc(fs.subscribe))
+	te, err := NewTaskEvents(TaskEventsConfig{Observer: ObserverFunc(func(pleg.Observation) {}), Subscribe: fs.subscribe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestTaskEventsWaitsForSocket(t *testing.T) {
 
 func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
 	dir := shortTempDir(t)
-	te, err := NewTaskEvents("unix://"+filepath.Join(dir, "missing.sock"), ObserverFunc(func(pleg.Observation) {}))
+	te, err := NewTaskEvents(TaskEventsConfig{Address: "unix://" + filepath.Join(dir, "missing.sock"), Observer: ObserverFunc(func(pleg.Observation) {})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,19 +311,17 @@ func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
 func TestNewTaskEventsErrors(t *testing.T) {
 	obs := ObserverFunc(func(pleg.Observation) {})
 	for _, tc := range []struct {
-		name    string
-		address string
-		obs     Observer
-		opts    []TaskEventsOption
+		name string
+		cfg  TaskEventsConfig
 	}{
-		{"nil observer", "/run/c.sock", nil, nil},
-		{"empty address", "", obs, nil},
-		{"tcp address", "tcp://127.0.0.1:1", obs, nil},
-		{"empty namespace", "/run/c.sock", obs, []TaskEventsOption{WithNamespace("")}},
-		{"bad backoff", "/run/c.sock", obs, []TaskEventsOption{WithBackoff(time.Second, time.Millisecond)}},
+		{"nil observer", TaskEventsConfig{Address: "/run/c.sock"}},
+		{"empty address", TaskEventsConfig{Observer: obs}},
+		{"tcp address", TaskEventsConfig{Address: "tcp://127.0.0.1:1", Observer: obs}},
+		{"bad backoff", TaskEventsConfig{Address: "/run/c.sock", Observer: obs, MinBackoff: time.Second, MaxBackoff: time.Millisecond}},
+		{"negative backoff", TaskEventsConfig{Address: "/run/c.sock", Observer: obs, MinBackoff: -time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if te, err := NewTaskEvents(tc.address, tc.obs, tc.opts...); err == nil {
+			if te, err := NewTaskEvents(tc.cfg); err == nil {
 				_ = te.Close()
 				t.Fatal("no error")
 			}
@@ -371,8 +369,8 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 	fe := &fakeEvents{filters: make(chan []string, 10), envs: make(chan *types.Envelope)}
 	hooks := newHookRecorder()
 	observed := make(chan pleg.Observation, 10)
-	te, err := NewTaskEvents(path, ObserverFunc(func(o pleg.Observation) { observed <- o }),
-		WithHooks(hooks), WithNamespace("k8s.io"), WithBackoff(10*time.Millisecond, 200*time.Millisecond))
+	te, err := NewTaskEvents(TaskEventsConfig{Address: path, Observer: ObserverFunc(func(o pleg.Observation) { observed <- o }),
+		Hooks: hooks, Namespace: "k8s.io", MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

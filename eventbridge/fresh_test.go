@@ -142,8 +142,8 @@ func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = upstream.Close() })
-	s, err := NewServer("unix://"+filepath.Join(dir, "cri.sock"), NewProxy(upstream, e.source,
-		WithMetrics(freshMetrics{staleReads: e.metrics}), WithReadFreshness(mode, wait)))
+	s, err := NewServer("unix://"+filepath.Join(dir, "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source,
+		Metrics: freshMetrics{staleReads: e.metrics}, ReadFreshness: mode, FreshnessWait: wait}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func (s *sendCheck) SendMsg(m any) error {
 // the subscriber, so that a read the event causes always finds it.
 func TestStoppedTrackedBeforeSend(t *testing.T) {
 	src := newFakeSource()
-	p := NewProxy(nil, src, WithReadFreshness(ReadFreshnessOverlay, 0))
+	p := mustProxy(t, ProxyConfig{Events: src, ReadFreshness: ReadFreshnessOverlay})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := proto.Marshal(&runtimeapi.GetEventsRequest{})

@@ -13,7 +13,7 @@ import (
 )
 
 // ReadFreshness says how the CRI endpoint keeps its status reads consistent with the events it already
-// sent (see WithReadFreshness).
+// sent (see ProxyConfig.ReadFreshness).
 //
 // containerd updates an exited container's CRI status only once its exit handler deleted the task,
 // milliseconds to seconds after the exit that pleg-nri reports; a client that got the STOPPED and then

@@ -103,7 +103,7 @@ type Proxy struct {
 	// now is the clock of the latency and duration metrics.
 	now func() time.Time
 	// fresh, when set, tracks the objects the served events reported stopped, for freshMode (see
-	// WithReadFreshness); freshWait bounds a held read.
+	// ProxyConfig.ReadFreshness); freshWait bounds a held read.
 	fresh     *stoppedTracker
 	freshMode ReadFreshness
 	freshWait time.Duration
@@ -116,20 +116,30 @@ type Proxy struct {
 	shutdownOnce sync.Once
 }
 
-// ProxyOption configures a Proxy.
-type ProxyOption func(*Proxy)
-
-// WithMetrics sets the metrics hooks (default: NopMetrics).
-func WithMetrics(m Metrics) ProxyOption {
-	return func(p *Proxy) {
-		if m != nil {
-			p.metrics = m
-		}
-	}
+// ProxyConfig is everything a Proxy is built from. As every component of pleg-nri, the proxy takes one
+// Config struct and no functional options.
+type ProxyConfig struct {
+	// Backend is the runtime's connection (see DialCRI). Required.
+	Backend *grpc.ClientConn
+	// Events answers GetContainerEvents; nil forwards it to the runtime like any other method.
+	Events EventSource
+	// Metrics is told about the proxy's work; nil is NopMetrics. It may also implement
+	// FreshnessMetrics and RefreshMetrics.
+	Metrics Metrics
+	// ReadFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
+	// ListPodSandbox) consistent with the events this proxy sent; "" is DefaultReadFreshness. While the
+	// proxy has sent a STOPPED for an object whose status the runtime's answer still shows running,
+	// ReadFreshnessOverlay answers with the stopped status that was sent, and ReadFreshnessHold asks the
+	// runtime again (2 ms, 4 ms, ... 50 ms apart) until its answer shows the stop or FreshnessWait has
+	// passed, and then gives the client the runtime's answer byte for byte. ReadFreshnessOff forwards
+	// status reads like any other call. Only the events served by the proxy itself count.
+	ReadFreshness ReadFreshness
+	// FreshnessWait bounds a held read; default DefaultFreshnessWait.
+	FreshnessWait time.Duration
 }
 
 // FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
-// running an object the event stream had already reported stopped (see WithReadFreshness).
+// running an object the event stream had already reported stopped (see ProxyConfig.ReadFreshness).
 type FreshnessMetrics interface {
 	// StaleRead is called, in the hold mode, when the runtime's answer to a status read was older than
 	// the event stream: how long the proxy held the read, and whether the runtime caught up within the
@@ -149,52 +159,43 @@ const (
 	freshRetryMax = 50 * time.Millisecond
 )
 
-// WithReadFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
-// ListPodSandbox) consistent with the events this proxy sent: while it has sent a STOPPED for an object
-// whose status the runtime's answer still shows running, mode ReadFreshnessOverlay answers with the
-// stopped status that was sent, and mode ReadFreshnessHold asks the runtime again (2 ms, 4 ms, ... 50 ms
-// apart) until its answer shows the stop or maxWait (0: DefaultFreshnessWait) has passed, and then gives
-// the client the runtime's answer byte for byte. ReadFreshnessOff (and a proxy without this option)
-// forwards status reads like any other call. Only the events served by the proxy itself count.
-func WithReadFreshness(mode ReadFreshness, maxWait time.Duration) ProxyOption {
-	return func(p *Proxy) {
-		p.freshMode = mode
-		p.fresh = nil
-		now := func() time.Time { return p.now() }
-		switch mode {
-		case ReadFreshnessOverlay:
-			p.fresh = newStoppedTracker(now, overlayTTL)
-		case ReadFreshnessHold:
-			p.fresh = newStoppedTracker(now, stoppedTTL)
-		}
-		p.freshWait = maxWait
-		if p.freshWait <= 0 {
-			p.freshWait = DefaultFreshnessWait
-		}
+// NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
+// ReadFreshness that ParseReadFreshness refuses is an error.
+func NewProxy(cfg ProxyConfig) (*Proxy, error) {
+	mode, err := ParseReadFreshness(string(cfg.ReadFreshness))
+	if err != nil {
+		return nil, err
 	}
-}
-
-// NewProxy returns a Proxy that forwards to backend (see DialCRI) and answers GetContainerEvents from
-// events (nil: forwarded too).
-func NewProxy(backend *grpc.ClientConn, events EventSource, opts ...ProxyOption) *Proxy {
+	if cfg.Metrics == nil {
+		cfg.Metrics = NopMetrics{}
+	}
 	p := &Proxy{
-		backend:  backend,
-		events:   events,
-		metrics:  NopMetrics{},
-		now:      time.Now,
-		shutdown: make(chan struct{}),
+		backend:   cfg.Backend,
+		events:    cfg.Events,
+		metrics:   cfg.Metrics,
+		now:       time.Now,
+		freshMode: mode,
+		freshWait: cfg.FreshnessWait,
+		shutdown:  make(chan struct{}),
 	}
-	for _, o := range opts {
-		o(p)
+	if p.freshWait <= 0 {
+		p.freshWait = DefaultFreshnessWait
+	}
+	now := func() time.Time { return p.now() }
+	switch mode {
+	case ReadFreshnessOverlay:
+		p.fresh = newStoppedTracker(now, overlayTTL)
+	case ReadFreshnessHold:
+		p.fresh = newStoppedTracker(now, stoppedTTL)
 	}
 	if p.freshMode == ReadFreshnessHold && p.events != nil {
 		var sent func(bool)
 		if m, ok := p.metrics.(RefreshMetrics); ok {
 			sent = m.RefreshSent
 		}
-		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(backend), func() time.Time { return p.now() }, p.shutdown, sent)
+		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), now, p.shutdown, sent)
 	}
-	return p
+	return p, nil
 }
 
 // ServerOptions returns the options that make a grpc.Server the proxy: the pass-through codec, the
@@ -268,7 +269,7 @@ func isUnary(method string) bool {
 
 // forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
 // path (no goroutine). On the wire it is the same as forward. With a fix (a status read while the event
-// stream is ahead of the runtime, see WithReadFreshness), the overlay mode rewrites an answer that shows
+// stream is ahead of the runtime, see ProxyConfig.ReadFreshness), the overlay mode rewrites an answer that shows
 // running what the stream reported stopped, and the hold mode asks the runtime again while the answer is
 // older than the stream, within p.freshWait, and sends the last answer as the runtime sent it.
 func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {

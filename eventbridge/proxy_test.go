@@ -127,7 +127,7 @@ func newEnv(t testing.TB, containers int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = upstream.Close() })
-	proxy := NewProxy(upstream, e.source, WithMetrics(e.metrics))
+	proxy := mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff})
 	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), proxy)
 	if err != nil {
 		t.Fatal(err)
@@ -634,4 +634,14 @@ func TestIsUnary(t *testing.T) {
 			t.Errorf("isUnary(%q) = %v, want %v", method, got, want)
 		}
 	}
+}
+
+// mustProxy is NewProxy for a test: an error fails it.
+func mustProxy(t testing.TB, cfg ProxyConfig) *Proxy {
+	t.Helper()
+	p, err := NewProxy(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -38,19 +38,17 @@ type Relay struct {
 	resubscribed func()
 }
 
-// RelayOption configures a Relay.
-type RelayOption func(*Relay)
-
-// WithRelayObserver makes the relay hand each event's encoding (a ContainerEventResponse; shared, never
-// to be modified) to fn before it is sent on. fn must be fast.
-func WithRelayObserver(fn func(event []byte)) RelayOption {
-	return func(r *Relay) { r.observe = fn }
-}
-
-// WithRelayResubscribed calls fn each time a subscription subscribes again after its upstream stream
-// ended (for a metric or a test).
-func WithRelayResubscribed(fn func()) RelayOption {
-	return func(r *Relay) { r.resubscribed = fn }
+// RelayConfig is everything a Relay is built from. As every component of pleg-nri, the relay takes one
+// Config struct and no functional options.
+type RelayConfig struct {
+	// Endpoint is the upstream CRI endpoint whose event stream is relayed (see DialCRI). Required.
+	Endpoint string
+	// Observe, when set, is handed each event's encoding (a ContainerEventResponse; shared, never to be
+	// modified) before it is sent on. It must be fast.
+	Observe func(event []byte)
+	// Resubscribed, when set, is called each time a subscription subscribes again after its upstream
+	// stream ended (for a metric or a test).
+	Resubscribed func()
 }
 
 // Relay's resubscription delays, and its connection's reconnection backoff: the core restarts in
@@ -65,9 +63,9 @@ const (
 	relayConnWindow   = 16 << 20
 )
 
-// DialRelay returns a Relay whose upstream is the CRI endpoint (see DialCRI). Close it when done.
-func DialRelay(endpoint string, opts ...RelayOption) (*Relay, error) {
-	target, err := grpcTarget(endpoint)
+// DialRelay returns a Relay whose upstream is cfg.Endpoint. Close it when done.
+func DialRelay(cfg RelayConfig) (*Relay, error) {
+	target, err := grpcTarget(cfg.Endpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -85,13 +83,9 @@ func DialRelay(endpoint string, opts ...RelayOption) (*Relay, error) {
 			MinConnectTimeout: 5 * time.Second,
 		}))
 	if err != nil {
-		return nil, fmt.Errorf("failed to create event relay client for %s: %w", endpoint, err)
+		return nil, fmt.Errorf("failed to create event relay client for %s: %w", cfg.Endpoint, err)
 	}
-	r := &Relay{conn: conn, retryMin: relayRetryMin, retryMax: relayRetryMax}
-	for _, o := range opts {
-		o(r)
-	}
-	return r, nil
+	return &Relay{conn: conn, observe: cfg.Observe, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax}, nil
 }
 
 // Close closes the upstream connection; open subscriptions end.

@@ -27,7 +27,7 @@ type upstreamCore struct {
 func startUpstream(t *testing.T, path string) *upstreamCore {
 	t.Helper()
 	u := &upstreamCore{t: t, path: path, src: newFakeSource()}
-	srv, err := NewServer("unix://"+path, NewProxy(runtimeConn(t), u.src))
+	srv, err := NewServer("unix://"+path, mustProxy(t, ProxyConfig{Backend: runtimeConn(t), Events: u.src, ReadFreshness: ReadFreshnessOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func (u *upstreamCore) stop() {
 // serveRelay serves a Proxy whose events come from relay, and returns a client of it.
 func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	srv, err := NewServer("unix://"+path, NewProxy(runtimeConn(t), relay))
+	srv, err := NewServer("unix://"+path, mustProxy(t, ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: ReadFreshnessOff}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	corePath, frontPath := filepath.Join(dir, "core.sock"), filepath.Join(dir, "front.sock")
 	up := startUpstream(t, corePath)
 	resubscribed := make(chan struct{}, 10)
-	relay, err := DialRelay("unix://"+corePath, WithRelayResubscribed(func() { resubscribed <- struct{}{} }))
+	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + corePath, Resubscribed: func() { resubscribed <- struct{}{} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 func TestRelayClosesUpstreamWithClient(t *testing.T) {
 	dir := shortTempDir(t)
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
-	relay, err := DialRelay("unix://" + filepath.Join(dir, "core.sock"))
+	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + filepath.Join(dir, "core.sock")})
 	if err != nil {
 		t.Fatal(err)
 	}

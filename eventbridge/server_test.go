@@ -245,7 +245,7 @@ func TestListenTCP(t *testing.T) {
 
 func TestServerRefusesSecondInstance(t *testing.T) {
 	e := newEnv(t, 1)
-	s2, err := NewServer(e.server.Addr().String(), NewProxy(e.direct, nil))
+	s2, err := NewServer(e.server.Addr().String(), mustProxy(t, ProxyConfig{Backend: e.direct, ReadFreshness: ReadFreshnessOff}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func realisticContainer(state api.ContainerState) *api.Container {
 
 // BenchmarkHook measures one callback's handling (conversion, observer call, metrics) with a no-op observer.
 func BenchmarkHook(b *testing.B) {
-	p, err := New(Options{}, nopObserver{})
+	p, err := New(Config{Observer: nopObserver{}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func BenchmarkHook(b *testing.B) {
 
 // BenchmarkHookSynchronize measures Synchronize with 100 pods of 3 containers each.
 func BenchmarkHookSynchronize(b *testing.B) {
-	p, err := New(Options{}, nopObserver{})
+	p, err := New(Config{Observer: nopObserver{}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func (m *recMetrics) hookDurations() []time.Duration {
 // observer call) over b.N rounds of six direct calls, and reports p50 and p99 of the handling time.
 func BenchmarkHookPercentiles(b *testing.B) {
 	m := newRecMetrics()
-	p, err := New(Options{}, nopObserver{}, WithMetrics(m))
+	p, err := New(Config{Observer: nopObserver{}, Metrics: m})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func BenchmarkHookIntoCore(b *testing.B) {
 		cancel()
 		<-done
 	}()
-	p, err := New(Options{}, core)
+	p, err := New(Config{Observer: core})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -181,10 +181,10 @@ func TestEveryCallbackReturnsNothing(t *testing.T) {
 				o    Observer
 			}{{"counting observer", &counter{}}, {"panicking observer", panicker{}}} {
 				configured := 0
-				p, err := New(Options{}, obs.o, WithConfigure(func([]byte) error {
+				p, err := New(Config{Observer: obs.o, Configure: func([]byte) error {
 					configured++
 					return fmt.Errorf("invalid configuration %d", configured)
-				}), WithOnSynchronized(func() {}))
+				}, OnSynchronized: func() {}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -215,7 +215,7 @@ func FuzzCallbacks(f *testing.F) {
 		if panics {
 			o = panicker{}
 		}
-		p, err := New(Options{}, o, WithConfigure(func([]byte) error { return fmt.Errorf("bad: %q", text) }))
+		p, err := New(Config{Observer: o, Configure: func([]byte) error { return fmt.Errorf("bad: %q", text) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestNothingReturnedOverNRI(t *testing.T) {
 	rt.Start()
 	bare := newFakeRuntime(t)
 	bare.Start()
-	h := startPlugin(t, rt.Outer, func(p *Plugin) { p.observer = panicker{} })
+	h := startPlugin(t, rt.Outer, func(p *Plugin) { p.cfg.Observer = panicker{} })
 	h.waitState(true)
 	h.waitSynced()
 

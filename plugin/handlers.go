@@ -30,8 +30,8 @@ var (
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (stub.EventMask, error) {
 	entry := log.G(ctx).WithField("runtime", runtime+"/"+version)
 	entry.Info("NRI plugin configured by the runtime")
-	if config != "" && p.configure != nil {
-		if err := p.configure([]byte(config)); err != nil {
+	if config != "" && p.cfg.Configure != nil {
+		if err := p.cfg.Configure([]byte(config)); err != nil {
 			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
 		}
 	}
@@ -40,25 +40,25 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 
 // Synchronize observes every sandbox and container the runtime reports, then calls the OnSynchronized hook.
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
-	start := p.now()
+	start := p.cfg.Clock()
 	n := 0
 	defer p.endHook(CallbackSynchronize, start, &n)
 
 	for _, pod := range pods {
 		if o, ok := ConvertPodSandbox(CallbackSynchronize, pod, start); ok {
-			p.observer.Observe(o)
+			p.cfg.Observer.Observe(o)
 			n++
 		}
 	}
 	for _, ctr := range ctrs {
 		if o, ok := ConvertContainer(CallbackSynchronize, nil, ctr, start); ok {
-			p.observer.Observe(o)
+			p.cfg.Observer.Observe(o)
 			n++
 		}
 	}
 	log.G(ctx).WithField("pods", len(pods)).WithField("containers", len(ctrs)).Info("NRI synchronized")
-	if p.onSynchronized != nil {
-		p.onSynchronized()
+	if p.cfg.OnSynchronized != nil {
+		p.cfg.OnSynchronized()
 	}
 	return nil, nil
 }
@@ -119,22 +119,22 @@ func (p *Plugin) PostUpdateContainer(_ context.Context, pod *api.PodSandbox, ctr
 
 // podHook handles a sandbox callback.
 func (p *Plugin) podHook(cb Callback, pod *api.PodSandbox) {
-	start := p.now()
+	start := p.cfg.Clock()
 	n := 0
 	defer p.endHook(cb, start, &n)
 	if o, ok := ConvertPodSandbox(cb, pod, start); ok {
-		p.observer.Observe(o)
+		p.cfg.Observer.Observe(o)
 		n = 1
 	}
 }
 
 // containerHook handles a container callback.
 func (p *Plugin) containerHook(cb Callback, pod *api.PodSandbox, ctr *api.Container) {
-	start := p.now()
+	start := p.cfg.Clock()
 	n := 0
 	defer p.endHook(cb, start, &n)
 	if o, ok := ConvertContainer(cb, pod, ctr, start); ok {
-		p.observer.Observe(o)
+		p.cfg.Observer.Observe(o)
 		n = 1
 	}
 }
@@ -145,6 +145,6 @@ func (p *Plugin) endHook(cb Callback, start time.Time, n *int) {
 	if r := recover(); r != nil {
 		log.L.WithField("callback", cb.String()).WithField("panic", r).Error("NRI callback panicked, ignored")
 	}
-	p.metrics.HookDuration(cb, p.now().Sub(start))
-	p.metrics.Observations(cb, *n)
+	p.cfg.Metrics.HookDuration(cb, p.cfg.Clock().Sub(start))
+	p.cfg.Metrics.Observations(cb, *n)
 }

@@ -39,50 +39,9 @@ type Observer interface {
 	Observe(pleg.Observation)
 }
 
-// Option configures a Plugin's hooks into the daemon.
-type Option func(*Plugin)
-
-// WithOnSynchronized sets a function called after every Synchronize has been observed, i.e. after every
-// (re)connect; the daemon starts a relist from it. It is called from the Synchronize callback and must not
-// block.
-func WithOnSynchronized(fn func()) Option {
-	return func(p *Plugin) { p.onSynchronized = fn }
-}
-
-// WithOnConnectionState sets a function called with true when the plugin has registered with the runtime and
-// with false when that connection is gone. It must not block.
-func WithOnConnectionState(fn func(up bool)) Option {
-	return func(p *Plugin) { p.onConnectionState = fn }
-}
-
-// WithConfigure sets the function that applies the configuration a runtime hands to a pre-registered plugin
-// (its /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
-// configuration ignored: the plugin stays registered with the configuration it had.
-func WithConfigure(fn func(config []byte) error) Option {
-	return func(p *Plugin) { p.configure = fn }
-}
-
-// WithMetrics sets the metrics the plugin records; the default records nothing.
-func WithMetrics(m Metrics) Option {
-	return func(p *Plugin) { p.metrics = m }
-}
-
-// WithClock sets the clock that stamps observations (SourceTime) and times the callbacks; the default is
-// time.Now.
-func WithClock(now func() time.Time) Option {
-	return func(p *Plugin) { p.now = now }
-}
-
 // Plugin is the NRI plugin. Its exported methods other than Run are the NRI handlers the stub calls.
 type Plugin struct {
-	opts     Options
-	observer Observer
-
-	onSynchronized    func()
-	onConnectionState func(bool)
-	configure         func([]byte) error
-	metrics           Metrics
-	now               func() time.Time
+	cfg Config // with its defaults
 
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
@@ -96,29 +55,17 @@ type Plugin struct {
 	connects int
 }
 
-// New returns a plugin that hands its observations to observer. It checks opts and fills in the defaults.
-func New(opts Options, observer Observer, options ...Option) (*Plugin, error) {
-	if observer == nil {
-		return nil, errors.New("plugin: nil observer")
-	}
-	if err := opts.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid NRI plugin options: %w", err)
+// New returns a plugin built from cfg. It checks cfg and fills in the defaults.
+func New(cfg Config) (*Plugin, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid NRI plugin configuration: %w", err)
 	}
 	p := &Plugin{
-		opts:     opts.withDefaults(),
-		observer: observer,
-		metrics:  NopMetrics{},
-		now:      time.Now,
+		cfg: cfg.withDefaults(),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
 		dialTimeout:  5 * time.Second,
-	}
-	for _, o := range options {
-		o(p)
-	}
-	if p.metrics == nil {
-		p.metrics = NopMetrics{}
 	}
 	return p, nil
 }
@@ -130,7 +77,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("plugin: Run called twice")
 	}
-	bo := newBackoff(p.opts.MinBackoff, p.opts.MaxBackoff)
+	bo := newBackoff(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	preconnected := p.takePreconnected(ctx)
 	waiting := false // a "waiting for the socket" line was logged for the current outage
 	for ctx.Err() == nil {
@@ -145,7 +92,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 				}
 				if !waiting {
 					waiting = true
-					log.G(ctx).WithError(err).WithField("socket", p.opts.SocketPath).
+					log.G(ctx).WithError(err).WithField("socket", p.cfg.SocketPath).
 						Info("NRI socket not available, waiting for the runtime")
 				} else {
 					log.G(ctx).WithError(err).Debug("NRI socket still not available")
@@ -196,12 +143,12 @@ func (p *Plugin) takePreconnected(ctx context.Context) net.Conn {
 // dial connects to the runtime's NRI socket.
 func (p *Plugin) dial(ctx context.Context) (net.Conn, error) {
 	d := net.Dialer{Timeout: p.dialTimeout}
-	conn, err := d.DialContext(ctx, "unix", p.opts.SocketPath)
+	conn, err := d.DialContext(ctx, "unix", p.cfg.SocketPath)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("NRI socket %s not there or not listening: %w", p.opts.SocketPath, err)
+			return nil, fmt.Errorf("NRI socket %s not there or not listening: %w", p.cfg.SocketPath, err)
 		}
-		return nil, fmt.Errorf("failed to connect to NRI socket %s: %w", p.opts.SocketPath, err)
+		return nil, fmt.Errorf("failed to connect to NRI socket %s: %w", p.cfg.SocketPath, err)
 	}
 	return conn, nil
 }
@@ -241,10 +188,10 @@ func (p *Plugin) session(ctx context.Context, conn net.Conn) (registered bool, e
 
 	p.connects++
 	if p.connects > 1 {
-		p.metrics.Reconnected()
+		p.cfg.Metrics.Reconnected()
 	}
 	p.setConnected(true)
-	log.G(ctx).WithField("plugin", p.opts.PluginIdx+"-"+p.opts.PluginName).Info("NRI plugin registered")
+	log.G(ctx).WithField("plugin", p.cfg.PluginIdx+"-"+p.cfg.PluginName).Info("NRI plugin registered")
 
 	select {
 	case <-closed:
@@ -294,19 +241,19 @@ func (p *Plugin) stubOptions(conn net.Conn, onClose func()) []stub.Option {
 	// A runtime that launched the plugin named it in the environment, which the stub reads; the stub refuses
 	// a second index.
 	if os.Getenv(api.PluginIdxEnvVar) == "" {
-		opts = append(opts, stub.WithPluginIdx(p.opts.PluginIdx))
+		opts = append(opts, stub.WithPluginIdx(p.cfg.PluginIdx))
 	}
 	if os.Getenv(api.PluginNameEnvVar) == "" {
-		opts = append(opts, stub.WithPluginName(p.opts.PluginName))
+		opts = append(opts, stub.WithPluginName(p.cfg.PluginName))
 	}
 	return opts
 }
 
 // setConnected reports a connection state change.
 func (p *Plugin) setConnected(up bool) {
-	p.metrics.ConnectionState(up)
-	if p.onConnectionState != nil {
-		p.onConnectionState(up)
+	p.cfg.Metrics.ConnectionState(up)
+	if p.cfg.OnConnectionState != nil {
+		p.cfg.OnConnectionState(up)
 	}
 }
 

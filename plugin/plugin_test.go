@@ -235,10 +235,10 @@ func startPlugin(t testing.TB, socket string, mod func(*Plugin)) *harness {
 	t.Helper()
 	h := &harness{t: t, rec: &recorder{}, metrics: newRecMetrics(), synced: make(chan struct{}, 10),
 		state: make(chan bool, 10), done: make(chan error, 1)}
-	p, err := New(Options{SocketPath: socket, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, h.rec,
-		WithOnSynchronized(func() { h.synced <- struct{}{} }),
-		WithOnConnectionState(func(up bool) { h.state <- up }),
-		WithMetrics(h.metrics))
+	p, err := New(Config{SocketPath: socket, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Observer: h.rec,
+		OnSynchronized:    func() { h.synced <- struct{}{} },
+		OnConnectionState: func(up bool) { h.state <- up },
+		Metrics:           h.metrics})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -558,13 +558,13 @@ func TestPreconnectedFallsBackToSocket(t *testing.T) {
 
 func TestConfigure(t *testing.T) {
 	var got []string
-	p, err := New(Options{}, &recorder{}, WithConfigure(func(b []byte) error {
+	p, err := New(Config{Observer: &recorder{}, Configure: func(b []byte) error {
 		got = append(got, string(b))
 		if string(b) == "bad" {
 			return errors.New("unknown key \"bad\"")
 		}
 		return nil
-	}))
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,26 +580,32 @@ func TestConfigure(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	for _, o := range []Options{
+	for _, o := range []Config{
 		{PluginName: "bad name"},
 		{PluginIdx: "1"},
 		{MinBackoff: time.Second, MaxBackoff: time.Millisecond},
 	} {
-		if _, err := New(o, &recorder{}); err == nil {
+		o.Observer = &recorder{}
+		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) succeeded", o)
 		}
 	}
-	if _, err := New(Options{}, nil); err == nil {
+	if _, err := New(Config{}); err == nil {
 		t.Error("New with a nil observer succeeded")
 	}
-	p, err := New(Options{}, &recorder{})
+	p, err := New(Config{Observer: &recorder{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Options{PluginName: "pleg-nri", PluginIdx: "10", SocketPath: "/var/run/nri/nri.sock",
+	got := p.cfg
+	if got.Metrics != (NopMetrics{}) || got.Clock == nil {
+		t.Errorf("default metrics %v, clock set %v; want NopMetrics, true", got.Metrics, got.Clock != nil)
+	}
+	got.Observer, got.Metrics, got.Clock = nil, nil, nil
+	want := Config{PluginName: "pleg-nri", PluginIdx: "10", SocketPath: "/var/run/nri/nri.sock",
 		MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second}
-	if p.opts != want {
-		t.Errorf("defaults %+v, want %+v", p.opts, want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 }
 
@@ -640,7 +646,7 @@ type panicker struct{}
 func (panicker) Observe(pleg.Observation) { panic("observer bug") }
 
 func TestHookSurvivesObserverPanic(t *testing.T) {
-	p, err := New(Options{}, panicker{})
+	p, err := New(Config{Observer: panicker{}})
 	if err != nil {
 		t.Fatal(err)
 	}

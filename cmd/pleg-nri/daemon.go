@@ -56,17 +56,17 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	var core *pleg.PLEG
 	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
 	settle := newSettler(func() { core.TriggerRelist() }, settleDelays, time.After)
-	nri, err := plugin.New(plugin.Options{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket},
-		observerFunc(func(o pleg.Observation) {
+	nri, err := plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
+		Observer: observerFunc(func(o pleg.Observation) {
 			<-coreReady
 			core.Observe(o)
 		}),
-		plugin.WithMetrics(m),
-		plugin.WithOnSynchronized(func() {
+		Metrics: m,
+		OnSynchronized: func() {
 			<-coreReady
 			settle.Kick()
-		}),
-		plugin.WithConfigure(func(data []byte) error {
+		},
+		Configure: func(data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
 			if err != nil {
 				return err
@@ -84,7 +84,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 				}
 			}
 			return nil
-		}))
+		},
+	})
 	if err != nil {
 		return err
 	}
@@ -176,8 +177,13 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
 	coreListen := "unix://" + filepath.Join(cfg.runDir(), coreSocketName)
-	srv, err := eventbridge.NewServer(coreListen, eventbridge.NewProxy(backend, eventSource{core},
-		eventbridge.WithMetrics(coreProxyMetrics{metrics: m})))
+	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
+	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: eventSource{core},
+		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: eventbridge.ReadFreshnessOff})
+	if err != nil {
+		return err
+	}
+	srv, err := eventbridge.NewServer(coreListen, proxy)
 	if err != nil {
 		return fmt.Errorf("config key \"run-dir\": %w", err)
 	}
@@ -195,9 +201,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	defer stopServer()
 
-	events, err := eventbridge.NewTaskEvents(cfg.ContainerdAddress, observerFunc(core.Observe),
-		eventbridge.WithNamespace(cfg.ContainerdNamespace),
-		eventbridge.WithHooks(taskHooks{m: m, relist: settle.Kick}))
+	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
+		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, relist: settle.Kick}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}

@@ -180,16 +180,23 @@ func runFront(ctx context.Context, args []string) error {
 	defer backend.Close()
 	reg := prometheus.NewRegistry()
 	em := newEndpointMetrics(reg)
-	relay, err := eventbridge.DialRelay("unix://"+filepath.Join(cfg.RunDir, coreSocketName),
-		eventbridge.WithRelayObserver(func([]byte) { awaitRuntime(ctx, backend, backendCatchUp) }),
-		eventbridge.WithRelayResubscribed(em.resubscribed.Inc))
+	relay, err := eventbridge.DialRelay(eventbridge.RelayConfig{
+		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, coreSocketName),
+		Observe:      func([]byte) { awaitRuntime(ctx, backend, backendCatchUp) },
+		Resubscribed: em.resubscribed.Inc,
+	})
 	if err != nil {
 		closeListeners()
 		return err
 	}
 	defer relay.Close()
-	srv, err := eventbridge.NewServer(cfg.Listen, eventbridge.NewProxy(backend, relay,
-		eventbridge.WithMetrics(em), eventbridge.WithReadFreshness(eventbridge.ReadFreshness(cfg.ReadFreshness), 0)))
+	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
+		ReadFreshness: eventbridge.ReadFreshness(cfg.ReadFreshness)})
+	if err != nil {
+		closeListeners()
+		return fmt.Errorf("--read-freshness: %w", err)
+	}
+	srv, err := eventbridge.NewServer(cfg.Listen, proxy)
 	if err != nil {
 		closeListeners()
 		return fmt.Errorf("--listen: %w", err)

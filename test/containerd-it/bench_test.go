@@ -641,7 +641,7 @@ type taskExits struct {
 func watchTaskExits(tb testing.TB, address string) *taskExits {
 	tb.Helper()
 	t := &taskExits{seen: map[string][2]time.Time{}}
-	sub, err := eventbridge.NewTaskEvents(address, eventbridge.ObserverFunc(func(o pleg.Observation) {
+	sub, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: address, Observer: eventbridge.ObserverFunc(func(o pleg.Observation) {
 		if o.Phase != pleg.PhaseExited {
 			return
 		}
@@ -651,7 +651,7 @@ func watchTaskExits(tb testing.TB, address string) *taskExits {
 			t.seen[o.ID] = [2]time.Time{o.SourceTime, now}
 		}
 		t.mu.Unlock()
-	}))
+	})})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -164,7 +164,7 @@ type oomOrder struct {
 func watchOOMOrder(t *testing.T) *oomOrder {
 	t.Helper()
 	r := &oomOrder{seen: map[string][]string{}}
-	sub, err := eventbridge.NewTaskEvents(env.Address, eventbridge.ObserverFunc(func(o pleg.Observation) {
+	sub, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: env.Address, Observer: eventbridge.ObserverFunc(func(o pleg.Observation) {
 		what := ""
 		switch {
 		case o.OOMKilled:
@@ -177,7 +177,7 @@ func watchOOMOrder(t *testing.T) *oomOrder {
 		r.mu.Lock()
 		r.seen[o.ID] = append(r.seen[o.ID], what)
 		r.mu.Unlock()
-	}))
+	})})
 	if err != nil {
 		t.Fatal(err)
 	}

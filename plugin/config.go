@@ -1,13 +1,14 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
 )
 
-// Defaults of Options.
+// Defaults of Config.
 const (
 	DefaultPluginName = "pleg-nri"
 	DefaultPluginIdx  = "10"
@@ -16,9 +17,10 @@ const (
 	DefaultMaxBackoff = 5 * time.Second
 )
 
-// Options are the plugin's settings, as the daemon's flags and config file give them. A zero field takes its
-// default.
-type Options struct {
+// Config is everything a Plugin is built from: its settings, as the daemon's flags and config file give
+// them (a zero field takes its default), and what the daemon wires in (the observer, callbacks, metrics,
+// clock). As every component of pleg-nri, the plugin takes one Config struct and no functional options.
+type Config struct {
 	// PluginName and PluginIdx are the name and the two-digit index the plugin registers with; the index
 	// orders the plugins NRI calls. A pre-registered plugin (launched by the runtime) keeps the name and index
 	// the runtime gave it in NRI_PLUGIN_NAME and NRI_PLUGIN_IDX.
@@ -29,10 +31,27 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the delay between two connection attempts: it starts at MinBackoff,
 	// doubles on every failed attempt up to MaxBackoff, and goes back to MinBackoff after a registration.
 	MinBackoff, MaxBackoff time.Duration
+
+	// Observer receives the observations. Required.
+	Observer Observer
+	// OnSynchronized is called after every Synchronize has been observed, i.e. after every (re)connect;
+	// the daemon starts a relist from it. It is called from the Synchronize callback and must not block.
+	OnSynchronized func()
+	// OnConnectionState is called with true when the plugin has registered with the runtime and with
+	// false when that connection is gone. It must not block.
+	OnConnectionState func(up bool)
+	// Configure applies the configuration a runtime hands to a pre-registered plugin (its
+	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
+	// configuration ignored: the plugin stays registered with the configuration it had.
+	Configure func(config []byte) error
+	// Metrics records the plugin's work; nil records nothing.
+	Metrics Metrics
+	// Clock stamps observations (SourceTime) and times the callbacks; nil is time.Now.
+	Clock func() time.Time
 }
 
 // withDefaults returns o with its zero fields set to their defaults.
-func (o Options) withDefaults() Options {
+func (o Config) withDefaults() Config {
 	if o.PluginName == "" {
 		o.PluginName = DefaultPluginName
 	}
@@ -48,12 +67,21 @@ func (o Options) withDefaults() Options {
 	if o.MaxBackoff == 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
+	if o.Metrics == nil {
+		o.Metrics = NopMetrics{}
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
 	return o
 }
 
 // Validate checks o once the defaults are applied.
-func (o Options) Validate() error {
+func (o Config) Validate() error {
 	o = o.withDefaults()
+	if o.Observer == nil {
+		return errors.New("no observer")
+	}
 	if err := api.CheckPluginName(o.PluginName); err != nil {
 		return fmt.Errorf("plugin-name: %w", err)
 	}
