@@ -1,0 +1,92 @@
+// Package testutil holds what the tests of every package share: one way to wait for a condition
+// (Eventually, Poll) and one manual clock (Clock). It is for tests and test harnesses only.
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// PollInterval is how often Eventually and Poll look at their condition.
+const PollInterval = 10 * time.Millisecond
+
+// Eventually fails t unless cond returns true within timeout; what names the condition in the failure.
+// cond is called at once, then every PollInterval.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if err := Poll(context.Background(), timeout, what, func() (bool, error) { return cond(), nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Poll calls cond at once and then every PollInterval until it returns true, or until timeout or ctx ends;
+// the error then names what and holds cond's last error.
+func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(PollInterval)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("timed out after %s waiting for %s: %w", timeout, what, err)
+			}
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		case <-t.C:
+		}
+	}
+}
+
+// Receive reads from ch until want arrives, and fails t after timeout.
+func Receive[T comparable](t testing.TB, ch <-chan T, want T, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timed out after %s waiting for %v", timeout, want)
+		}
+	}
+}
+
+// Clock is a manual clock, safe for concurrent use: Now stays where Advance or Set put it.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock at a fixed, arbitrary instant (2023-11-14T22:13:20Z), the same in every test.
+func NewClock() *Clock { return &Clock{now: time.Unix(1_700_000_000, 0)} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// Set puts the clock at t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	c.now = t
+	c.mu.Unlock()
+}

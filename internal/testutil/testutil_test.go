@@ -1,0 +1,34 @@
+package testutil
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestPoll(t *testing.T) {
+	var n atomic.Int32
+	if err := Poll(context.Background(), time.Second, "the third call", func() (bool, error) { return n.Add(1) == 3, nil }); err != nil {
+		t.Fatal(err)
+	}
+	err := Poll(context.Background(), 30*time.Millisecond, "never", func() (bool, error) { return false, errors.New("not yet") })
+	if err == nil || !strings.Contains(err.Error(), "waiting for never: not yet") {
+		t.Fatalf("Poll of a condition that never holds: %v", err)
+	}
+}
+
+func TestClock(t *testing.T) {
+	c := NewClock()
+	start := c.Now()
+	c.Advance(time.Second)
+	if got := c.Now().Sub(start); got != time.Second {
+		t.Fatalf("advanced by %s, want 1s", got)
+	}
+	c.Set(start)
+	if !c.Now().Equal(start) {
+		t.Fatalf("Set: %s, want %s", c.Now(), start)
+	}
+}
