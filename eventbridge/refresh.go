@@ -31,13 +31,6 @@ const (
 	refreshCallTimeout = 10 * time.Second
 )
 
-// RefreshMetrics is implemented by a Metrics that wants to count the refresh events.
-type RefreshMetrics interface {
-	// RefreshSent is called when a refresh event is handed to the open streams (caughtUp false: the
-	// runtime never showed the stop within the watch, and nothing was sent).
-	RefreshSent(caughtUp bool)
-}
-
 // injected is one refresh event.
 type injected struct {
 	seq uint64
