@@ -5,108 +5,65 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"time"
 
-	"github.com/containerd/log"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 )
 
 // forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
-// path (no goroutine). On the wire it is the same as forward. With a fix (a status read while the event
-// stream is ahead of the runtime, see ProxyConfig.ReadFreshness), the overlay mode rewrites an answer that shows
-// running what the stream reported stopped, and the hold mode asks the runtime again while the answer is
-// older than the stream, within p.freshWait, and sends the last answer as the runtime sent it.
+// path, on the handler's goroutine. On the wire it is the same as forward. A status read made while the
+// event stream is ahead of the runtime (fix, see readFixOf) goes through invokeFresh.
 func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {
-	var req frame
-	defer req.free()
-	if err := ss.RecvMsg(&req); err != nil {
+	c := unaryCall{method: method}
+	defer c.free()
+	if err := ss.RecvMsg(&c.req); err != nil {
 		return err
 	}
-	if fix != nil {
-		// The request may be sent more than once, or read: keep its bytes (a sent buffer goes to gRPC).
-		b := req.bytes()
-		req.free()
-		req.data = b
+	ctx := outgoingContext(ss.Context())
+	if fix == nil {
+		c.invoke(ctx, p.backend)
+	} else if err := p.invokeFresh(ctx, &c, fix); err != nil {
+		return err
 	}
-	ctx := ss.Context()
-	md, _ := metadata.FromIncomingContext(ctx)
-	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
-	start := p.now()
-	delay := freshRetryMin
-	held := false
-	var resp frame
-	defer resp.free()
-	for {
-		var hdr, trl metadata.MD
-		err := p.backend.Invoke(ctx, method, &req, &resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&hdr), grpc.Trailer(&trl))
-		var answer []byte
-		if err == nil && fix != nil {
-			if answer = resp.bytes(); !p.fresh.mentioned(answer) {
-				answer = nil // nothing in it is ahead of the runtime
-			}
-		}
-		if answer != nil && p.freshMode == ReadFreshnessOverlay {
-			if b := fix.overlay(p.fresh, req.data, answer); b != nil {
-				resp.free()
-				resp.data = b
-				if m, ok := p.metrics.(FreshnessMetrics); ok {
-					m.OverlaidRead(method)
-				}
-			}
-		} else if stale := staleIDs(fix, p.fresh, answer); len(stale) > 0 {
-			if p.now().Add(delay).Sub(start) < p.freshWait {
-				held = true
-				resp.free()
-				select {
-				case <-time.After(delay):
-				case <-ctx.Done():
-					return status.FromContextError(ctx.Err()).Err()
-				}
-				delay = min(2*delay, freshRetryMax)
-				continue
-			}
-			p.staleRead(method, start, false)
-			log.G(ctx).WithField("method", method).WithField("waited", p.now().Sub(start)).
-				Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
-			if p.refresh != nil {
-				for _, id := range stale {
-					if sb := p.fresh.sandboxOf(id); sb != "" {
-						p.refresh.watch(context.WithoutCancel(ctx), id, sb)
-					}
-				}
-			}
-		} else if held {
-			p.staleRead(method, start, err == nil)
-		}
-		if len(hdr) > 0 {
-			if herr := ss.SetHeader(forwardableMD(hdr)); herr != nil {
-				return herr
-			}
-		}
-		ss.SetTrailer(forwardableMD(trl))
-		if err != nil {
+	return c.reply(ss)
+}
+
+// unaryCall is one forwarded call of a unary method: the client's request, and the runtime's last answer
+// (message, header, trailer, error) as the client is to get it.
+type unaryCall struct {
+	method   string
+	req      frame
+	resp     frame
+	hdr, trl metadata.MD
+	err      error
+}
+
+// invoke sends the request to the runtime; its answer replaces the previous one.
+func (c *unaryCall) invoke(ctx context.Context, backend *grpc.ClientConn) {
+	c.resp.free()
+	c.hdr, c.trl = nil, nil
+	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
+}
+
+// reply gives the client the answer: the runtime's header and trailer (see forwardableMD), then its
+// message or its error.
+func (c *unaryCall) reply(ss grpc.ServerStream) error {
+	if len(c.hdr) > 0 {
+		if err := ss.SetHeader(forwardableMD(c.hdr)); err != nil {
 			return err
 		}
-		return ss.SendMsg(&resp)
 	}
+	ss.SetTrailer(forwardableMD(c.trl))
+	if c.err != nil {
+		return c.err
+	}
+	return ss.SendMsg(&c.resp)
 }
 
-// staleIDs returns, in the hold mode, the objects an answer (nil: none to look at) shows running that the
-// stream reported stopped.
-func staleIDs(fix *readFix, t *stoppedTracker, answer []byte) []string {
-	if answer == nil {
-		return nil
-	}
-	return fix.stale(t, answer)
-}
-
-// staleRead reports a status read the runtime first answered with an older state than the event stream.
-func (p *Proxy) staleRead(method string, start time.Time, caughtUp bool) {
-	if m, ok := p.metrics.(FreshnessMetrics); ok {
-		m.StaleRead(method, p.now().Sub(start), caughtUp)
-	}
+// free releases the buffers the call still holds.
+func (c *unaryCall) free() {
+	c.req.free()
+	c.resp.free()
 }
 
 // streamDesc describes every forwarded call: a bidirectional stream is the general form of all four
@@ -116,10 +73,8 @@ var streamDesc = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
 // forward proxies one call to the backend. The backend's status error is returned unchanged, so the
 // client gets its code, message and details.
 func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
-	ctx, cancel := context.WithCancel(ss.Context())
+	ctx, cancel := context.WithCancel(outgoingContext(ss.Context()))
 	defer cancel()
-	md, _ := metadata.FromIncomingContext(ctx)
-	ctx = metadata.NewOutgoingContext(ctx, forwardableMD(md))
 
 	cs, err := p.backend.NewStream(ctx, streamDesc, method, grpc.ForceCodecV2(rawCodec{}))
 	if err != nil {
@@ -167,6 +122,13 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 			return err
 		}
 	}
+}
+
+// outgoingContext returns ctx (a forwarded call's) with the client's metadata, less what gRPC sets on each
+// hop, to send to the runtime.
+func outgoingContext(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return metadata.NewOutgoingContext(ctx, forwardableMD(md))
 }
 
 // forwardableMD returns a copy of md without the keys gRPC itself sets on the next hop (pseudo-headers,

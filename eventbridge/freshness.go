@@ -50,6 +50,9 @@ func ParseReadFreshness(s string) (ReadFreshness, error) {
 // behind the choice).
 const DefaultReadFreshness = ReadFreshnessOverlay
 
+// DefaultFreshnessWait bounds how long a held status read waits for the runtime to catch up.
+const DefaultFreshnessWait = 5 * time.Second
+
 // stoppedTTL bounds how long an object stays "stopped ahead" when the runtime never shows the stop
 // (runtime stuck, or the object went away without a DELETED through this endpoint), in the hold mode:
 // past it, reads are no longer held. The overlay mode, which costs a read nothing, keeps an object for

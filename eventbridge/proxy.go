@@ -65,15 +65,6 @@ type ProxyConfig struct {
 	FreshnessWait time.Duration
 }
 
-// DefaultFreshnessWait bounds how long a held status read waits for the runtime to catch up.
-const DefaultFreshnessWait = 5 * time.Second
-
-// The retry delays of a status read the runtime answered with an older state than the event stream's.
-const (
-	freshRetryMin = 2 * time.Millisecond
-	freshRetryMax = 50 * time.Millisecond
-)
-
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
 // ReadFreshness that ParseReadFreshness refuses is an error.
 func NewProxy(cfg ProxyConfig) (*Proxy, error) {
@@ -145,11 +136,7 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	start := p.now()
 	var err error
 	if isUnary(method) {
-		var fix *readFix
-		if p.fresh != nil && p.fresh.any() {
-			fix = readFixes[method]
-		}
-		err = p.forwardUnary(ss, method, fix)
+		err = p.forwardUnary(ss, method, p.readFixOf(method))
 	} else {
 		err = p.forward(ss, method)
 	}
