@@ -11,7 +11,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,7 +65,6 @@ type healthyClient struct {
 	e      *env
 	rt     runtimeapi.RuntimeServiceClient
 	stream grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
-	n      int
 }
 
 func newHealthyClient(t *testing.T, e *env) *healthyClient {
@@ -76,7 +74,7 @@ func newHealthyClient(t *testing.T, e *env) *healthyClient {
 	if h.stream, err = h.rt.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	<-e.source.opened
+	nextOpened(t, e.source)
 	h.check(t, "at start")
 	return h
 }
@@ -84,24 +82,10 @@ func newHealthyClient(t *testing.T, e *env) *healthyClient {
 // check fails the test unless an event published now reaches the stream and a forwarded call works.
 func (h *healthyClient) check(t *testing.T, after string) {
 	t.Helper()
-	h.n++
 	id := "healthy-" + strings.ReplaceAll(after, " ", "-")
 	h.e.source.publish(event(id, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
-	got := make(chan *runtimeapi.ContainerEventResponse, 1)
-	go func() {
-		ev, err := h.stream.Recv()
-		if err != nil {
-			t.Errorf("healthy event stream %s: %v", after, err)
-		}
-		got <- ev
-	}()
-	select {
-	case ev := <-got:
-		if ev.GetContainerId() != id {
-			t.Errorf("healthy event stream %s: got %q, want %q", after, ev.GetContainerId(), id)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("healthy event stream %s: no event within 10s", after)
+	if ev := recvEvent(t, h.stream); ev.GetContainerId() != id {
+		t.Errorf("healthy event stream %s: got %q, want %q", after, ev.GetContainerId(), id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -117,7 +101,7 @@ func (h *healthyClient) check(t *testing.T, after string) {
 
 func TestServerSurvivesBadClients(t *testing.T) {
 	// A short handshake timeout, so that the test sees stalled handshakes closed.
-	e := newEnvWithServerOptions(t, 1, grpc.ConnectionTimeout(300*time.Millisecond))
+	e := newEnv(t, 1, grpc.ConnectionTimeout(300*time.Millisecond))
 	socket := e.server.Addr().String()
 	h := newHealthyClient(t, e)
 	rnd := rand.New(rand.NewPCG(1, 2))
@@ -220,46 +204,6 @@ func TestServerSurvivesBadClients(t *testing.T) {
 	})
 }
 
-// newEnvWithServerOptions is newEnv with extra options for the proxy's server.
-func newEnvWithServerOptions(t testing.TB, containers int, opts ...grpc.ServerOption) *env {
-	t.Helper()
-	dir := shortTempDir(t)
-	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
-	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
-	upstream, err := DialCRI("unix://" + e.backend.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = upstream.Close() })
-	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff}), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.server.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.server.Stop(ctx)
-		if err := <-e.server.Err(); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	for _, c := range []struct {
-		conn **grpc.ClientConn
-		path string
-	}{{&e.direct, e.backend.path}, {&e.proxied, e.server.Addr().String()}} {
-		conn, err := DialCRI("unix://" + c.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		*c.conn = conn
-	}
-	return e
-}
-
 // grpcRequest is the HTTP/2 of a unary call of method with an empty message, after the preface: SETTINGS,
 // HEADERS, DATA with END_STREAM.
 func grpcRequest(method string) []byte {
@@ -288,7 +232,7 @@ func FuzzEndpointBytes(f *testing.F) {
 	f.Add(append(append([]byte{}, emptySettings...), h2Frame(1<<24-1, 0x0, 0, 1, nil)...), true)
 	f.Add(append(append([]byte{}, emptySettings...), h2Frame(8, 0x6, 0, 0, make([]byte, 8))...), true) // PING
 
-	e := newEnvWithServerOptions(f, 1)
+	e := newEnv(f, 1)
 	// Event streams a fuzzed request opens are answered by the fake source: take them.
 	stop := make(chan struct{})
 	drained := make(chan struct{})

@@ -20,20 +20,7 @@ import (
 // busy machine where latencies do not.
 func BenchmarkForward(b *testing.B) {
 	e := newEnv(b, 100)
-	ctx := context.Background()
-	calls := []struct {
-		name string
-		call func(runtimeapi.RuntimeServiceClient) error
-	}{
-		{"Version", func(c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.Version(ctx, &runtimeapi.VersionRequest{})
-			return err
-		}},
-		{"ListContainers", func(c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-			return err
-		}},
-	}
+	calls := benchCalls(context.Background())
 	for _, path := range []struct {
 		name   string
 		client runtimeapi.RuntimeServiceClient
@@ -75,21 +62,8 @@ func BenchmarkForward(b *testing.B) {
 // the same machine load, and reports the medians and their difference (the proxy's added latency).
 func BenchmarkForwardInterleaved(b *testing.B) {
 	e := newEnv(b, 100)
-	ctx := context.Background()
 	direct, proxied := runtimeapi.NewRuntimeServiceClient(e.direct), runtimeapi.NewRuntimeServiceClient(e.proxied)
-	for _, c := range []struct {
-		name string
-		call func(runtimeapi.RuntimeServiceClient) error
-	}{
-		{"Version", func(c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.Version(ctx, &runtimeapi.VersionRequest{})
-			return err
-		}},
-		{"ListContainers", func(c runtimeapi.RuntimeServiceClient) error {
-			_, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-			return err
-		}},
-	} {
+	for _, c := range benchCalls(context.Background()) {
 		b.Run(c.name, func(b *testing.B) {
 			var dl, pl []time.Duration
 			timed := func(client runtimeapi.RuntimeServiceClient, into *[]time.Duration) {
@@ -113,6 +87,27 @@ func BenchmarkForwardInterleaved(b *testing.B) {
 			b.ReportMetric(float64(p50.Nanoseconds()), "proxied-p50-ns")
 			b.ReportMetric(float64((p50 - d50).Nanoseconds()), "added-p50-ns")
 		})
+	}
+}
+
+// benchCall is one unary call of the forwarding benchmarks.
+type benchCall struct {
+	name string
+	call func(runtimeapi.RuntimeServiceClient) error
+}
+
+// benchCalls are a call with a small answer (Version) and one with a ~40 KB answer (ListContainers of
+// the env's 100 containers).
+func benchCalls(ctx context.Context) []benchCall {
+	return []benchCall{
+		{"Version", func(c runtimeapi.RuntimeServiceClient) error {
+			_, err := c.Version(ctx, &runtimeapi.VersionRequest{})
+			return err
+		}},
+		{"ListContainers", func(c runtimeapi.RuntimeServiceClient) error {
+			_, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+			return err
+		}},
 	}
 }
 

@@ -55,36 +55,14 @@ func TestEncodedEventStream(t *testing.T) {
 	ctx := testCtx(t)
 	dir := shortTempDir(t)
 	be := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(0))
-	upstream, err := DialCRI("unix://" + be.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = upstream.Close() })
-
 	want := event("encoded", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	b, err := proto.Marshal(want)
 	if err != nil {
 		t.Fatal(err)
 	}
 	src := encodedSource{encoded: b, decoded: event("decoded", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)}
-	srv, err := NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: src, ReadFreshness: ReadFreshnessOff}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stop, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Stop(stop)
-		<-srv.Err()
-	})
-	conn, err := DialCRI("unix://" + srv.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	srv, _ := startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: dial(t, be.path), Events: src, ReadFreshness: ReadFreshnessOff})
+	conn := dial(t, srv.Addr().String())
 
 	for range 2 { // two streams get the same shared bytes
 		sctx, cancel := context.WithCancel(ctx)

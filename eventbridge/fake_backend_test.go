@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -161,8 +159,9 @@ type backend struct {
 	t       testing.TB
 	path    string
 	runtime *fakeRuntime
-	mu      sync.Mutex
-	srv     *grpc.Server
+	// mu guards srv, nil while the backend is stopped.
+	mu  sync.Mutex
+	srv *grpc.Server
 }
 
 func newFakeRuntime(n int) *fakeRuntime {
@@ -196,18 +195,14 @@ func startBackend(t testing.TB, path string, rt *fakeRuntime) *backend {
 
 func (b *backend) start() {
 	b.t.Helper()
-	l, err := net.Listen("unix", b.path)
-	if err != nil {
-		b.t.Fatalf("backend listen: %v", err)
-	}
-	srv := grpc.NewServer(grpc.ForceServerCodec(deterministicCodec{}))
-	runtimeapi.RegisterRuntimeServiceServer(srv, b.runtime)
-	runtimeapi.RegisterImageServiceServer(srv, fakeImages{})
-	srv.RegisterService(&customDesc, customServer{})
+	srv := serveGRPC(b.t, b.path, func(srv *grpc.Server) {
+		runtimeapi.RegisterRuntimeServiceServer(srv, b.runtime)
+		runtimeapi.RegisterImageServiceServer(srv, fakeImages{})
+		srv.RegisterService(&customDesc, customServer{})
+	}, grpc.ForceServerCodec(deterministicCodec{}))
 	b.mu.Lock()
 	b.srv = srv
 	b.mu.Unlock()
-	go func() { _ = srv.Serve(l) }()
 }
 
 func (b *backend) stop() {
@@ -219,6 +214,3 @@ func (b *backend) stop() {
 		srv.Stop()
 	}
 }
-
-func isNotFound(err error) bool    { return errdefs.IsNotFound(err) }
-func isUnavailable(err error) bool { return errdefs.IsUnavailable(err) }

@@ -3,7 +3,6 @@ package eventbridge
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // laggingRuntime says "running" for c1 (container) and s1 (sandbox) until its first behind answers
@@ -129,43 +130,16 @@ func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv
 	t.Helper()
 	dir := shortTempDir(t)
 	e := &freshEnv{rt: &laggingRuntime{}, source: newFakeSource(), metrics: &staleReads{}}
-	l, err := net.Listen("unix", filepath.Join(dir, "rt.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(srv, e.rt)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-	upstream, err := DialCRI("unix://" + filepath.Join(dir, "rt.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = upstream.Close() })
-	s, err := NewServer("unix://"+filepath.Join(dir, "cri.sock"), mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source,
-		Metrics: freshMetrics{staleReads: e.metrics}, ReadFreshness: mode, FreshnessWait: wait}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Stop(ctx)
-		<-s.Err()
-	})
-	conn, err := DialCRI("unix://" + s.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	e.client = runtimeapi.NewRuntimeServiceClient(conn)
+	rtPath := filepath.Join(dir, "rt.sock")
+	serveGRPC(t, rtPath, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) })
+	s, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: dial(t, rtPath), Events: e.source,
+		Metrics: freshMetrics{staleReads: e.metrics}, ReadFreshness: mode, FreshnessWait: wait})
+	e.client = runtimeapi.NewRuntimeServiceClient(dial(t, s.Addr().String()))
+	var err error
 	if e.events, err = e.client.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	<-e.source.opened
+	nextOpened(t, e.source)
 	return e
 }
 
@@ -178,6 +152,24 @@ func (e *freshEnv) send(t *testing.T, evs ...*runtimeapi.ContainerEventResponse)
 	for range evs {
 		recvEvent(t, e.events)
 	}
+}
+
+// newGivenUpRead returns a freshEnv in the hold mode (bound 30 ms) after a read the runtime never
+// caught up with: the STOPPED of c1 sent, the runtime still showing c1 running, the client given the
+// runtime's RUNNING once the bound passed.
+func newGivenUpRead(t *testing.T, ctx context.Context) *freshEnv {
+	t.Helper()
+	e := newFreshEnv(t, ReadFreshnessHold, 30*time.Millisecond)
+	e.send(t, stoppedEvents()...)
+	e.rt.behind.Store(1 << 30)
+	r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("held read answered %s, want the runtime's RUNNING after giving up", r.GetStatus().GetState())
+	}
+	return e
 }
 
 // freshReads are the four status reads, each reporting whether its answer shows c1 exited (or s1 not
@@ -262,16 +254,7 @@ func TestReadFreshnessHold(t *testing.T) {
 		}
 	})
 	t.Run("never catches up", func(t *testing.T) {
-		e := newFreshEnv(t, ReadFreshnessHold, 30*time.Millisecond)
-		e.send(t, stoppedEvents()...)
-		e.rt.behind.Store(1 << 30)
-		r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
-			t.Errorf("got %s, want the runtime's last answer", r.GetStatus().GetState())
-		}
+		e := newGivenUpRead(t, ctx)
 		if len(e.metrics.reads) != 1 || e.metrics.reads[0] {
 			t.Errorf("stale reads reported: %v, want one that did not catch up", e.metrics.reads)
 		}
@@ -385,8 +368,8 @@ func TestReadFreshnessForgets(t *testing.T) {
 
 // TestReadFreshnessTTL: an object the runtime never shows stopped is forgotten after stoppedTTL.
 func TestReadFreshnessTTL(t *testing.T) {
-	now := time.Unix(1000, 0)
-	tr := newStoppedTracker(func() time.Time { return now }, stoppedTTL)
+	clock := testutil.NewClock()
+	tr := newStoppedTracker(clock.Now, stoppedTTL)
 	for _, ev := range stoppedEvents() {
 		b, err := proto.Marshal(ev)
 		if err != nil {
@@ -397,7 +380,7 @@ func TestReadFreshnessTTL(t *testing.T) {
 	if tr.container("c1") == nil || !tr.sandbox("s1") || tr.n.Load() != 2 {
 		t.Fatalf("tracked: c1 %v s1 %v n %d, want both", tr.container("c1"), tr.sandbox("s1"), tr.n.Load())
 	}
-	now = now.Add(stoppedTTL)
+	clock.Advance(stoppedTTL)
 	if tr.container("c1") != nil || tr.sandbox("s1") || tr.any() {
 		t.Errorf("after the TTL: c1 %v s1 %v n %d, want none", tr.container("c1"), tr.sandbox("s1"), tr.n.Load())
 	}
@@ -434,32 +417,22 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	ss := &sendCheck{ctx: ctx, tracker: p.fresh, req: req, sent: make(chan bool, 10)}
 	done := make(chan error, 1)
 	go func() { done <- p.serveEvents(ss) }()
-	<-src.opened
+	nextOpened(t, src)
 	for _, ev := range stoppedEvents() {
 		src.publish(ev)
-		if !<-ss.sent {
+		if !recv(t, ss.sent, "the send of "+ev.ContainerId) {
 			t.Errorf("%s was written before the proxy tracked it", ev.ContainerId)
 		}
 	}
 	cancel()
-	<-done
+	recv(t, done, "serveEvents to return")
 }
 
 // TestReadFreshnessRefresh (issue 11, item 7): when a held read gives up and answers the runtime's
 // RUNNING, the proxy watches the runtime, and once it shows the stop it sends every subscriber a
 // STOPPED for the container with a newer created_at and the runtime's statuses of the pod.
 func TestReadFreshnessRefresh(t *testing.T) {
-	ctx := testCtx(t)
-	e := newFreshEnv(t, ReadFreshnessHold, 30*time.Millisecond)
-	e.send(t, stoppedEvents()...)
-	e.rt.behind.Store(1 << 30)
-	r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
-		t.Fatalf("held read answered %s, want the runtime's RUNNING after giving up", r.GetStatus().GetState())
-	}
+	e := newGivenUpRead(t, testCtx(t))
 	// The runtime catches up.
 	e.rt.behind.Store(0)
 	ev := recvEvent(t, e.events)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,149 +19,9 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
-
-// fakeSource is an EventSource whose streams get what the test publishes.
-type fakeSource struct {
-	mu      sync.Mutex
-	streams []*fakeStream
-	// opened receives each new stream.
-	opened chan *fakeStream
-}
-
-func newFakeSource() *fakeSource { return &fakeSource{opened: make(chan *fakeStream, 10)} }
-
-func (s *fakeSource) Subscribe() EventStream {
-	st := &fakeStream{ch: make(chan *runtimeapi.ContainerEventResponse, 100), end: make(chan error, 1), closed: make(chan struct{})}
-	s.mu.Lock()
-	s.streams = append(s.streams, st)
-	s.mu.Unlock()
-	s.opened <- st
-	return st
-}
-
-// publish sends ev to every open stream.
-func (s *fakeSource) publish(ev *runtimeapi.ContainerEventResponse) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, st := range s.streams {
-		select {
-		case <-st.closed:
-		default:
-			st.ch <- ev
-		}
-	}
-}
-
-type fakeStream struct {
-	ch        chan *runtimeapi.ContainerEventResponse
-	end       chan error
-	closed    chan struct{}
-	closeOnce sync.Once
-}
-
-func (s *fakeStream) Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error) {
-	select {
-	case ev := <-s.ch:
-		return ev, time.Now().Add(-time.Millisecond), nil
-	case err := <-s.end:
-		return nil, time.Time{}, err
-	case <-ctx.Done():
-		return nil, time.Time{}, ctx.Err()
-	}
-}
-
-func (s *fakeStream) Close() { s.closeOnce.Do(func() { close(s.closed) }) }
-
-// recordingMetrics counts what the proxy reports.
-type recordingMetrics struct {
-	mu        sync.Mutex
-	forwarded map[string][]codes.Code
-	open      int
-	sent      int
-	closed    []codes.Code
-	upstream  []bool
-}
-
-func (m *recordingMetrics) ForwardedCall(method string, code codes.Code, _ time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.forwarded == nil {
-		m.forwarded = map[string][]codes.Code{}
-	}
-	m.forwarded[method] = append(m.forwarded[method], code)
-}
-func (m *recordingMetrics) EventStreamOpened() { m.mu.Lock(); m.open++; m.mu.Unlock() }
-func (m *recordingMetrics) EventStreamClosed(c codes.Code) {
-	m.mu.Lock()
-	m.open--
-	m.closed = append(m.closed, c)
-	m.mu.Unlock()
-}
-func (m *recordingMetrics) EventSent(time.Duration) { m.mu.Lock(); m.sent++; m.mu.Unlock() }
-func (m *recordingMetrics) UpstreamConnectionState(up bool) {
-	m.mu.Lock()
-	m.upstream = append(m.upstream, up)
-	m.mu.Unlock()
-}
-
-// env is a fake backend, the proxy in front of it, and clients of both.
-type env struct {
-	backend *backend
-	source  *fakeSource
-	metrics *recordingMetrics
-	server  *Server
-	// direct and proxied are connections to the backend and to the proxy.
-	direct, proxied *grpc.ClientConn
-}
-
-func newEnv(t testing.TB, containers int) *env {
-	t.Helper()
-	dir := shortTempDir(t)
-	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
-	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
-
-	upstream, err := DialCRI("unix://" + e.backend.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = upstream.Close() })
-	proxy := mustProxy(t, ProxyConfig{Backend: upstream, Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff})
-	e.server, err = NewServer("unix://"+filepath.Join(dir, "run", "cri.sock"), proxy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.server.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.server.Stop(ctx)
-		if err := <-e.server.Err(); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-
-	for _, c := range []struct {
-		conn **grpc.ClientConn
-		path string
-	}{{&e.direct, e.backend.path}, {&e.proxied, e.server.Addr().String()}} {
-		conn, err := DialCRI("unix://" + c.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		*c.conn = conn
-	}
-	return e
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // rawCall calls method with the request's bytes and returns the answer's bytes as received.
 func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req proto.Message, opts ...grpc.CallOption) ([]byte, error) {
@@ -336,13 +195,8 @@ func TestProxyCancellationReachesBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	select {
-	case m := <-e.backend.runtime.canceled:
-		if m != "StreamContainers" {
-			t.Fatalf("canceled %s", m)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend did not see the cancellation")
+	if m := recv(t, e.backend.runtime.canceled, "the backend to see the cancellation"); m != "StreamContainers" {
+		t.Fatalf("canceled %s", m)
 	}
 
 	// A deadline reaches the backend too.
@@ -362,42 +216,7 @@ func TestProxyCancellationReachesBackend(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("stream past its deadline: %v, want DeadlineExceeded", err)
 	}
-	select {
-	case <-e.backend.runtime.canceled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend did not see the deadline")
-	}
-}
-
-func recvEvent(t *testing.T, s grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) *runtimeapi.ContainerEventResponse {
-	t.Helper()
-	type result struct {
-		ev  *runtimeapi.ContainerEventResponse
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		ev, err := s.Recv()
-		ch <- result{ev, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("Recv: %v", r.err)
-		}
-		return r.ev
-	case <-time.After(10 * time.Second):
-		t.Fatal("no event")
-	}
-	return nil
-}
-
-func event(id string, typ runtimeapi.ContainerEventType) *runtimeapi.ContainerEventResponse {
-	return &runtimeapi.ContainerEventResponse{
-		ContainerId: id, ContainerEventType: typ, CreatedAt: time.Now().UnixNano(),
-		PodSandboxStatus:   &runtimeapi.PodSandboxStatus{Id: "s1", Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Uid: "u", Namespace: "n"}},
-		ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: id, Labels: map[string]string{"a": "b"}}},
-	}
+	recv(t, e.backend.runtime.canceled, "the backend to see the deadline")
 }
 
 func TestProxyEvents(t *testing.T) {
@@ -410,12 +229,12 @@ func TestProxyEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs1 := <-e.source.opened
+	fs1 := nextOpened(t, e.source)
 	s2, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs2 := <-e.source.opened
+	fs2 := nextOpened(t, e.source)
 	want := []*runtimeapi.ContainerEventResponse{
 		event("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT),
 		event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
@@ -448,7 +267,7 @@ func TestProxyEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs4 := <-e.source.opened
+	fs4 := nextOpened(t, e.source)
 	fs4.end <- fmt.Errorf("queue full: %w", errdefs.ErrResourceExhausted)
 	if _, err := s4.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("errdefs eviction: %v, want ResourceExhausted", err)
@@ -460,7 +279,7 @@ func TestProxyEvents(t *testing.T) {
 	if _, err := rt.GetContainerEvents(ctx3, &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	fs3 := <-e.source.opened
+	fs3 := nextOpened(t, e.source)
 	cancel3()
 	waitClosed(t, fs3)
 	_ = fs2
@@ -470,15 +289,6 @@ func TestProxyEvents(t *testing.T) {
 	e.metrics.mu.Unlock()
 	if sent != 7 {
 		t.Errorf("events sent = %d, want 7", sent)
-	}
-}
-
-func waitClosed(t *testing.T, s *fakeStream) {
-	t.Helper()
-	select {
-	case <-s.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("subscription not closed")
 	}
 }
 
@@ -495,7 +305,7 @@ func TestProxyBackendRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-e.source.opened
+	nextOpened(t, e.source)
 
 	e.backend.stop()
 	for i := range 3 {
@@ -514,16 +324,11 @@ func TestProxyBackendRestart(t *testing.T) {
 	}
 
 	e.backend.start()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if err := testutil.Poll(ctx, waitTimeout, "calls to work again with the backend back", func() (bool, error) {
 		_, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend back, calls still fail: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil, err
+	}); err != nil {
+		t.Fatal(err)
 	}
 	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
 	if got := recvEvent(t, events); got.ContainerId != "c2" {
@@ -531,18 +336,13 @@ func TestProxyBackendRestart(t *testing.T) {
 	}
 
 	// The upstream state went up, down and up again.
-	deadline = time.Now().Add(10 * time.Second)
-	for {
+	if err := testutil.Poll(ctx, waitTimeout, "the upstream state to go up, down and up", func() (bool, error) {
 		e.metrics.mu.Lock()
 		states := append([]bool(nil), e.metrics.upstream...)
 		e.metrics.mu.Unlock()
-		if cmp.Equal(states, []bool{true, false, true}) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("upstream states %v, want [true false true]", states)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return cmp.Equal(states, []bool{true, false, true}), fmt.Errorf("upstream states %v, want [true false true]", states)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -554,7 +354,7 @@ func TestProxyShutdownEndsEventStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := <-e.source.opened
+	fs := nextOpened(t, e.source)
 	start := time.Now()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -599,7 +399,7 @@ func TestCRIClient(t *testing.T) {
 		func() error { _, err := c.ContainerStatus(ctx, "missing"); return err }(),
 		func() error { _, err := c.PodSandboxStatus(ctx, "missing"); return err }(),
 	} {
-		if !isNotFound(err) {
+		if !errdefs.IsNotFound(err) {
 			t.Errorf("errdefs.IsNotFound(%v) = false", err)
 		}
 		if status.Code(err) != codes.NotFound {
@@ -609,7 +409,7 @@ func TestCRIClient(t *testing.T) {
 
 	b.stop()
 	_, err = c.ListContainers(ctx)
-	if status.Code(err) != codes.Unavailable || !isUnavailable(err) {
+	if status.Code(err) != codes.Unavailable || !errdefs.IsUnavailable(err) {
 		t.Errorf("backend down: %v (code %v), want Unavailable", err, status.Code(err))
 	}
 	if errors.Is(err, context.Canceled) {
@@ -634,14 +434,4 @@ func TestIsUnary(t *testing.T) {
 			t.Errorf("isUnary(%q) = %v, want %v", method, got, want)
 		}
 	}
-}
-
-// mustProxy is NewProxy for a test: an error fails it.
-func mustProxy(t testing.TB, cfg ProxyConfig) *Proxy {
-	t.Helper()
-	p, err := NewProxy(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

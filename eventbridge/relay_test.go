@@ -8,67 +8,30 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // upstreamCore is a server like the core's event socket: a Proxy with a fakeSource, on a path, that
-// the test can stop and start again (a restart of the core).
+// the test can stop (a restart of the core starts another on the same path).
 type upstreamCore struct {
-	t    *testing.T
-	path string
-	src  *fakeSource
-	srv  *Server
+	src *fakeSource
+	// stop stops the server, as a core's SIGTERM does: open streams end with UNAVAILABLE.
+	stop func()
 }
 
 func startUpstream(t *testing.T, path string) *upstreamCore {
 	t.Helper()
-	u := &upstreamCore{t: t, path: path, src: newFakeSource()}
-	srv, err := NewServer("unix://"+path, mustProxy(t, ProxyConfig{Backend: runtimeConn(t), Events: u.src, ReadFreshness: ReadFreshnessOff}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	u.srv = srv
-	t.Cleanup(u.stop)
+	u := &upstreamCore{src: newFakeSource()}
+	_, u.stop = startServer(t, path, ProxyConfig{Backend: runtimeConn(t), Events: u.src, ReadFreshness: ReadFreshnessOff})
 	return u
-}
-
-// stop stops the server, as a core's SIGTERM does: open streams end with UNAVAILABLE.
-func (u *upstreamCore) stop() {
-	if u.srv == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	u.srv.Stop(ctx)
-	u.srv = nil
 }
 
 // serveRelay serves a Proxy whose events come from relay, and returns a client of it.
 func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	srv, err := NewServer("unix://"+path, mustProxy(t, ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: ReadFreshnessOff}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-	})
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return runtimeapi.NewRuntimeServiceClient(conn)
+	srv, _ := startServer(t, path, ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: ReadFreshnessOff})
+	return runtimeapi.NewRuntimeServiceClient(dial(t, srv.Addr().String()))
 }
 
 // runtimeConn is a connection to a fake runtime, the proxies' backend.
@@ -76,32 +39,7 @@ func runtimeConn(t *testing.T) *grpc.ClientConn {
 	t.Helper()
 	path := filepath.Join(shortTempDir(t), "rt.sock")
 	startBackend(t, path, &fakeRuntime{})
-	conn, err := DialCRI("unix://" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-func nextOpened(t *testing.T, src *fakeSource) *fakeStream {
-	t.Helper()
-	select {
-	case s := <-src.opened:
-		return s
-	case <-time.After(10 * time.Second):
-		t.Fatal("no upstream subscription")
-		return nil
-	}
-}
-
-func recvID(t *testing.T, stream runtimeapi.RuntimeService_GetContainerEventsClient) string {
-	t.Helper()
-	ev, err := stream.Recv()
-	if err != nil {
-		t.Fatalf("the client's stream ended: %v", err)
-	}
-	return ev.ContainerId
+	return dial(t, path)
 }
 
 // TestRelaySurvivesUpstreamRestarts: a client's stream through the relay stays open while the upstream
@@ -127,7 +65,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	}
 	nextOpened(t, up.src)
 	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
-	if id := recvID(t, stream); id != "c1" {
+	if id := recvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
 	}
 
@@ -137,18 +75,15 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	up = startUpstream(t, corePath)
 	nextOpened(t, up.src)
 	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})
-	if id := recvID(t, stream); id != "c2" {
+	if id := recvEvent(t, stream).ContainerId; id != "c2" {
 		t.Fatalf("got %q, want c2", id)
 	}
 
 	// The upstream's stream ends with UNAVAILABLE while its server runs on.
-	up.src.mu.Lock()
-	last := up.src.streams[len(up.src.streams)-1]
-	up.src.mu.Unlock()
-	last.end <- status.Error(codes.Unavailable, "core shutting down")
+	up.src.last().end <- status.Error(codes.Unavailable, "core shutting down")
 	nextOpened(t, up.src)
 	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c3"})
-	if id := recvID(t, stream); id != "c3" {
+	if id := recvEvent(t, stream).ContainerId; id != "c3" {
 		t.Fatalf("got %q, want c3", id)
 	}
 	if n := len(resubscribed); n != 2 {
@@ -156,10 +91,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	}
 
 	// An eviction ends the client's stream with its status.
-	up.src.mu.Lock()
-	last = up.src.streams[len(up.src.streams)-1]
-	up.src.mu.Unlock()
-	last.end <- status.Error(codes.ResourceExhausted, "evicted")
+	up.src.last().end <- status.Error(codes.ResourceExhausted, "evicted")
 	if _, err := stream.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("after an eviction upstream the client got %v, want RESOURCE_EXHAUSTED", err)
 	}
@@ -181,9 +113,5 @@ func TestRelayClosesUpstreamWithClient(t *testing.T) {
 	}
 	s := nextOpened(t, up.src)
 	cancel()
-	select {
-	case <-s.closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upstream subscription was not closed after the client left")
-	}
+	waitClosed(t, s)
 }

@@ -3,8 +3,6 @@ package eventbridge
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -22,19 +20,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
-
-// shortTempDir is a temp dir with a short path: unix socket paths are limited to 108 bytes.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "eb-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
 
 // attempt scripts one call of the fake subscribe function.
 type attempt struct {
@@ -108,39 +96,6 @@ func (h *hookRecorder) snapshot() []string {
 	return append([]string(nil), h.calls...)
 }
 
-// waitFor reads from ch until want arrives or the deadline passes.
-func waitFor[T comparable](t *testing.T, ch <-chan T, want T) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case got := <-ch:
-			if got == want {
-				return
-			}
-		case <-timeout:
-			t.Fatalf("timed out waiting for %v", want)
-		}
-	}
-}
-
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 func exitEnvelope(t testing.TB, containerID, id string, code uint32) *events.Envelope {
 	return &events.Envelope{
 		Timestamp: time.Now(), Namespace: "k8s.io", Topic: TopicTaskExit,
@@ -152,7 +107,7 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 	fs := &fakeSubscriber{attempts: make(chan attempt, 20)}
 	hooks := newHookRecorder()
 	observed := make(chan pleg.Observation, 10)
-	clock := &fakeClock{now: time.Unix(1000, 0)}
+	clock := testutil.NewClock()
 
 	var (
 		delaysMu sync.Mutex
@@ -181,19 +136,14 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 	fs.attempts <- attempt{fail: unavailable}
 	a3 := established()
 	fs.attempts <- a3
-	waitFor(t, hooks.ch, "reconnect")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
 
 	a3.ev <- exitEnvelope(t, "c1", "exec1", 0) // exec exit: ignored
 	a3.ev <- &events.Envelope{Topic: "/tasks/delete", Event: mustAny(t, &apievents.TaskDelete{ContainerID: "c1"})}
 	a3.ev <- &events.Envelope{Topic: TopicTaskOOM} // no payload: decode error
 	a3.ev <- exitEnvelope(t, "c1", "c1", 3)
-	select {
-	case o := <-observed:
-		if o.ID != "c1" || o.Phase != pleg.PhaseExited || o.ExitCode != 3 {
-			t.Fatalf("unexpected observation %+v", o)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no observation")
+	if o := recv(t, observed, "an observation"); o.ID != "c1" || o.Phase != pleg.PhaseExited || o.ExitCode != 3 {
+		t.Fatalf("unexpected observation %+v", o)
 	}
 	// The subscription was up long enough: the backoff starts over.
 	clock.Advance(2 * time.Second)
@@ -205,21 +155,16 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 	}
 	a11 := established()
 	fs.attempts <- a11
-	waitFor(t, hooks.ch, "reconnect")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
 	// A subscription that fails at once does not reset the backoff.
 	a11.end <- errors.New("EOF")
 	a12 := established()
 	fs.attempts <- a12
-	waitFor(t, hooks.ch, "reconnect")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
 
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run returned %v, want nil", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
+	if err := recv(t, done, "Run to return after cancel"); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
 	}
 
 	ms := time.Millisecond
@@ -274,9 +219,9 @@ func TestTaskEventsWaitsForSocket(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- te.Run(ctx) }()
-	waitFor(t, hooks.ch, "reconnect")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
 	cancel()
-	if err := <-done; err != nil {
+	if err := recv(t, done, "Run to return"); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	mu.Lock()
@@ -288,6 +233,24 @@ func TestTaskEventsWaitsForSocket(t *testing.T) {
 	if diff := cmp.Diff([]time.Duration{100 * ms, 200 * ms, 400 * ms, 500 * ms, 500 * ms}, delays); diff != "" {
 		t.Errorf("wait delays (-want +got):\n%s", diff)
 	}
+}
+
+// watchMissingSocket returns a channel told, without blocking, each time te's Run looks for containerd's
+// socket and does not find it.
+func watchMissingSocket(te *TaskEvents) <-chan struct{} {
+	missing := make(chan struct{}, 1)
+	exists := te.socketExists
+	te.socketExists = func() bool {
+		ok := exists()
+		if !ok {
+			select {
+			case missing <- struct{}{}:
+			default:
+			}
+		}
+		return ok
+	}
+	return missing
 }
 
 func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
@@ -352,14 +315,7 @@ func (f *fakeEvents) Subscribe(req *eventsapi.SubscribeRequest, srv eventsapi.Ev
 
 func startFakeEvents(t *testing.T, path string, f *fakeEvents) *grpc.Server {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	eventsapi.RegisterEventsServer(s, f)
-	go func() { _ = s.Serve(l) }()
-	return s
+	return serveGRPC(t, path, func(s *grpc.Server) { eventsapi.RegisterEventsServer(s, f) })
 }
 
 // TestTaskEventsContainerdClient runs the real containerd client against a fake events service that
@@ -375,19 +331,7 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer te.Close()
-	// missing is told each time Run looks for the socket and does not find it.
-	missing := make(chan bool, 1)
-	exists := te.socketExists
-	te.socketExists = func() bool {
-		ok := exists()
-		if !ok {
-			select {
-			case missing <- true:
-			default:
-			}
-		}
-		return ok
-	}
+	missing := watchMissingSocket(te)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- te.Run(ctx) }()
@@ -397,16 +341,11 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 	}()
 
 	// The socket appears late: after Run found it missing and waits for it.
-	waitFor(t, missing, true)
+	recv(t, missing, "Run to find the socket missing")
 	srv := startFakeEvents(t, path, fe)
-	waitFor(t, hooks.ch, "reconnect")
-	select {
-	case filters := <-fe.filters:
-		if diff := cmp.Diff([]string{taskEventsFilter("k8s.io")}, filters); diff != "" {
-			t.Errorf("filters (-want +got):\n%s", diff)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no subscription")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
+	if diff := cmp.Diff([]string{taskEventsFilter("k8s.io")}, recv(t, fe.filters, "a subscription")); diff != "" {
+		t.Errorf("filters (-want +got):\n%s", diff)
 	}
 
 	send := func(id string, code uint32) {
@@ -416,23 +355,18 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		fe.envs <- &types.Envelope{Timestamp: timestamppb.Now(), Namespace: "k8s.io", Topic: TopicTaskExit, Event: a}
-		select {
-		case o := <-observed:
-			if o.ID != id || o.ExitCode != int32(code) || o.Phase != pleg.PhaseExited {
-				t.Fatalf("unexpected observation %+v", o)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("no observation for %s", id)
+		if o := recv(t, observed, "an observation of "+id); o.ID != id || o.ExitCode != int32(code) || o.Phase != pleg.PhaseExited {
+			t.Fatalf("unexpected observation %+v", o)
 		}
 	}
 	send("c1", 1)
 
 	// containerd restarts.
 	srv.Stop()
-	waitFor(t, hooks.ch, "down")
+	testutil.Receive(t, hooks.ch, "down", waitTimeout)
 	srv = startFakeEvents(t, path, fe)
 	defer srv.Stop()
-	waitFor(t, hooks.ch, "reconnect")
+	testutil.Receive(t, hooks.ch, "reconnect", waitTimeout)
 	<-fe.filters
 	send("c2", 2)
 
