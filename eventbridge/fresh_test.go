@@ -433,7 +433,9 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 // STOPPED for the container with a newer created_at and the runtime's statuses of the pod.
 func TestReadFreshnessRefresh(t *testing.T) {
 	e := newGivenUpRead(t, testCtx(t))
-	// The runtime catches up.
+	// The proxy's watch finds the runtime still behind, then the runtime catches up.
+	calls := e.rt.calls.Load()
+	testutil.Eventually(t, waitTimeout, "the refresh watch to ask the runtime", func() bool { return e.rt.calls.Load() > calls })
 	e.rt.behind.Store(0)
 	ev := recvEvent(t, e.events)
 	if ev.GetContainerId() != "c1" || ev.GetContainerEventType() != runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT ||
@@ -447,10 +449,13 @@ func TestReadFreshnessRefresh(t *testing.T) {
 	if want := []string{"c0 CONTAINER_RUNNING", "c1 CONTAINER_EXITED"}; !slices.Equal(states, want) {
 		t.Errorf("refresh statuses %v, want %v (the runtime's, by created_at)", states, want)
 	}
-	e.metrics.mu.Lock()
-	defer e.metrics.mu.Unlock()
-	if !slices.Equal(e.metrics.refreshes, []bool{true}) {
-		t.Errorf("refreshes reported: %v, want one", e.metrics.refreshes)
+	// The refresh is reported once it was handed to the streams: it may come after the event.
+	if err := testutil.Poll(context.Background(), waitTimeout, "the refresh to be reported", func() (bool, error) {
+		e.metrics.mu.Lock()
+		defer e.metrics.mu.Unlock()
+		return slices.Equal(e.metrics.refreshes, []bool{true}), fmt.Errorf("refreshes reported: %v, want one", e.metrics.refreshes)
+	}); err != nil {
+		t.Error(err)
 	}
 }
 

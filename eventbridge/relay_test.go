@@ -4,10 +4,10 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -42,6 +42,18 @@ func runtimeConn(t *testing.T) *grpc.ClientConn {
 	return dial(t, path)
 }
 
+// waitConnState waits until conn is in state want.
+func waitConnState(t *testing.T, conn *grpc.ClientConn, want connectivity.State) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for st := conn.GetState(); st != want; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatalf("connection still %s after %s, want %s", st, waitTimeout, want)
+		}
+	}
+}
+
 // TestRelaySurvivesUpstreamRestarts: a client's stream through the relay stays open while the upstream
 // ends its streams (UNAVAILABLE), goes away (its socket removed, then refused) and comes back, or
 // breaks the connection; the relay subscribes again each time and the client gets the new upstream's
@@ -69,9 +81,9 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 		t.Fatalf("got %q, want c1", id)
 	}
 
-	// A graceful stop and a later start (the socket is gone meanwhile).
+	// A graceful stop and a later start. The relay finds the socket gone first: its connection fails.
 	up.stop()
-	time.Sleep(100 * time.Millisecond)
+	waitConnState(t, relay.conn, connectivity.TransientFailure)
 	up = startUpstream(t, corePath)
 	nextOpened(t, up.src)
 	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})

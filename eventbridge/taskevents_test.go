@@ -260,10 +260,15 @@ func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer te.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	missing := watchMissingSocket(te)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- te.Run(ctx) }()
+	recv(t, missing, "Run to find the socket missing")
+	cancel()
 	start := time.Now()
-	if err := te.Run(ctx); err != nil {
+	if err := recv(t, done, "Run to return"); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
