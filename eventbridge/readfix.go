@@ -47,12 +47,7 @@ var readFixes = map[string]*readFix{
 			if t.staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState()) {
 				stale = append(stale, r.GetStatus().GetId())
 			}
-			for _, c := range r.GetContainersStatuses() {
-				if t.staleContainer(c.GetId(), c.GetState()) {
-					stale = append(stale, c.GetId())
-				}
-			}
-			return stale
+			return append(stale, staleOf(r.GetContainersStatuses(), t.staleContainer)...)
 		},
 		overlay: func(t *stoppedTracker, _, b []byte) []byte {
 			var r runtimeapi.PodSandboxStatusResponse
@@ -79,13 +74,7 @@ var readFixes = map[string]*readFix{
 			if proto.Unmarshal(b, &r) != nil {
 				return nil
 			}
-			var stale []string
-			for _, c := range r.GetContainers() {
-				if t.staleContainer(c.GetId(), c.GetState()) {
-					stale = append(stale, c.GetId())
-				}
-			}
-			return stale
+			return staleOf(r.GetContainers(), t.staleContainer)
 		},
 		overlay: func(t *stoppedTracker, req, b []byte) []byte {
 			var r runtimeapi.ListContainersResponse
@@ -106,14 +95,7 @@ var readFixes = map[string]*readFix{
 			// longer matches the containers shown exited.
 			var q runtimeapi.ListContainersRequest
 			if proto.Unmarshal(req, &q) == nil && q.GetFilter().GetState() != nil {
-				want := q.GetFilter().GetState().GetState()
-				kept := r.Containers[:0]
-				for _, c := range r.Containers {
-					if c.GetState() == want {
-						kept = append(kept, c)
-					}
-				}
-				r.Containers = kept
+				r.Containers = inState(r.Containers, q.GetFilter().GetState().GetState())
 			}
 			return marshalOrNil(&r)
 		},
@@ -124,13 +106,7 @@ var readFixes = map[string]*readFix{
 			if proto.Unmarshal(b, &r) != nil {
 				return nil
 			}
-			var stale []string
-			for _, s := range r.GetItems() {
-				if t.staleSandbox(s.GetId(), s.GetState()) {
-					stale = append(stale, s.GetId())
-				}
-			}
-			return stale
+			return staleOf(r.GetItems(), t.staleSandbox)
 		},
 		overlay: func(t *stoppedTracker, req, b []byte) []byte {
 			var r runtimeapi.ListPodSandboxResponse
@@ -149,20 +125,45 @@ var readFixes = map[string]*readFix{
 			}
 			var q runtimeapi.ListPodSandboxRequest
 			if proto.Unmarshal(req, &q) == nil && q.GetFilter().GetState() != nil {
-				want := q.GetFilter().GetState().GetState()
-				kept := r.Items[:0]
-				for _, s := range r.Items {
-					if s.GetState() == want {
-						kept = append(kept, s)
-					}
-				}
-				r.Items = kept
+				r.Items = inState(r.Items, q.GetFilter().GetState().GetState())
 			}
 			return marshalOrNil(&r)
 		},
 	},
 }
 
+// stateful is what readFixes read of an object in an answer: a ContainerStatus or a Container (S is
+// runtimeapi.ContainerState), a PodSandbox (runtimeapi.PodSandboxState).
+type stateful[S comparable] interface {
+	GetId() string
+	GetState() S
+}
+
+// staleOf returns the ids of the objects stale says the answer shows running while the stream reported
+// them stopped (staleContainer or staleSandbox).
+func staleOf[T stateful[S], S comparable](objects []T, stale func(id string, st S) bool) []string {
+	var ids []string
+	for _, o := range objects {
+		if stale(o.GetId(), o.GetState()) {
+			ids = append(ids, o.GetId())
+		}
+	}
+	return ids
+}
+
+// inState returns, in place, the objects in state want: a list request's state filter, applied again to
+// an answer whose states were overlaid.
+func inState[T stateful[S], S comparable](objects []T, want S) []T {
+	kept := objects[:0]
+	for _, o := range objects {
+		if o.GetState() == want {
+			kept = append(kept, o)
+		}
+	}
+	return kept
+}
+
+// marshalOrNil encodes m; nil when it cannot (the answer is then not rewritten).
 func marshalOrNil(m proto.Message) []byte {
 	b, err := proto.Marshal(m)
 	if err != nil {
