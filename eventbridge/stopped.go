@@ -191,6 +191,7 @@ func (t *stoppedTracker) forgetDeleted(id string) {
 	}
 }
 
+// forgetLocked forgets object id, container or sandbox.
 func (t *stoppedTracker) forgetLocked(id string) {
 	if _, ok := t.containers[id]; ok {
 		delete(t.containers, id)
@@ -212,17 +213,24 @@ func (t *stoppedTracker) forget(id string) {
 	t.mu.Unlock()
 }
 
+// expireLocked forgets every object whose TTL has passed.
 func (t *stoppedTracker) expireLocked(now time.Time) {
 	for id, c := range t.containers {
-		if now.Sub(c.at) >= t.ttl {
-			t.forgetLocked(id)
-		}
+		t.expiredLocked(id, c.at, now)
 	}
 	for id, s := range t.sandboxes {
-		if now.Sub(s.at) >= t.ttl {
-			t.forgetLocked(id)
-		}
+		t.expiredLocked(id, s.at, now)
 	}
+}
+
+// expiredLocked reports whether the TTL of object id, whose STOPPED was sent at at, has passed by now;
+// it then forgets it.
+func (t *stoppedTracker) expiredLocked(id string, at, now time.Time) bool {
+	if now.Sub(at) < t.ttl {
+		return false
+	}
+	t.forgetLocked(id)
+	return true
 }
 
 // container returns the status sent in the STOPPED of container id, or nil when it is not tracked
@@ -234,11 +242,7 @@ func (t *stoppedTracker) container(id string) *runtimeapi.ContainerStatus {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.containers[id]
-	if c == nil {
-		return nil
-	}
-	if t.now().Sub(c.at) >= t.ttl {
-		t.forgetLocked(id)
+	if c == nil || t.expiredLocked(id, c.at, t.now()) {
 		return nil
 	}
 	return c.status
@@ -287,12 +291,5 @@ func (t *stoppedTracker) sandbox(id string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.sandboxes[id]
-	if s == nil {
-		return false
-	}
-	if t.now().Sub(s.at) >= t.ttl {
-		t.forgetLocked(id)
-		return false
-	}
-	return true
+	return s != nil && !t.expiredLocked(id, s.at, t.now())
 }
