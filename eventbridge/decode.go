@@ -73,11 +73,8 @@ func decodeEnvelope(env *events.Envelope) (pleg.Observation, verdict, error) {
 	switch env.Topic {
 	case TopicTaskExit:
 		var e apievents.TaskExit
-		if err := typeurl.UnmarshalTo(env.Event, &e); err != nil {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: %w", env.Topic, err)
-		}
-		if e.ContainerID == "" {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: no container id", env.Topic)
+		if err := decodeTaskEvent(env, &e); err != nil {
+			return pleg.Observation{}, verdictError, err
 		}
 		// An empty ID is what old shims sent for the init process; anything else that differs from the
 		// container id is an exec process.
@@ -94,22 +91,16 @@ func decodeEnvelope(env *events.Envelope) (pleg.Observation, verdict, error) {
 		}
 	case TopicTaskOOM:
 		var e apievents.TaskOOM
-		if err := typeurl.UnmarshalTo(env.Event, &e); err != nil {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: %w", env.Topic, err)
-		}
-		if e.ContainerID == "" {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: no container id", env.Topic)
+		if err := decodeTaskEvent(env, &e); err != nil {
+			return pleg.Observation{}, verdictError, err
 		}
 		obs.ID = e.ContainerID
 		obs.Phase = pleg.PhaseNone
 		obs.OOMKilled = true
 	case TopicTaskStart:
 		var e apievents.TaskStart
-		if err := typeurl.UnmarshalTo(env.Event, &e); err != nil {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: %w", env.Topic, err)
-		}
-		if e.ContainerID == "" {
-			return pleg.Observation{}, verdictError, fmt.Errorf("failed to decode %s event: no container id", env.Topic)
+		if err := decodeTaskEvent(env, &e); err != nil {
+			return pleg.Observation{}, verdictError, err
 		}
 		obs.ID = e.ContainerID
 		obs.Phase = pleg.PhaseRunning
@@ -118,6 +109,18 @@ func decodeEnvelope(env *events.Envelope) (pleg.Observation, verdict, error) {
 		obs.StartedAt = env.Timestamp
 	}
 	return obs, verdictObserved, nil
+}
+
+// decodeTaskEvent decodes the payload of env (of a known topic, with a payload) into e and checks that it
+// names a container.
+func decodeTaskEvent(env *events.Envelope, e interface{ GetContainerID() string }) error {
+	if err := typeurl.UnmarshalTo(env.Event, e); err != nil {
+		return fmt.Errorf("failed to decode %s event: %w", env.Topic, err)
+	}
+	if e.GetContainerID() == "" {
+		return fmt.Errorf("failed to decode %s event: no container id", env.Topic)
+	}
+	return nil
 }
 
 // envelopeTime is a helper for logs: the envelope's timestamp or "unknown".
