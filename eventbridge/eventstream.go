@@ -44,6 +44,9 @@ type EncodedEventStream interface {
 	NextEncoded(ctx context.Context) ([]byte, time.Time, error)
 }
 
+// errShuttingDown ends the event streams open when the proxy shuts down, and refuses new ones.
+var errShuttingDown = status.Error(codes.Unavailable, "pleg-nri is shutting down")
+
 // serveEvents answers GetContainerEvents from the event source: one subscription per stream, every event
 // sent, until the subscription ends (its error is the stream's status), the client goes away or the
 // proxy shuts down.
@@ -58,7 +61,7 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	}
 	select {
 	case <-p.shutdown:
-		return status.Error(codes.Unavailable, "pleg-nri is shutting down")
+		return errShuttingDown
 	default:
 	}
 
@@ -173,6 +176,7 @@ func (i *interruptible) reset(parent context.Context) {
 	i.mu.Unlock()
 }
 
+// get returns the current context.
 func (i *interruptible) get() context.Context {
 	i.mu.Lock()
 	defer i.mu.Unlock()
@@ -198,7 +202,7 @@ func (p *Proxy) eventStreamError(clientCtx context.Context, err error) error {
 		}
 		select {
 		case <-p.shutdown:
-			return status.Error(codes.Unavailable, "pleg-nri is shutting down")
+			return errShuttingDown
 		default:
 		}
 	}

@@ -30,7 +30,7 @@ type Proxy struct {
 	// now is the clock of the latency and duration metrics.
 	now func() time.Time
 	// fresh, when set, tracks the objects the served events reported stopped, for freshMode (see
-	// ProxyConfig.ReadFreshness); freshWait bounds a held read.
+	// ProxyConfig.ReadFreshness, and freshread.go for the reads); freshWait bounds a held read.
 	fresh     *stoppedTracker
 	freshMode ReadFreshness
 	freshWait time.Duration
