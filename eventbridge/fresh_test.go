@@ -68,10 +68,18 @@ func (r *laggingRuntime) ListPodSandbox(context.Context, *runtimeapi.ListPodSand
 }
 
 type staleReads struct {
+	// mu guards the fields below.
 	mu        sync.Mutex
 	reads     []bool   // caughtUp, per held read
 	overlaid  []string // methods, per overlaid read
 	refreshes []bool   // caughtUp, per refresh
+}
+
+// snapshot returns what was reported so far: reads and overlaid.
+func (m *staleReads) snapshot() (reads []bool, overlaid []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.reads), slices.Clone(m.overlaid)
 }
 
 func (m *staleReads) StaleRead(_ string, _ time.Duration, caughtUp bool) {
@@ -221,8 +229,8 @@ func TestReadFreshnessHold(t *testing.T) {
 				t.Errorf("%s: answer shows the stop %v after %d runtime calls, want true after 4", read.name, fresh, e.rt.calls.Load())
 			}
 		}
-		if len(e.metrics.reads) != 4 || !e.metrics.reads[0] {
-			t.Errorf("stale reads reported: %v, want 4 caught up", e.metrics.reads)
+		if reads, _ := e.metrics.snapshot(); !slices.Equal(reads, []bool{true, true, true, true}) {
+			t.Errorf("stale reads reported: %v, want 4 caught up", reads)
 		}
 	})
 	t.Run("nothing sent", func(t *testing.T) {
@@ -235,8 +243,8 @@ func TestReadFreshnessHold(t *testing.T) {
 		if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING || e.rt.calls.Load() != 1 {
 			t.Errorf("got %s after %d calls, want the runtime's RUNNING after 1", r.GetStatus().GetState(), e.rt.calls.Load())
 		}
-		if len(e.metrics.reads) != 0 {
-			t.Errorf("stale reads reported: %v", e.metrics.reads)
+		if reads, _ := e.metrics.snapshot(); len(reads) != 0 {
+			t.Errorf("stale reads reported: %v", reads)
 		}
 	})
 	t.Run("another object sent", func(t *testing.T) {
@@ -255,8 +263,8 @@ func TestReadFreshnessHold(t *testing.T) {
 	})
 	t.Run("never catches up", func(t *testing.T) {
 		e := newGivenUpRead(t, ctx)
-		if len(e.metrics.reads) != 1 || e.metrics.reads[0] {
-			t.Errorf("stale reads reported: %v, want one that did not catch up", e.metrics.reads)
+		if reads, _ := e.metrics.snapshot(); !slices.Equal(reads, []bool{false}) {
+			t.Errorf("stale reads reported: %v, want one that did not catch up", reads)
 		}
 	})
 }
@@ -280,9 +288,10 @@ func TestReadFreshnessOverlay(t *testing.T) {
 			t.Errorf("%s: answer shows the stop %v after %d runtime calls, want true after 1", read.name, fresh, e.rt.calls.Load())
 		}
 	}
-	if want := []string{"/runtime.v1.RuntimeService/ContainerStatus", "/runtime.v1.RuntimeService/ListContainers",
-		"/runtime.v1.RuntimeService/PodSandboxStatus", "/runtime.v1.RuntimeService/ListPodSandbox"}; !slices.Equal(e.metrics.overlaid, want) {
-		t.Errorf("overlaid reads reported: %v, want %v", e.metrics.overlaid, want)
+	wantOverlaid := []string{"/runtime.v1.RuntimeService/ContainerStatus", "/runtime.v1.RuntimeService/ListContainers",
+		"/runtime.v1.RuntimeService/PodSandboxStatus", "/runtime.v1.RuntimeService/ListPodSandbox"}
+	if _, overlaid := e.metrics.snapshot(); !slices.Equal(overlaid, wantOverlaid) {
+		t.Errorf("overlaid reads reported: %v, want %v", overlaid, wantOverlaid)
 	}
 
 	r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})

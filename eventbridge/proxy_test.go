@@ -234,7 +234,7 @@ func TestProxyEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs2 := nextOpened(t, e.source)
+	nextOpened(t, e.source)
 	want := []*runtimeapi.ContainerEventResponse{
 		event("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT),
 		event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
@@ -282,7 +282,6 @@ func TestProxyEvents(t *testing.T) {
 	fs3 := nextOpened(t, e.source)
 	cancel3()
 	waitClosed(t, fs3)
-	_ = fs2
 
 	e.metrics.mu.Lock()
 	sent := e.metrics.sent
