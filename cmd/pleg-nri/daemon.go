@@ -50,7 +50,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := newMetrics(reg)
+	m, ready := newMetrics(reg), &readiness{}
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
 	// starts; an external one has it from its flags and --config file already. Either way the core is
@@ -58,7 +58,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	gate := newCoreGate()
 	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
 	settle := newSettler(func() { gate.core.TriggerRelist() }, settleDelays, time.After)
-	nri, err := newPlugin(ctx, cfg, gate, settle, m)
+	nri, err := newPlugin(ctx, cfg, gate, settle, nriHooks{m, ready})
 	if err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 	}
 
-	core, closeCore, err := newCore(ctx, cfg, newOOMMetrics(m, reg))
+	core, closeCore, err := newCore(ctx, cfg, coreHooks{newOOMMetrics(m, reg), ready})
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	defer stopServer()
 
 	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
-		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, relist: settle.Kick}})
+		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: settle.Kick}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
@@ -119,7 +119,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, m)
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, ready)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -325,13 +325,14 @@ func serverFailure(srv *eventbridge.Server) func(context.Context) error {
 	}
 }
 
-// serveMetrics serves /metrics, /healthz and /readyz on addr until stop is called.
-func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, m *metrics) (stop func(), err error) {
+// serveMetrics serves /metrics (what g gathers), /healthz and /readyz (ready) on addr until stop is
+// called.
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready *readiness) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := m.ready(); err != nil {
+		if err := ready.check(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -44,10 +43,8 @@ type metrics struct {
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
 
-	// nri, events and cri track the upstream connections for /readyz.
+	// nri, events and cri are the upstream connections' states (setUpstream).
 	nri, events, cri upstreamState
-	// relisted is set after the first successful relist.
-	relisted atomic.Bool
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
@@ -182,8 +179,6 @@ func (m *metrics) RelistCompleted(d time.Duration, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
-	} else {
-		m.relisted.Store(true)
 	}
 	m.relist.WithLabelValues(result).Observe(d.Seconds())
 }
@@ -261,32 +256,8 @@ func (m *metrics) setUpstream(name string, st *upstreamState, up bool) {
 	m.upstream.WithLabelValues(name).Set(v)
 }
 
-// taskHooks are the task event subscription's hooks: metrics, and a relist after every (re)subscribe.
-type taskHooks struct {
-	m      *metrics
-	relist func()
-}
-
-func (h taskHooks) OnReconnect() { h.relist() }
-
-func (h taskHooks) OnConnectionState(up bool) { h.m.setUpstream("events", &h.m.events, up) }
-
-// ready says whether the daemon is ready: every upstream connected and one relist done.
-func (m *metrics) ready() error {
-	switch {
-	case !m.nri.up.Load():
-		return fmt.Errorf("NRI plugin not registered")
-	case !m.events.up.Load():
-		return fmt.Errorf("containerd events not subscribed")
-	case !m.relisted.Load():
-		return fmt.Errorf("no relist has completed yet")
-	}
-	return nil
-}
-
 var (
-	_ pleg.Metrics                = (*metrics)(nil)
-	_ plugin.Metrics              = (*metrics)(nil)
-	_ eventbridge.Metrics         = coreProxyMetrics{}
-	_ eventbridge.TaskEventsHooks = taskHooks{}
+	_ pleg.Metrics        = (*metrics)(nil)
+	_ plugin.Metrics      = (*metrics)(nil)
+	_ eventbridge.Metrics = coreProxyMetrics{}
 )
