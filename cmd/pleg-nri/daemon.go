@@ -95,11 +95,11 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
-	srv, stopServer, err := serveCoreEvents(ctx, cfg, backend, core, m)
+	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, m)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
+	defer stopSocket()
 
 	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
 		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: settle.Kick}})
@@ -130,7 +130,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	<-ctx.Done() // stopped, or a component returned
 	// The event socket stops before the core (see coreCtx); on an early return, in its defer.
-	stopServer()
+	stopSocket()
 	stopCore()
 	if err := comps.wait(); err != nil {
 		return err
@@ -306,11 +306,14 @@ func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, 
 	if err := srv.Start(ctx); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
-	return srv, sync.OnceFunc(func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), coreStopTimeout)
-		defer cancel()
-		srv.Stop(sctx)
-	}), nil
+	return srv, sync.OnceFunc(func() { stopServer(ctx, srv, coreStopTimeout) }), nil
+}
+
+// stopServer stops srv, letting the calls in flight finish for up to timeout, even once ctx is done.
+func stopServer(ctx context.Context, srv *eventbridge.Server, timeout time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	srv.Stop(sctx)
 }
 
 // serverFailure is a component that returns srv's serving error, or nil once ctx is done.

@@ -47,10 +47,13 @@ type metrics struct {
 	nri, events, cri upstreamState
 }
 
+// metricsNamespace prefixes every metric of pleg-nri's, the core's and the front's.
+const metricsNamespace = "pleg_nri"
+
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	const ns = "pleg_nri"
+	const ns = metricsNamespace
 	m := &metrics{
 		observations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "observations_total",
 			Help: "Observations received, by input and object kind."}, []string{"source", "kind"}),
@@ -249,11 +252,16 @@ func (m *metrics) setUpstream(name string, st *upstreamState, up bool) {
 		m.reconnects.WithLabelValues(name).Inc()
 	}
 	st.up.Store(up)
-	v := 0.0
+	setGauge(m.upstream.WithLabelValues(name), up)
+}
+
+// setGauge sets a gauge that is 1 while up and 0 otherwise.
+func setGauge(g prometheus.Gauge, up bool) {
 	if up {
-		v = 1
+		g.Set(1)
+	} else {
+		g.Set(0)
 	}
-	m.upstream.WithLabelValues(name).Set(v)
 }
 
 var (
