@@ -256,37 +256,28 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "CRI endpoint served to the kubelet")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "directory of the core's event socket and the front's control socket (default: the --listen socket's)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz and /readyz (empty disables)")
-	fs.Func("relist-period", fmt.Sprintf("how often the reconciler relists (default %s)", cfg.RelistPeriod), func(s string) error {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return err
-		}
-		cfg.RelistPeriod = Duration(d)
-		return nil
-	})
+	durationFlag(fs, "relist-period", fmt.Sprintf("how often the reconciler relists (default %s)", cfg.RelistPeriod), &cfg.RelistPeriod)
 	fs.StringVar(&cfg.PluginName, "plugin-name", cfg.PluginName, "NRI plugin name")
 	fs.StringVar(&cfg.PluginIdx, "plugin-idx", cfg.PluginIdx, "NRI plugin index (two digits)")
 	fs.IntVar(&cfg.SubscriberQueue, "subscriber-queue", cfg.SubscriberQueue, "bound of each event subscriber's queue")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the checkpoint that lets a restart emit only what changed (empty disables it)")
-	fs.Func("checkpoint-interval", fmt.Sprintf("least time between two checkpoint writes (default %s)", cfg.CheckpointInterval), func(s string) error {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return err
-		}
-		cfg.CheckpointInterval = Duration(d)
-		return nil
-	})
-	fs.Func("startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), func(s string) error {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return err
-		}
-		cfg.StartupReplay = Duration(d)
-		return nil
-	})
+	durationFlag(fs, "checkpoint-interval", fmt.Sprintf("least time between two checkpoint writes (default %s)", cfg.CheckpointInterval), &cfg.CheckpointInterval)
+	durationFlag(fs, "startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), &cfg.StartupReplay)
 	fs.StringVar(&cfg.ReadFreshness, "read-freshness", cfg.ReadFreshness,
 		"status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off")
+}
+
+// durationFlag defines a flag for a duration key on fs, writing into d.
+func durationFlag(fs *flag.FlagSet, name, usage string, d *Duration) {
+	fs.Func(name, usage, func(s string) error {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*d = Duration(v)
+		return nil
+	})
 }
 
 // loadConfig builds the daemon's configuration from defaults, the --config file, then the flags given

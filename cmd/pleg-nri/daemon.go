@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -31,9 +33,13 @@ import (
 // before it starts with the configuration it has.
 const preRegisteredConfigWait = 5 * time.Second
 
+// coreStopTimeout is how long the core's event socket lets forwarded calls finish when it stops.
+const coreStopTimeout = 5 * time.Second
+
 // runDaemon runs pleg-nri until ctx is done: the core, the NRI plugin, the containerd event
 // subscription, the core's event socket and the metrics server; and it makes sure a front serves the
-// kubelet's CRI endpoint (ensureFront), which it leaves running when it stops.
+// kubelet's CRI endpoint (ensureFront), which it leaves running when it stops. Each resource is
+// released by a defer made right after it; the long-running parts run as components.
 func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	if err := log.SetLevel(cfg.LogLevel); err != nil {
 		return fmt.Errorf("config key \"log-level\": %w", err)
@@ -41,29 +47,159 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	setProcs(ctx)
-
+	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := newMetrics(reg)
+	m, ready := newMetrics(reg), &readiness{}
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
 	// starts; an external one has it from its flags and --config file already. Either way the core is
-	// built from the final configuration, and the plugin's callbacks wait for it (only at startup:
-	// containerd sends Configure first, then Synchronize).
-	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
-	configured := make(chan []byte, 1)
-	coreReady := make(chan struct{})
-	var core *pleg.PLEG
+	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
+	gate := newCoreGate()
 	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
-	settle := newSettler(func() { core.TriggerRelist() }, settleDelays, time.After)
-	nri, err := plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
+	settle := newSettler(func() { gate.core.TriggerRelist() }, settleDelays, time.After)
+	nri, err := newPlugin(ctx, cfg, gate, settle, nriHooks{m, ready})
+	if err != nil {
+		return err
+	}
+	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
+	if preRegistered {
+		comps.run(ctx, "NRI plugin", nri.Run)
+		var serve bool
+		if cfg, serve, err = configurePreRegistered(ctx, cfg, gate.configured); !serve {
+			return err
+		}
+	}
+
+	core, closeCore, err := newCore(ctx, cfg, coreHooks{newOOMMetrics(m, reg), ready})
+	if err != nil {
+		return err
+	}
+	defer closeCore()
+	gate.open(core)
+	if !preRegistered {
+		comps.run(ctx, "NRI plugin", nri.Run)
+	}
+
+	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
+	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
+	// socket, where the front subscribes.
+	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
+	if err != nil {
+		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+	}
+	defer backend.Close()
+	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
+		return fmt.Errorf("config key \"listen\": %w", err)
+	}
+	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, m)
+	if err != nil {
+		return err
+	}
+	defer stopSocket()
+
+	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
+		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: settle.Kick}})
+	if err != nil {
+		return fmt.Errorf("config key \"containerd-address\": %w", err)
+	}
+	defer events.Close()
+
+	// The core runs until the event socket's streams have ended, so that its last checkpoint records
+	// every event the front received: after a SIGTERM the next core sends nothing twice.
+	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCore()
+	comps.run(coreCtx, "core", core.Run)
+	comps.run(ctx, "containerd events", events.Run)
+	comps.run(ctx, "settle relists", settle.run)
+	comps.run(ctx, "CRI endpoint", serverFailure(srv))
+
+	if cfg.MetricsAddress != "" {
+		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, ready)
+		if err != nil {
+			return fmt.Errorf("config key \"metrics-address\": %w", err)
+		}
+		defer stopMetrics()
+	}
+	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
+		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
+
+	<-ctx.Done() // stopped, or a component returned
+	// The event socket stops before the core (see coreCtx); on an early return, in its defer.
+	stopSocket()
+	stopCore()
+	if err := comps.wait(); err != nil {
+		return err
+	}
+	log.G(ctx).Info("pleg-nri stopped")
+	return nil
+}
+
+// components runs the daemon's long-running parts, each on a goroutine of its own. The first to
+// return, with an error or without, stops the daemon (cancel); wait returns the first error that a
+// component returned while its context was live, prefixed with its name (one returned after is how it
+// stopped).
+//
+// NOTE: runDaemon waits for them only once it served. An early return (a startup error, or a
+// pre-registered process that leaves the work to another core) does not: the NRI plugin may then be in
+// a callback waiting for a core that will never be built, and the process exits anyway.
+type components struct {
+	g      errgroup.Group
+	cancel context.CancelFunc
+}
+
+// run starts fn on ctx as the component called name.
+func (c *components) run(ctx context.Context, name string, fn func(context.Context) error) {
+	c.g.Go(func() error {
+		defer c.cancel()
+		if err := fn(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// wait returns once every component has returned, with the first failure.
+func (c *components) wait() error { return c.g.Wait() }
+
+// coreGate holds the NRI plugin's callbacks until the core is built from the final configuration. Only
+// a pre-registered plugin runs before the core, and only at startup: containerd sends Configure first,
+// then Synchronize.
+type coreGate struct {
+	// configured receives the first configuration from NRI's Configure.
+	configured chan []byte
+	// ready is closed once core is set.
+	ready chan struct{}
+	core  *pleg.PLEG
+}
+
+func newCoreGate() *coreGate {
+	return &coreGate{configured: make(chan []byte, 1), ready: make(chan struct{})}
+}
+
+// open sets the core and lets the callbacks waiting for it go on.
+func (g *coreGate) open(core *pleg.PLEG) {
+	g.core = core
+	close(g.ready)
+}
+
+// newPlugin builds the NRI plugin. Its callbacks wait for the core (gate). Configure hands the first
+// configuration to the daemon (gate.configured) and holds registration until the core is built from it,
+// for up to preRegisteredConfigWait; a later one only gets a warning when it changes keys that need a
+// restart.
+func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler, m plugin.Metrics) (*plugin.Plugin, error) {
+	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
 		Observer: observerFunc(func(o pleg.Observation) {
-			<-coreReady
-			core.Observe(o)
+			<-gate.ready
+			gate.core.Observe(o)
 		}),
 		Metrics: m,
 		OnSynchronized: func() {
-			<-coreReady
+			<-gate.ready
 			settle.Kick()
 		},
 		Configure: func(data []byte) error {
@@ -72,10 +208,10 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 				return err
 			}
 			select {
-			case configured <- data:
+			case gate.configured <- data:
 				// The first configuration: hold registration until the core is built from it.
 				select {
-				case <-coreReady:
+				case <-gate.ready:
 				case <-time.After(preRegisteredConfigWait):
 				}
 			default:
@@ -86,186 +222,120 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 			return nil
 		},
 	})
-	if err != nil {
-		return err
-	}
+}
 
-	errc := make(chan error, 8)
-	running := 0
-	goRun := func(name string, fn func(context.Context) error) {
-		running++
-		go func() {
-			err := fn(ctx)
-			if err != nil && ctx.Err() == nil {
-				err = fmt.Errorf("%s: %w", name, err)
-			} else {
-				err = nil
-			}
-			errc <- err
-		}()
-	}
-	if preRegistered {
-		goRun("NRI plugin", nri.Run)
-		select {
-		case data := <-configured:
-			if cfg, err = ParseConfig(data, cfg); err != nil {
-				return fmt.Errorf("configuration from NRI: %w", err)
-			}
-			log.G(ctx).Info("configured by containerd through NRI")
-		case <-time.After(preRegisteredConfigWait):
-			log.G(ctx).Warn("no configuration from NRI: starting with the defaults and flags")
-		case <-ctx.Done():
-			return nil
+// configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
+// runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
+// Configure and returns cfg with it. serve is false when this process has nothing to do: ctx ended,
+// or a core launched by a previous containerd still serves the run directory.
+func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan []byte) (_ Config, serve bool, err error) {
+	select {
+	case data := <-configured:
+		if cfg, err = ParseConfig(data, cfg); err != nil {
+			return cfg, false, fmt.Errorf("configuration from NRI: %w", err)
 		}
+		log.G(ctx).Info("configured by containerd through NRI")
+	case <-time.After(preRegisteredConfigWait):
+		log.G(ctx).Warn("no configuration from NRI: starting with the defaults and flags")
+	case <-ctx.Done():
+		return cfg, false, nil
 	}
-
-	if preRegistered {
-		// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by
-		// the previous containerd may have reconnected through the NRI socket and still serve. Then it
-		// goes on (its state is current) and this one ends.
-		if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), coreSocketName), time.Second); err == nil {
-			_ = c.Close()
-			log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
-			return nil
-		}
+	// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by the
+	// previous containerd may have reconnected through the NRI socket and still serve. Then it goes on
+	// (its state is current) and this one ends.
+	if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), coreSocketName), time.Second); err == nil {
+		_ = c.Close()
+		log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
+		return cfg, false, nil
 	}
+	return cfg, true, nil
+}
 
+// newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with;
+// closeCore closes them.
+func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
 	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
 	if err != nil {
-		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
-	defer cri.Close()
+	defer func() {
+		if err != nil {
+			_ = cri.Close()
+		}
+	}()
 	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
 	oom, err := eventbridge.NewOOMChecker(cfg.ContainerdAddress, cfg.ContainerdNamespace)
 	if err != nil {
-		return fmt.Errorf("config key \"containerd-address\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
-	defer oom.Close()
-	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: newOOMMetrics(m, reg), SubscriberQueue: cfg.SubscriberQueue,
+	defer func() {
+		if err != nil {
+			_ = oom.Close()
+		}
+	}()
+	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	if cfg.StateDir != "" {
 		if err := checkStateDir(cfg.StateDir); err != nil {
-			return fmt.Errorf("config key \"state-dir\": %w", err)
+			return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 		}
 		// The checkpoint belongs to one runtime: one of another endpoint is ignored.
 		pcfg.CheckpointPath, pcfg.CheckpointScope = filepath.Join(cfg.StateDir, "checkpoint"), cfg.RuntimeEndpoint
 	} else {
 		log.G(ctx).Warn("no state-dir: a restart of pleg-nri emits CREATED and STARTED again for every sandbox and container")
 	}
-	core, err = pleg.New(pcfg)
-	if err != nil {
-		return fmt.Errorf("config key \"state-dir\": %w", err)
+	if core, err = pleg.New(pcfg); err != nil {
+		return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 	}
-	close(coreReady)
-	if !preRegistered {
-		goRun("NRI plugin", nri.Run)
-	}
+	return core, func() { _, _ = oom.Close(), cri.Close() }, nil
+}
 
-	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
-	if err != nil {
-		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
-	}
-	defer backend.Close()
-	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
-	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
-	// socket, where the front subscribes.
-	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while starting
-		}
-		return fmt.Errorf("config key \"listen\": %w", err)
-	}
-	coreListen := "unix://" + filepath.Join(cfg.runDir(), coreSocketName)
+// serveCoreEvents serves the core's events on its socket in the run directory, where the front
+// subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
+func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m *metrics) (srv *eventbridge.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: eventSource{core},
 		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: eventbridge.ReadFreshnessOff})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	srv, err := eventbridge.NewServer(coreListen, proxy)
-	if err != nil {
-		return fmt.Errorf("config key \"run-dir\": %w", err)
+	if srv, err = eventbridge.NewServer("unix://"+filepath.Join(cfg.runDir(), coreSocketName), proxy); err != nil {
+		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
-		return fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
+		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
-	// The event socket stops before the core (see below); on an early return, here.
-	var stopOnce sync.Once
-	stopServer := func() {
-		stopOnce.Do(func() {
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer scancel()
-			srv.Stop(sctx)
-		})
-	}
-	defer stopServer()
-
-	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
-		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, relist: settle.Kick}})
-	if err != nil {
-		return fmt.Errorf("config key \"containerd-address\": %w", err)
-	}
-	defer events.Close()
-
-	// The core runs until the event socket's streams have ended, so that its last checkpoint records
-	// every event the front received: after a SIGTERM the next core sends nothing twice.
-	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopCore()
-	running++
-	go func() {
-		err := core.Run(coreCtx)
-		if err != nil && coreCtx.Err() == nil {
-			err = fmt.Errorf("core: %w", err)
-		} else {
-			err = nil
-		}
-		errc <- err
-	}()
-	goRun("containerd events", events.Run)
-	goRun("settle relists", settle.run)
-
-	if cfg.MetricsAddress != "" {
-		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, m)
-		if err != nil {
-			return fmt.Errorf("config key \"metrics-address\": %w", err)
-		}
-		defer stopMetrics()
-	}
-	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
-		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
-
-	var firstErr error
-	select {
-	case <-ctx.Done():
-	case err := <-srv.Err():
-		firstErr = fmt.Errorf("CRI endpoint: %w", err)
-	case err := <-errc:
-		running--
-		firstErr = err
-	}
-	cancel()
-	stopServer()
-	stopCore()
-	for ; running > 0; running-- {
-		if err := <-errc; err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	if firstErr == nil {
-		log.G(ctx).Info("pleg-nri stopped")
-	}
-	return firstErr
+	return srv, sync.OnceFunc(func() { stopServer(ctx, srv, coreStopTimeout) }), nil
 }
 
-// serveMetrics serves /metrics, /healthz and /readyz on addr until stop is called.
-func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, m *metrics) (stop func(), err error) {
+// stopServer stops srv, letting the calls in flight finish for up to timeout, even once ctx is done.
+func stopServer(ctx context.Context, srv *eventbridge.Server, timeout time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	srv.Stop(sctx)
+}
+
+// serverFailure is a component that returns srv's serving error, or nil once ctx is done.
+func serverFailure(srv *eventbridge.Server) func(context.Context) error {
+	return func(ctx context.Context) error {
+		select {
+		case err := <-srv.Err():
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// serveMetrics serves /metrics (what g gathers), /healthz and /readyz (ready) on addr until stop is
+// called.
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready *readiness) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := m.ready(); err != nil {
+		if err := ready.check(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -23,6 +23,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
 // shortTemp is a temp dir with a short path (unix socket paths are limited to 108 bytes).
@@ -330,25 +333,28 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 			t.Logf("pleg-nri output:\n%s", d.out.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("unix", socket); err == nil {
-			_ = c.Close()
-			if c, err := net.Dial("unix", filepath.Join(filepath.Dir(socket), coreSocketName)); err == nil {
-				_ = c.Close()
-				return d
-			}
-		}
+	err := testutil.Poll(context.Background(), 30*time.Second, "pleg-nri to serve "+socket, func() (bool, error) {
 		select {
 		case <-d.done:
 			t.Fatalf("pleg-nri exited: %s", d.out.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pleg-nri does not serve %s after 30s: %s", socket, d.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return answers(socket) && answers(filepath.Join(filepath.Dir(socket), coreSocketName)), nil
+	})
+	if err != nil {
+		t.Fatalf("%v: %s", err, d.out.String())
 	}
+	return d
+}
+
+// answers says whether a server accepts connections on the unix socket path.
+func answers(path string) bool {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 // stop sends SIGTERM and waits; it returns the exit status.
@@ -532,7 +538,7 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			if err := runStopFront([]string{"--run-dir", sockDir}, &out); err != nil {
 				t.Fatalf("stop-front: %v", err)
 			}
-			if processAlive(front.PID) {
+			if harness.Alive(front.PID) {
 				t.Errorf("the front (pid %d) runs after stop-front", front.PID)
 			}
 			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
@@ -542,19 +548,6 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 	}
 }
 
-// processAlive says whether pid is a live process (not a zombie).
-func processAlive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
-
 // TestDaemonNonLoopbackMetricsWarns: a metrics address that is not loopback is served, because it was
 // configured, with a warning saying so.
 func TestDaemonNonLoopbackMetricsWarns(t *testing.T) {
@@ -562,13 +555,9 @@ func TestDaemonNonLoopbackMetricsWarns(t *testing.T) {
 	sock := filepath.Join(dir, "run", "cri.sock")
 	args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--metrics-address", "0.0.0.0:0")
 	d := startDaemon(t, sock, 0o022, args...)
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(d.out.String(), "non-loopback") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no warning about the non-loopback metrics address:\n%s", d.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "a warning about the non-loopback metrics address", func() bool {
+		return strings.Contains(d.out.String(), "non-loopback")
+	})
 }
 
 func freeLoopbackAddr(t *testing.T) string {
@@ -599,17 +588,12 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- runDaemon(ctx, cfg, "") }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if c, err := net.Dial("unix", filepath.Join(dir, "run", coreSocketName)); err == nil {
-			_ = c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("the daemon does not serve: %v", <-errc)
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := testutil.Poll(ctx, 20*time.Second, "the daemon's core socket", func() (bool, error) {
+		return answers(filepath.Join(dir, "run", coreSocketName)), nil
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("%v: runDaemon: %v", err, <-errc)
 	}
 	cancel()
 	select {

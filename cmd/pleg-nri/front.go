@@ -230,9 +230,7 @@ func runFront(ctx context.Context, args []string) error {
 	case serveErr = <-srv.Err():
 	}
 	f.closeControl()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), frontStopTimeout)
-	defer cancel()
-	srv.Stop(sctx)
+	stopServer(ctx, srv, frontStopTimeout)
 	if serveErr != nil {
 		return fmt.Errorf("CRI endpoint: %w", serveErr)
 	}

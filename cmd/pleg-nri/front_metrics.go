@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,12 +32,10 @@ type endpointMetrics struct {
 	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
 	runtimeUp     prometheus.Gauge
-	// up mirrors runtimeUp.
-	up atomic.Bool
 }
 
 func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
-	const ns = "pleg_nri"
+	const ns = metricsNamespace
 	m := &endpointMetrics{
 		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
 			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
@@ -83,14 +79,7 @@ func (m *endpointMetrics) EventStreamClosed(code codes.Code) {
 // EventSent does nothing: the relayed events carry no source time (the core measures its sends).
 func (m *endpointMetrics) EventSent(time.Duration) {}
 
-func (m *endpointMetrics) UpstreamConnectionState(up bool) {
-	m.up.Store(up)
-	if up {
-		m.runtimeUp.Set(1)
-	} else {
-		m.runtimeUp.Set(0)
-	}
-}
+func (m *endpointMetrics) UpstreamConnectionState(up bool) { setGauge(m.runtimeUp, up) }
 
 // StaleRead is eventbridge.FreshnessMetrics' hook.
 func (m *endpointMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
@@ -135,7 +124,7 @@ func writeMetrics(w io.Writer, g prometheus.Gatherer) error {
 type frontGatherer struct{ runDir string }
 
 func (g frontGatherer) Gather() ([]*dto.MetricFamily, error) {
-	c, err := net.DialTimeout("unix", filepath.Join(g.runDir, frontSocketName), frontControlTimeout)
+	c, err := dialControl(filepath.Join(g.runDir, frontSocketName))
 	if err != nil {
 		return nil, nil
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
 // TestMain runs the tests, then fails the package if any goroutine is left behind.
@@ -91,7 +93,7 @@ func leftProcesses() []string {
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		if (binPath != "" && args[0] == binPath) || (args[0] == self && len(args) > 1 && args[1] == "front") {
-			if processAlive(pid) {
+			if harness.Alive(pid) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 				out = append(out, fmt.Sprintf("%d %s", pid, strings.Join(args, " ")))
 			}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -44,16 +43,17 @@ type metrics struct {
 	ckptObjects    prometheus.Gauge
 	replayDropped  prometheus.Counter
 
-	// nri, events and cri track the upstream connections for /readyz.
+	// nri, events and cri are the upstream connections' states (setUpstream).
 	nri, events, cri upstreamState
-	// relisted is set after the first successful relist.
-	relisted atomic.Bool
 }
+
+// metricsNamespace prefixes every metric of pleg-nri's, the core's and the front's.
+const metricsNamespace = "pleg_nri"
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	const ns = "pleg_nri"
+	const ns = metricsNamespace
 	m := &metrics{
 		observations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "observations_total",
 			Help: "Observations received, by input and object kind."}, []string{"source", "kind"}),
@@ -182,8 +182,6 @@ func (m *metrics) RelistCompleted(d time.Duration, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
-	} else {
-		m.relisted.Store(true)
 	}
 	m.relist.WithLabelValues(result).Observe(d.Seconds())
 }
@@ -254,39 +252,20 @@ func (m *metrics) setUpstream(name string, st *upstreamState, up bool) {
 		m.reconnects.WithLabelValues(name).Inc()
 	}
 	st.up.Store(up)
-	v := 0.0
+	setGauge(m.upstream.WithLabelValues(name), up)
+}
+
+// setGauge sets a gauge that is 1 while up and 0 otherwise.
+func setGauge(g prometheus.Gauge, up bool) {
 	if up {
-		v = 1
+		g.Set(1)
+	} else {
+		g.Set(0)
 	}
-	m.upstream.WithLabelValues(name).Set(v)
-}
-
-// taskHooks are the task event subscription's hooks: metrics, and a relist after every (re)subscribe.
-type taskHooks struct {
-	m      *metrics
-	relist func()
-}
-
-func (h taskHooks) OnReconnect() { h.relist() }
-
-func (h taskHooks) OnConnectionState(up bool) { h.m.setUpstream("events", &h.m.events, up) }
-
-// ready says whether the daemon is ready: every upstream connected and one relist done.
-func (m *metrics) ready() error {
-	switch {
-	case !m.nri.up.Load():
-		return fmt.Errorf("NRI plugin not registered")
-	case !m.events.up.Load():
-		return fmt.Errorf("containerd events not subscribed")
-	case !m.relisted.Load():
-		return fmt.Errorf("no relist has completed yet")
-	}
-	return nil
 }
 
 var (
-	_ pleg.Metrics                = (*metrics)(nil)
-	_ plugin.Metrics              = (*metrics)(nil)
-	_ eventbridge.Metrics         = coreProxyMetrics{}
-	_ eventbridge.TaskEventsHooks = taskHooks{}
+	_ pleg.Metrics        = (*metrics)(nil)
+	_ plugin.Metrics      = (*metrics)(nil)
+	_ eventbridge.Metrics = coreProxyMetrics{}
 )

@@ -17,7 +17,7 @@ type oomMetrics struct {
 var _ pleg.OOMCheckMetrics = oomMetrics{}
 
 func newOOMMetrics(m *metrics, reg prometheus.Registerer) oomMetrics {
-	o := oomMetrics{metrics: m, calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "pleg_nri",
+	o := oomMetrics{metrics: m, calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNamespace,
 		Name: "oom_check_duration_seconds", Buckets: latencyBuckets,
 		Help: "OOM checks (containerd task metrics) of exits with status 137 before their STOPPED, by result."}, []string{"result"})}
 	reg.MustRegister(o.calls)

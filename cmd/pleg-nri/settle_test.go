@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // TestSettler: a kick relists at once and then at each delay; a kick during the schedule starts it over.
@@ -22,11 +24,7 @@ func TestSettler(t *testing.T) {
 	expect := func(n int) {
 		t.Helper()
 		for range n {
-			select {
-			case <-relists:
-			case <-time.After(5 * time.Second):
-				t.Fatal("missing relist")
-			}
+			testutil.Receive(t, relists, struct{}{}, 5*time.Second)
 		}
 		select {
 		case <-relists:

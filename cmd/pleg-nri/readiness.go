@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
+)
+
+// readiness is what /readyz answers: the daemon is ready once the NRI plugin is registered, the
+// containerd event subscription is up and a relist has completed. It is fed by the hooks that feed
+// the metrics: the plugin's connection state (nriHooks), the event subscription's (taskHooks) and the
+// core's relists (coreHooks).
+type readiness struct {
+	// nri and events are the states of the NRI connection and of the event subscription.
+	nri, events atomic.Bool
+	// relisted is set after the first successful relist.
+	relisted atomic.Bool
+}
+
+// check says whether the daemon is ready, and if not, what it waits for.
+func (r *readiness) check() error {
+	switch {
+	case !r.nri.Load():
+		return fmt.Errorf("NRI plugin not registered")
+	case !r.events.Load():
+		return fmt.Errorf("containerd events not subscribed")
+	case !r.relisted.Load():
+		return fmt.Errorf("no relist has completed yet")
+	}
+	return nil
+}
+
+// nriHooks are the NRI plugin's hooks: its metrics, and its connection state for readiness.
+type nriHooks struct {
+	plugin.Metrics
+	ready *readiness
+}
+
+func (h nriHooks) ConnectionState(up bool) {
+	h.Metrics.ConnectionState(up)
+	h.ready.nri.Store(up)
+}
+
+// coreHooks are the core's hooks: its metrics (with the OOM checks'), and its first relist for
+// readiness.
+type coreHooks struct {
+	oomMetrics
+	ready *readiness
+}
+
+func (h coreHooks) RelistCompleted(d time.Duration, err error) {
+	if err == nil {
+		h.ready.relisted.Store(true)
+	}
+	h.oomMetrics.RelistCompleted(d, err)
+}
+
+// taskHooks are the task event subscription's hooks: metrics, readiness, and a relist after every
+// (re)subscribe.
+type taskHooks struct {
+	m      *metrics
+	ready  *readiness
+	relist func()
+}
+
+func (h taskHooks) OnReconnect() { h.relist() }
+
+func (h taskHooks) OnConnectionState(up bool) {
+	h.m.setUpstream("events", &h.m.events, up)
+	h.ready.events.Store(up)
+}
+
+var (
+	_ plugin.Metrics              = nriHooks{}
+	_ pleg.Metrics                = coreHooks{}
+	_ pleg.OOMCheckMetrics        = coreHooks{}
+	_ eventbridge.TaskEventsHooks = taskHooks{}
+)
