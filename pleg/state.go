@@ -169,7 +169,7 @@ type state struct {
 	tombQ     []tomb // tombstones in insertion order, for expiry
 	lastSweep time.Time
 
-	// The checkpoint's view (checkpoint.go), kept only when checkpointing (ckptWake != nil).
+	// The checkpoint's view (checkpoint_writer.go), kept only when checkpointing (ckptWake != nil).
 	ckptWake chan struct{} // capacity 1: an event was emitted, the checkpoint is behind
 	ckptGen  uint64        // incremented by every event emitted
 	unacked  []*object     // deleted objects whose DELETED some subscriber has not received yet
