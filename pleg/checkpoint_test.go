@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -680,58 +679,6 @@ func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 		t.Errorf("checkpoint after the replay was received: %v", c.Objects)
 	}
 	s.Close()
-}
-
-// FuzzCheckpointDecode: whatever the file holds, decoding never panics, and what decodes restores.
-func FuzzCheckpointDecode(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
-	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
-	h.startPod("s1", "c1", "c2")
-	h.startPod("s2")
-	valid, err := h.p.checkpointBytes()
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(valid)
-	f.Add(valid[:checkpointHeader])
-	f.Add([]byte(checkpointMagic))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := decodeCheckpoint(data)
-		if err != nil {
-			return
-		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
-		if n := st.restore(c); n != c.objects() || n != len(st.objects) {
-			t.Fatalf("restored %d objects of %d", n, c.objects())
-		}
-	})
-}
-
-// FuzzCheckpointBody: mutations of a valid body, with a valid CRC so they reach the decoder.
-func FuzzCheckpointBody(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
-	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
-	h.startPod("s1", "c1", "c2")
-	valid, err := h.p.checkpointBytes()
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(valid[checkpointHeader:])
-	f.Fuzz(func(t *testing.T, body []byte) {
-		data := make([]byte, checkpointHeader, checkpointHeader+len(body))
-		copy(data, checkpointMagic)
-		binary.LittleEndian.PutUint32(data[8:], checkpointVersion)
-		data = append(data, body...)
-		binary.LittleEndian.PutUint32(data[12:], crc32.Checksum(body, crcTable))
-		c, err := decodeCheckpoint(data)
-		if err != nil {
-			return
-		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
-		if n := st.restore(c); n != len(st.objects) {
-			t.Fatalf("restored %d objects, %d in the state", n, len(st.objects))
-		}
-	})
 }
 
 // BenchmarkCheckpoint measures the checkpoint of 1000 containers (250 pods of 4): the snapshot under
