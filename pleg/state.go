@@ -528,99 +528,137 @@ func (s *state) retryFetch(o *object, limit time.Duration) {
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: s.clock.Now().Add(s.backoff.delay(o.fetchAttempt-1, limit))})
 }
 
-// applyFetch applies a status answer (or failure).
+// applyFetch applies the answer (or failure) of a call the fetcher made for an object still known: an
+// OOM check, a refresh, a verification or a status call.
 func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	o := s.objects[r.req.id]
 	if o == nil || o.dropped || o.kind != r.req.kind {
 		return
 	}
-	logger := log.G(ctx).WithField(o.kind.String(), o.id)
-	if r.req.oom {
-		o.oomChecking = false
-		o.oomChecked = true
-		switch {
-		case r.err == nil && r.oomKilled:
-			if !o.facts.oom {
-				o.facts.oom = true
-				o.oomCause = cause{SourceStatus, r.at}
-			}
-		case r.err == nil:
-		case isNotFound(r.err):
-			// containerd's exit handler deleted the task: it made its own check first, and its status
-			// has the verdict.
-			s.startRefresh(o)
-		default:
-			// The STOPPED goes out without it; the exit verification corrects it if needed.
-			logger.WithError(r.err).Warn("OOM check failed")
-		}
-		s.refresh(ctx, o)
-		s.flush(ctx, o.pod)
-		return
-	}
-	if r.req.refresh {
-		o.refreshing = false
-		if o.refreshAgain {
-			o.refreshAgain = false
-			s.startRefresh(o)
-		} else {
-			o.stale = false
-		}
-		if r.err != nil {
-			// Nothing better to tell: the pod's events go on with the status known.
-			logger.WithError(r.err).Debug("refresh status call failed")
-		} else {
-			s.update(ctx, o, statusObs(o, r))
-		}
-		s.flush(ctx, o.pod)
-		return
-	}
-	if r.req.verify {
-		o.verifying = false
-		if r.err != nil {
-			if !isNotFound(r.err) {
-				logger.WithError(r.err).Debug("verification status call failed")
-				if o.verifyExit {
-					s.reverify(ctx, o)
-				}
-			}
-			return
-		}
-		oldC, oldS := o.ceff, o.seff
-		s.update(ctx, o, statusObs(o, r))
-		if (o.kind == KindContainer && !proto.Equal(oldC, o.ceff)) || (o.kind == KindSandbox && !proto.Equal(oldS, o.seff)) {
-			s.metrics.StatusMismatch(o.kind)
-			if log.GetLevel() >= log.DebugLevel {
-				logger.Debug("verified status differs from the one emitted: cache updated")
-			}
-		}
-		if o.verifyExit && o.kind == KindContainer && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-			s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
-		}
-		s.flush(ctx, o.pod)
-		return
-	}
-	o.fetching = false
-	now := s.clock.Now()
-	windowOver := now.Sub(o.fetchStart) >= s.backoff.window || o.fetchAttempt >= s.backoff.maxAttempts
 	switch {
-	case r.err == nil:
-		// This answer decides whether to call again: update's refresh must not start a second fetch
-		// meanwhile (each incomplete answer would then add a chain of retries, and restart the window).
-		o.fetching = true
-		s.update(ctx, o, statusObs(o, r))
-		o.fetching = false
-		if o.kind == KindContainer && o.phase >= PhaseRunning && o.phase < PhaseRemoved && !o.complete {
-			// The CRI has not caught up with the start or the exit an input reported (containerd's
-			// start time, an exit code).
-			if windowOver {
-				o.fetchGaveUp = true
-				s.refresh(ctx, o)
-			} else {
-				s.retryFetch(o, s.backoff.max)
-			}
-		} else {
-			s.refresh(ctx, o) // now that no call is outstanding (a removed object's end can be built)
+	case r.req.oom:
+		s.applyOOMCheck(ctx, o, r)
+	case r.req.refresh:
+		s.applyRefresh(ctx, o, r)
+	case r.req.verify:
+		s.applyVerify(ctx, o, r)
+	default:
+		s.applyStatus(ctx, o, r)
+	}
+}
+
+// applyOOMCheck applies the answer of an OOM check: the STOPPED that waited for it can go out.
+func (s *state) applyOOMCheck(ctx context.Context, o *object, r *fetchResult) {
+	o.oomChecking = false
+	o.oomChecked = true
+	switch {
+	case r.err == nil && r.oomKilled:
+		if !o.facts.oom {
+			o.facts.oom = true
+			o.oomCause = cause{SourceStatus, r.at}
 		}
+	case r.err == nil:
+	case isNotFound(r.err):
+		// containerd's exit handler deleted the task: it made its own check first, and its status
+		// has the verdict.
+		s.startRefresh(o)
+	default:
+		// The STOPPED goes out without it; the exit verification corrects it if needed.
+		log.G(ctx).WithField(o.kind.String(), o.id).WithError(r.err).Warn("OOM check failed")
+	}
+	s.refresh(ctx, o)
+	s.flush(ctx, o.pod)
+}
+
+// applyRefresh applies the answer of a refresh call (startRefresh): the pod's events that waited for
+// it can go out, unless the status changed again meanwhile.
+func (s *state) applyRefresh(ctx context.Context, o *object, r *fetchResult) {
+	o.refreshing = false
+	if o.refreshAgain {
+		o.refreshAgain = false
+		s.startRefresh(o)
+	} else {
+		o.stale = false
+	}
+	if r.err != nil {
+		// Nothing better to tell: the pod's events go on with the status known.
+		log.G(ctx).WithField(o.kind.String(), o.id).WithError(r.err).Debug("refresh status call failed")
+	} else {
+		s.update(ctx, o, statusObs(o, r))
+	}
+	s.flush(ctx, o.pod)
+}
+
+// applyVerify applies the answer of a verification call (verify): the status known is replaced by
+// containerd's, and an exit containerd does not show yet is asked again (reverify).
+func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
+	o.verifying = false
+	logger := log.G(ctx).WithField(o.kind.String(), o.id)
+	if r.err != nil {
+		if !isNotFound(r.err) {
+			logger.WithError(r.err).Debug("verification status call failed")
+			if o.verifyExit {
+				s.reverify(ctx, o)
+			}
+		}
+		return
+	}
+	oldC, oldS := o.ceff, o.seff
+	s.update(ctx, o, statusObs(o, r))
+	if (o.kind == KindContainer && !proto.Equal(oldC, o.ceff)) || (o.kind == KindSandbox && !proto.Equal(oldS, o.seff)) {
+		s.metrics.StatusMismatch(o.kind)
+		if log.GetLevel() >= log.DebugLevel {
+			logger.Debug("verified status differs from the one emitted: cache updated")
+		}
+	}
+	if o.verifyExit && o.kind == KindContainer && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+		s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
+	}
+	s.flush(ctx, o.pod)
+}
+
+// applyStatus applies the answer (or failure) of o's status call (ensureFetch, retryFetch), and decides
+// whether to call again: until the status caught up with what the inputs reported, within the backoff's
+// window; a NotFound past it, or an error about a removed object, drops an object that never had a
+// status and synthesizes what is missing of one that had.
+//
+// The call is outstanding (o.fetching) until its answer has been applied: while update applies a status,
+// its refresh must not start a second call (every incomplete answer would add a chain of retries and
+// restart the window), nor build a removed container's end without this answer. o.fetching is cleared
+// once the answer is in, before what follows decides whether to call again.
+func (s *state) applyStatus(ctx context.Context, o *object, r *fetchResult) {
+	windowOver := s.clock.Now().Sub(o.fetchStart) >= s.backoff.window || o.fetchAttempt >= s.backoff.maxAttempts
+	if r.err != nil {
+		o.fetching = false
+		s.statusFailed(ctx, o, r, windowOver)
+		s.flush(ctx, o.pod)
+		return
+	}
+	// NOTE: o.fetching is set already, unless the call was made for an earlier object of this id that
+	// was dropped while the call was out: its answer is applied as this object's own call's.
+	o.fetching = true
+	s.update(ctx, o, statusObs(o, r))
+	o.fetching = false
+	if o.kind == KindContainer && o.phase >= PhaseRunning && o.phase < PhaseRemoved && !o.complete {
+		// The CRI has not caught up with the start or the exit an input reported (containerd's
+		// start time, an exit code).
+		if windowOver {
+			s.giveUpFetch(ctx, o)
+		} else {
+			s.retryFetch(o, s.backoff.max)
+		}
+	} else {
+		s.refresh(ctx, o) // now that no call is outstanding (a removed object's end can be built)
+	}
+	s.flush(ctx, o.pod)
+}
+
+// statusFailed handles a failed status call of o: NotFound is retried within the window, another error
+// until the object is removed; then an object that never had a status is dropped, and one that had
+// gets what is missing synthesized.
+func (s *state) statusFailed(ctx context.Context, o *object, r *fetchResult, windowOver bool) {
+	logger := log.G(ctx).WithField(o.kind.String(), o.id)
+	switch {
 	case isNotFound(r.err):
 		if o.phase == PhaseRemoved || windowOver {
 			if !o.hasStatus() {
@@ -632,8 +670,7 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 				}
 				s.drop(ctx, o, reason)
 			} else {
-				o.fetchGaveUp = true
-				s.refresh(ctx, o)
+				s.giveUpFetch(ctx, o)
 			}
 		} else {
 			s.retryFetch(o, s.backoff.max)
@@ -644,14 +681,19 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 			if !o.hasStatus() {
 				s.drop(ctx, o, DropRemovedBeforeStatus)
 			} else {
-				o.fetchGaveUp = true
-				s.refresh(ctx, o)
+				s.giveUpFetch(ctx, o)
 			}
 		} else {
 			s.retryFetch(o, s.backoff.errMax)
 		}
 	}
-	s.flush(ctx, o.pod)
+}
+
+// giveUpFetch stops asking for o's status: what the CRI never told is synthesized (an exit code 255,
+// reason Unknown; a start time).
+func (s *state) giveUpFetch(ctx context.Context, o *object) {
+	o.fetchGaveUp = true
+	s.refresh(ctx, o)
 }
 
 func statusObs(o *object, r *fetchResult) Observation {
