@@ -2,7 +2,7 @@ package pleg
 
 // The status fetcher: the CRI status calls the state machine asks for (a first status, a retry, a
 // verification, a refresh, an OOM check), queued ready or delayed, made by a pool of workers, each
-// answer handed back to the state machine through the inbox (applyFetch in state.go).
+// answer handed back to the state machine through the inbox (applyFetch in calls.go).
 
 import (
 	"container/heap"
