@@ -64,6 +64,35 @@ func TestFanoutCoalesce(t *testing.T) {
 	}
 }
 
+// TestFanoutCoalesceWrapped: a full queue whose oldest event is not at the start of its ring coalesces
+// in order, and goes on queueing after it.
+func TestFanoutCoalesceWrapped(t *testing.T) {
+	m := newCountingMetrics()
+	f := newFanout(4, m)
+	s := f.subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, e := range [][2]string{{"x", "x1"}, {"x", "x2"}, {"x", "x3"}} {
+		f.publish(ctx, podEvent(e[0], e[1]))
+	}
+	for range 3 {
+		if _, err := s.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The ring's oldest event is now its fourth place: a1 there, b1, a2, c1 wrapped to the start.
+	for _, e := range [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"c", "c1"}, {"b", "b2"}, {"d", "d1"}} {
+		f.publish(ctx, podEvent(e[0], e[1]))
+	}
+	// Full at b2: a1 (older than a2) and b1 (older than b2) go; d1 fits.
+	if d := cmp.Diff([]string{"a2", "c1", "b2", "d1"}, ids(pending(s))); d != "" {
+		t.Errorf("queue (-want +got):\n%s", d)
+	}
+	if m.coalesced != 2 || m.evicted != 0 {
+		t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
+	}
+}
+
 func TestFanoutEvict(t *testing.T) {
 	m := newCountingMetrics()
 	f := newFanout(2, m)
