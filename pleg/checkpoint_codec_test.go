@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg/internal/checkpointpb"
 )
 
@@ -223,7 +224,7 @@ func TestCheckpointDecodeRejects(t *testing.T) {
 
 // FuzzCheckpointDecode: whatever the file holds, decoding never panics, and what decodes restores.
 func FuzzCheckpointDecode(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
 	h.startPod("s1", "c1", "c2")
 	h.startPod("s2")
@@ -242,7 +243,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
+		st := newState(testutil.NewClock(), NopMetrics{}, newFetcher(testutil.NewClock()), newFanout(4, NopMetrics{}), -1)
 		if n := st.restore(c); n != c.objects() || n != len(st.objects) {
 			t.Fatalf("restored %d objects of %d", n, c.objects())
 		}
@@ -251,7 +252,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 
 // FuzzCheckpointBody: mutations of a valid body, with a valid CRC so they reach the decoder.
 func FuzzCheckpointBody(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
 	h.startPod("s1", "c1", "c2")
 	valid, err := h.p.checkpointBytes()
@@ -264,7 +265,7 @@ func FuzzCheckpointBody(f *testing.F) {
 		if err != nil {
 			return
 		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
+		st := newState(testutil.NewClock(), NopMetrics{}, newFetcher(testutil.NewClock()), newFanout(4, NopMetrics{}), -1)
 		if n := st.restore(c); n != len(st.objects) {
 			t.Fatalf("restored %d objects, %d in the state", n, len(st.objects))
 		}

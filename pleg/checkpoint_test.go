@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // ckptMetrics records the checkpoint's metrics on top of countingMetrics.
@@ -64,7 +66,7 @@ const testScope = "unix:///run/containerd/containerd.sock"
 // newProcess is one pleg-nri process of a restart test: a PLEG with a checkpoint at path, on a runtime
 // (cri) and a clock that outlive it. Unlike newHarness it makes no relist: the first one is the test's
 // startup reconciliation.
-func newProcess(t testing.TB, cri *fakeCRI, clock *fakeClock, path string, mod ...func(*Config)) (*harness, *ckptMetrics) {
+func newProcess(t testing.TB, cri *fakeCRI, clock *testutil.Clock, path string, mod ...func(*Config)) (*harness, *ckptMetrics) {
 	t.Helper()
 	m := newCkptMetrics()
 	h := &harness{t: t, ctx: context.Background(), clock: clock, cri: cri, metrics: m.countingMetrics}
@@ -131,7 +133,7 @@ func (h *harness) mustWriteCheckpoint() {
 // it was down, with exact statuses, and nothing for what did not change (no status call either).
 func TestRestartFromCheckpoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state", "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	if _, err := h.p.Relist(h.ctx); err != nil {
 		t.Fatal(err)
@@ -230,7 +232,7 @@ func sorted(s []string) []string {
 // no status call.
 func TestRestartUnchanged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.startPod("s2")
@@ -267,7 +269,7 @@ func TestRestartUnchanged(t *testing.T) {
 // object stays in the checkpoint until its DELETED is received.
 func TestCheckpointDeliveryWatermark(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.mustWriteCheckpoint()
@@ -345,7 +347,7 @@ func TestCheckpointDeliveryWatermark(t *testing.T) {
 // TestCheckpointUnusable: a checkpoint that cannot be used is set aside and ignored: pleg-nri starts as
 // without one (every object is new) and never fails.
 func TestCheckpointUnusable(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	good := filepath.Join(t.TempDir(), "checkpoint")
 	h, _ := newProcess(t, cri, clock, good)
 	h.startPod("s1", "c1")
@@ -398,7 +400,7 @@ func TestCheckpointUnusable(t *testing.T) {
 
 // checkFresh starts a PLEG on an unusable checkpoint and checks it behaves as on a first start.
 // (A header with an empty payload decodes: an empty checkpoint of no scope, i.e. of another runtime.)
-func checkFresh(t *testing.T, cri *fakeCRI, clock *fakeClock, path string) {
+func checkFresh(t *testing.T, cri *fakeCRI, clock *testutil.Clock, path string) {
 	t.Helper()
 	h, m := newProcess(t, cri, clock, path)
 	if !slices.Equal(m.loaded, []string{CheckpointUnusable}) {
@@ -423,7 +425,7 @@ func checkFresh(t *testing.T, cri *fakeCRI, clock *fakeClock, path string) {
 // state that was written.
 func TestCheckpointRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.startPod("s2", "c3")
@@ -527,13 +529,7 @@ func TestCheckpointWriter(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Eventually(t, 10*time.Second, what, cond)
 	}
 	now := time.Now()
 	cri.runSandbox("s1", now)
@@ -575,7 +571,7 @@ func TestNewCheckpointDirUnusable(t *testing.T) {
 // TestStartupReplay: a subscriber that subscribes within StartupReplay after the startup reconciliation
 // gets every event since the start, then the new ones; after that window only the new ones.
 func TestStartupReplay(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 8})
 	if err != nil {
@@ -620,7 +616,7 @@ func TestStartupReplay(t *testing.T) {
 // TestStartupReplayOverflow: a replay full of distinct pods is dropped, with a metric; one with several
 // events of a pod is coalesced first.
 func TestStartupReplayOverflow(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 4})
 	if err != nil {
@@ -653,7 +649,7 @@ func TestStartupReplayOverflow(t *testing.T) {
 // received until one subscriber got them.
 func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute,
 		CheckpointPath: path, CheckpointScope: testScope})
@@ -685,7 +681,7 @@ func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 // the lock, the encoding (cold: every status marshalled; warm: unchanged statuses reused) and the
 // durable write.
 func BenchmarkCheckpoint(b *testing.B) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(b, cri, clock, filepath.Join(b.TempDir(), "checkpoint"))
 	for i := range 250 {
 		sb := fmt.Sprintf("sandbox-%03d-%s", i, "0123456789abcdef0123456789abcdef0123456789abcdef")

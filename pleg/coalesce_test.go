@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // typedEvent is an event of type t of pod uid about container id.
@@ -52,7 +54,7 @@ func TestCoalesceKeepsStartedAndStopped(t *testing.T) {
 				f := newFanout(tc.limit, m)
 				var s *Subscription
 				if replay {
-					f.startReplay(newFakeClock(), 1<<62)
+					f.startReplay(testutil.NewClock(), 1<<62)
 				} else {
 					s = f.subscribe()
 				}

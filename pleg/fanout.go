@@ -58,6 +58,9 @@ type Subscription struct {
 	stats SubscriptionStats
 
 	notify chan struct{} // capacity 1: wakes Next after a push, an eviction or Close
+	// waitHook, when set (by a test, before the first Next), is called by Next each time it is about to
+	// wait for a wake-up.
+	waitHook func()
 }
 
 // SubscriptionStats accounts for every event offered to one subscription, exactly:
@@ -324,6 +327,9 @@ func (s *Subscription) Next(ctx context.Context) (Event, error) {
 			return Event{}, status.Error(codes.Canceled, "event subscription closed")
 		}
 		s.mu.Unlock()
+		if s.waitHook != nil {
+			s.waitHook()
+		}
 		select {
 		case <-s.notify:
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // podEvent is an event of pod uid about container id.
@@ -128,12 +131,16 @@ func TestFanoutEvict(t *testing.T) {
 func TestSubscriptionClose(t *testing.T) {
 	f := newFanout(2, NopMetrics{})
 	s := f.subscribe()
+	// Close wakes a Next that waits: Close only once Next is about to wait.
+	waiting := make(chan struct{})
+	var once sync.Once
+	s.waitHook = func() { once.Do(func() { close(waiting) }) }
 	errc := make(chan error)
 	go func() {
 		_, err := s.Next(context.Background())
 		errc <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	<-waiting
 	s.Close()
 	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Errorf("Next after Close: %v", err)
@@ -187,9 +194,12 @@ func TestRun(t *testing.T) {
 
 	now := time.Now()
 	p.Observe(nriSandbox("s1", PhaseRunning, now)) // before the sandbox is in the CRI: retried
-	time.Sleep(5 * time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, "a status call of s1 before it is in the CRI", func() bool { return cri.callsOf("s1") > 0 })
 	cri.runSandbox("s1", now)
 	expect("CREATED s1", "STARTED s1")
+	if n := cri.callsOf("s1"); n < 2 {
+		t.Errorf("%d status calls of s1, want the NotFound and its retry", n)
+	}
 	cri.createContainer("c1", "s1", time.Now())
 	p.Observe(nriContainer("c1", "s1", PhaseCreated, time.Now()))
 	expect("CREATED c1")
