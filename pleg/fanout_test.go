@@ -51,48 +51,46 @@ func TestFanoutEverySubscriberGetsEverything(t *testing.T) {
 	}
 }
 
+// TestFanoutCoalesce: a full queue drops the events that a newer event of their pod supersedes, keeps
+// the rest in order, and goes on queueing; also when its oldest event is not at the start of its ring.
 func TestFanoutCoalesce(t *testing.T) {
-	m := newCountingMetrics()
-	f := newFanout(4, m)
-	s := f.subscribe()
-	for _, e := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"b", "b2"}, {"a", "a3"}, {"c", "c1"}} {
-		f.publish(context.Background(), podEvent(e[0], e[1]))
-	}
-	// Full at a3: a1, a2 (older than a3) and b1 (older than b2) go.
-	if d := cmp.Diff([]string{"b2", "a3", "c1"}, ids(pending(s))); d != "" {
-		t.Errorf("queue (-want +got):\n%s", d)
-	}
-	if m.coalesced != 3 || m.evicted != 0 {
-		t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
-	}
-}
-
-// TestFanoutCoalesceWrapped: a full queue whose oldest event is not at the start of its ring coalesces
-// in order, and goes on queueing after it.
-func TestFanoutCoalesceWrapped(t *testing.T) {
-	m := newCountingMetrics()
-	f := newFanout(4, m)
-	s := f.subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for _, e := range [][2]string{{"x", "x1"}, {"x", "x2"}, {"x", "x3"}} {
-		f.publish(ctx, podEvent(e[0], e[1]))
-	}
-	for range 3 {
-		if _, err := s.Next(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The ring's oldest event is now its fourth place: a1 there, b1, a2, c1 wrapped to the start.
-	for _, e := range [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"c", "c1"}, {"b", "b2"}, {"d", "d1"}} {
-		f.publish(ctx, podEvent(e[0], e[1]))
-	}
-	// Full at b2: a1 (older than a2) and b1 (older than b2) go; d1 fits.
-	if d := cmp.Diff([]string{"a2", "c1", "b2", "d1"}, ids(pending(s))); d != "" {
-		t.Errorf("queue (-want +got):\n%s", d)
-	}
-	if m.coalesced != 2 || m.evicted != 0 {
-		t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
+	for _, tc := range []struct {
+		name      string
+		read      int // events of another pod published and read first: where the ring's oldest event is
+		publish   [][2]string
+		want      []string
+		coalesced int
+	}{
+		// Full at a3: a1, a2 (older than a3) and b1 (older than b2) go.
+		{"ring from its start", 0, [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"b", "b2"}, {"a", "a3"}, {"c", "c1"}},
+			[]string{"b2", "a3", "c1"}, 3},
+		// a1 in the ring's fourth place, b1, a2, c1 wrapped to its start. Full at b2: a1 (older than a2)
+		// and b1 (older than b2) go; d1 fits.
+		{"ring wrapped", 3, [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"c", "c1"}, {"b", "b2"}, {"d", "d1"}},
+			[]string{"a2", "c1", "b2", "d1"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newCountingMetrics()
+			f := newFanout(4, m)
+			s := f.subscribe()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for i := range tc.read {
+				f.publish(ctx, podEvent("x", fmt.Sprint("x", i)))
+				if _, err := s.Next(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, e := range tc.publish {
+				f.publish(ctx, podEvent(e[0], e[1]))
+			}
+			if d := cmp.Diff(tc.want, ids(pending(s))); d != "" {
+				t.Errorf("queue (-want +got):\n%s", d)
+			}
+			if m.coalesced != tc.coalesced || m.evicted != 0 {
+				t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
+			}
+		})
 	}
 }
 

@@ -27,6 +27,14 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// The event types, short.
+const (
+	evCreated = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+	evStarted = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+	evStopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	evDeleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
+)
+
 // fakeCRI models containerd's CRI store: statuses as containerd answers them, replaced (never modified)
 // on every change, NotFound for what is not in the store.
 type fakeCRI struct {

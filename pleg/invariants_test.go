@@ -8,13 +8,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-const (
-	evCreated = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
-	evStarted = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
-	evStopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
-	evDeleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
-)
-
 // eventChecker checks, event by event, the contract every event stream of a PLEG keeps:
 //   - every event carries a sandbox status with metadata, its pod's, and created_at strictly increasing
 //     per pod (across restarts too);

@@ -483,8 +483,6 @@ func TestEmittedStatusesAreNotMutated(t *testing.T) {
 	}
 }
 
-// TestStartTimeFromVerification: an input that reports a start without its time (NRI before containerd
-// 2.3) gives a STARTED that says RUNNING; the verification call then brings containerd's start time.
 // TestStartTimeOnlyContainerds: a Running observation without containerd's own start time (a
 // /tasks/start event, whose timestamp is not the StartedAt containerd records) does not emit STARTED
 // with a guessed time: the event waits for a status answer and carries containerd's start time.
