@@ -21,6 +21,12 @@ HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
 # promtool: without the service discovery plugins (one of their modules is not on the proxy).
 PROMTOOL_VER    := v0.316.0
 PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
+# protoc-gen-go at the version of the google.golang.org/protobuf runtime in go.mod, which the generated
+# code is checked against; protoc from Debian's protobuf-compiler.
+PROTOC_GEN_GO_VER := $(shell awk '$$1 == "google.golang.org/protobuf" { print $$2 }' go.mod)
+PROTOC_GEN_GO     := $(PLEG_NRI_CACHE)/protoc-gen-go-$(PROTOC_GEN_GO_VER)/protoc-gen-go
+# The .proto files whose .pb.go are committed beside them.
+PROTOS            := pleg/internal/checkpointpb/checkpoint.proto
 INTEGRATION_PKGS := ./test/containerd-it/
 # A real kubelet on the harness's containerd, directly and through pleg-nri (part of make integration).
 KUBELET_E2E_PKG  := ./test/kubelet-e2e/
@@ -95,7 +101,7 @@ uninstall: ## Remove what make install put under PREFIX (the configuration and t
 ##@ Checks
 
 .PHONY: verify
-verify: fmt-check vet lint tidy-check ## gofmt, go vet, staticcheck and go mod tidy.
+verify: fmt-check vet lint tidy-check generate-check ## gofmt, go vet, staticcheck, go mod tidy and the generated code.
 
 .PHONY: fmt-check
 fmt-check: ## Fail if gofmt would change a file.
@@ -117,6 +123,35 @@ $(STATICCHECK):
 .PHONY: lint
 lint: $(STATICCHECK) ## staticcheck every package.
 	$(STATICCHECK) ./...
+
+##@ Generated code
+
+$(PROTOC_GEN_GO):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VER)
+
+.PHONY: protoc
+protoc: ## Install protoc (Debian's protobuf-compiler) if it is missing.
+	@command -v protoc >/dev/null || { \
+	  test "$$(id -u)" = 0 || { echo "protoc is missing: apt-get install protobuf-compiler (as root)"; exit 1; }; \
+	  apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null; }
+
+# gen-into DIR: the .pb.go of PROTOS, generated under DIR (same relative paths).
+define gen-into
+protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=$(1) --go_opt=paths=source_relative $(PROTOS)
+endef
+
+.PHONY: generate
+generate: protoc $(PROTOC_GEN_GO) ## Regenerate the committed .pb.go from the .proto files (installs protoc and protoc-gen-go if missing).
+	$(call gen-into,.)
+
+.PHONY: generate-check
+generate-check: protoc $(PROTOC_GEN_GO) ## Fail if the committed .pb.go differ from what make generate makes (the protoc version line aside).
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(call gen-into,$$tmp); \
+	rc=0; for f in $(PROTOS:.proto=.pb.go); do \
+	  diff -u -I '^//[[:space:]]*protoc[[:space:]]' $$f $$tmp/$$f || { echo "generate-check: $$f is not what make generate makes"; rc=1; }; \
+	done; exit $$rc
 
 ##@ Tests
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // BenchmarkObserve is the cost NRI hooks pay: Observe only appends to the inbox.
@@ -145,7 +147,7 @@ func BenchmarkRelist(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprintf("containers=%d", n), func(b *testing.B) {
 			cri := newFakeCRI()
-			p, err := New(Config{Status: cri, Clock: newFakeClock(), VerifyDelay: -1})
+			p, err := New(Config{Status: cri, Clock: testutil.NewClock(), VerifyDelay: -1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -174,7 +176,7 @@ func BenchmarkMemory(b *testing.B) {
 	var held float64
 	for b.Loop() {
 		before := heapInUse()
-		p, err := New(Config{Status: newFakeCRI(), Clock: newFakeClock(), VerifyDelay: -1})
+		p, err := New(Config{Status: newFakeCRI(), Clock: testutil.NewClock(), VerifyDelay: -1})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // ckptMetrics records the checkpoint's metrics on top of countingMetrics.
@@ -65,7 +66,7 @@ const testScope = "unix:///run/containerd/containerd.sock"
 // newProcess is one pleg-nri process of a restart test: a PLEG with a checkpoint at path, on a runtime
 // (cri) and a clock that outlive it. Unlike newHarness it makes no relist: the first one is the test's
 // startup reconciliation.
-func newProcess(t testing.TB, cri *fakeCRI, clock *fakeClock, path string, mod ...func(*Config)) (*harness, *ckptMetrics) {
+func newProcess(t testing.TB, cri *fakeCRI, clock *testutil.Clock, path string, mod ...func(*Config)) (*harness, *ckptMetrics) {
 	t.Helper()
 	m := newCkptMetrics()
 	h := &harness{t: t, ctx: context.Background(), clock: clock, cri: cri, metrics: m.countingMetrics}
@@ -132,14 +133,14 @@ func (h *harness) mustWriteCheckpoint() {
 // it was down, with exact statuses, and nothing for what did not change (no status call either).
 func TestRestartFromCheckpoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state", "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	if _, err := h.p.Relist(h.ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.startPod("s1", "c1", "c2", "c3", "c4")
-	h.startPod("s2", "c5")
-	h.startPod("s3", "c7")
+	before := h.startPod("s1", "c1", "c2", "c3", "c4")
+	before = append(before, h.startPod("s2", "c5")...)
+	before = append(before, h.startPod("s3", "c7")...)
 	// c4 exited and was seen exiting; c8 is only created.
 	h.clock.Advance(time.Millisecond)
 	h.cri.exitContainer("c4", 0, h.clock.Now())
@@ -149,12 +150,9 @@ func TestRestartFromCheckpoint(t *testing.T) {
 	cri.createContainer("c8", "s3", clock.Now()) // created on the runtime, never started
 	h.observe(nriContainer("c8", "s3", PhaseCreated, clock.Now()))
 	h.settle()
-	before := h.events()
+	inv := checkStream(t, nil, append(before, h.events()...))
 	h.mustWriteCheckpoint()
-	lastEvent := map[string]int64{}
-	for _, ev := range before {
-		lastEvent[ev.Response.PodSandboxStatus.Id] = ev.Response.CreatedAt
-	}
+	inv.restart(checkpointBaseline(path))
 
 	// pleg-nri is down. The runtime goes on.
 	clock.Advance(time.Minute)
@@ -185,8 +183,10 @@ func TestRestartFromCheckpoint(t *testing.T) {
 	}
 	for _, ev := range evs {
 		r := ev.Response
-		if r.CreatedAt <= lastEvent[r.PodSandboxStatus.Id] {
-			t.Errorf("%s: created_at %d not after the pod's last event before the restart (%d)", summary([]Event{ev})[0], r.CreatedAt, lastEvent[r.PodSandboxStatus.Id])
+		// The contract goes on across the restart: created_at after the pod's last event before it,
+		// nothing the checkpoint holds emitted again, the restored containers in every status list.
+		if msg := inv.check(ev); msg != "" {
+			t.Errorf("%s: %s", summary([]Event{ev})[0], msg)
 		}
 		if ev.Source != SourceStartup && ev.Source != SourceNRISync {
 			t.Errorf("%s: source %s, want startup or nri_sync", summary([]Event{ev})[0], ev.Source)
@@ -231,7 +231,7 @@ func sorted(s []string) []string {
 // no status call.
 func TestRestartUnchanged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.startPod("s2")
@@ -268,7 +268,7 @@ func TestRestartUnchanged(t *testing.T) {
 // object stays in the checkpoint until its DELETED is received.
 func TestCheckpointDeliveryWatermark(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.mustWriteCheckpoint()
@@ -346,7 +346,7 @@ func TestCheckpointDeliveryWatermark(t *testing.T) {
 // TestCheckpointUnusable: a checkpoint that cannot be used is set aside and ignored: pleg-nri starts as
 // without one (every object is new) and never fails.
 func TestCheckpointUnusable(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	good := filepath.Join(t.TempDir(), "checkpoint")
 	h, _ := newProcess(t, cri, clock, good)
 	h.startPod("s1", "c1")
@@ -399,7 +399,7 @@ func TestCheckpointUnusable(t *testing.T) {
 
 // checkFresh starts a PLEG on an unusable checkpoint and checks it behaves as on a first start.
 // (A header with an empty payload decodes: an empty checkpoint of no scope, i.e. of another runtime.)
-func checkFresh(t *testing.T, cri *fakeCRI, clock *fakeClock, path string) {
+func checkFresh(t *testing.T, cri *fakeCRI, clock *testutil.Clock, path string) {
 	t.Helper()
 	h, m := newProcess(t, cri, clock, path)
 	if !slices.Equal(m.loaded, []string{CheckpointUnusable}) {
@@ -424,7 +424,7 @@ func checkFresh(t *testing.T, cri *fakeCRI, clock *fakeClock, path string) {
 // state that was written.
 func TestCheckpointRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	h.startPod("s1", "c1", "c2")
 	h.startPod("s2", "c3")
@@ -528,13 +528,7 @@ func TestCheckpointWriter(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Eventually(t, 10*time.Second, what, cond)
 	}
 	now := time.Now()
 	cri.runSandbox("s1", now)
@@ -576,7 +570,7 @@ func TestNewCheckpointDirUnusable(t *testing.T) {
 // TestStartupReplay: a subscriber that subscribes within StartupReplay after the startup reconciliation
 // gets every event since the start, then the new ones; after that window only the new ones.
 func TestStartupReplay(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 8})
 	if err != nil {
@@ -621,7 +615,7 @@ func TestStartupReplay(t *testing.T) {
 // TestStartupReplayOverflow: a replay full of distinct pods is dropped, with a metric; one with several
 // events of a pod is coalesced first.
 func TestStartupReplayOverflow(t *testing.T) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 4})
 	if err != nil {
@@ -654,7 +648,7 @@ func TestStartupReplayOverflow(t *testing.T) {
 // received until one subscriber got them.
 func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
 	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute,
 		CheckpointPath: path, CheckpointScope: testScope})
@@ -682,63 +676,11 @@ func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 	s.Close()
 }
 
-// FuzzCheckpointDecode: whatever the file holds, decoding never panics, and what decodes restores.
-func FuzzCheckpointDecode(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
-	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
-	h.startPod("s1", "c1", "c2")
-	h.startPod("s2")
-	valid, err := h.p.checkpointBytes()
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(valid)
-	f.Add(valid[:checkpointHeader])
-	f.Add([]byte(checkpointMagic))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := decodeCheckpoint(data)
-		if err != nil {
-			return
-		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
-		if n := st.restore(c); n != c.objects() || n != len(st.objects) {
-			t.Fatalf("restored %d objects of %d", n, c.objects())
-		}
-	})
-}
-
-// FuzzCheckpointBody: mutations of a valid body, with a valid CRC so they reach the decoder.
-func FuzzCheckpointBody(f *testing.F) {
-	clock, cri := newFakeClock(), newFakeCRI()
-	h, _ := newProcess(f, cri, clock, filepath.Join(f.TempDir(), "checkpoint"))
-	h.startPod("s1", "c1", "c2")
-	valid, err := h.p.checkpointBytes()
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(valid[checkpointHeader:])
-	f.Fuzz(func(t *testing.T, body []byte) {
-		data := make([]byte, checkpointHeader, checkpointHeader+len(body))
-		copy(data, checkpointMagic)
-		binary.LittleEndian.PutUint32(data[8:], checkpointVersion)
-		data = append(data, body...)
-		binary.LittleEndian.PutUint32(data[12:], crc32.Checksum(body, crcTable))
-		c, err := decodeCheckpoint(data)
-		if err != nil {
-			return
-		}
-		st := newState(newFakeClock(), NopMetrics{}, newFetcher(newFakeClock()), newFanout(4, NopMetrics{}), -1)
-		if n := st.restore(c); n != len(st.objects) {
-			t.Fatalf("restored %d objects, %d in the state", n, len(st.objects))
-		}
-	})
-}
-
 // BenchmarkCheckpoint measures the checkpoint of 1000 containers (250 pods of 4): the snapshot under
 // the lock, the encoding (cold: every status marshalled; warm: unchanged statuses reused) and the
 // durable write.
 func BenchmarkCheckpoint(b *testing.B) {
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(b, cri, clock, filepath.Join(b.TempDir(), "checkpoint"))
 	for i := range 250 {
 		sb := fmt.Sprintf("sandbox-%03d-%s", i, "0123456789abcdef0123456789abcdef0123456789abcdef")

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // typedEvent is an event of type t of pod uid about container id.
@@ -21,12 +23,6 @@ func typedEvent(uid, id string, t runtimeapi.ContainerEventType) Event {
 // STARTED never replaces a STOPPED (kubelet 1.37 acts on STOPPED only). A CREATED is replaced by any
 // newer event of its pod; a STARTED or STOPPED by a newer one of the same or a later kind.
 func TestCoalesceKeepsStartedAndStopped(t *testing.T) {
-	const (
-		created = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
-		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
-		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
-		deleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
-	)
 	type ev struct {
 		pod, id string
 		t       runtimeapi.ContainerEventType
@@ -38,13 +34,13 @@ func TestCoalesceKeepsStartedAndStopped(t *testing.T) {
 		want    []string
 		evicted int
 	}{
-		{"DELETED after STOPPED", 2, []ev{{"a", "stop", stopped}, {"a", "c2", created}, {"a", "del", deleted}}, []string{"stop", "del"}, 0},
-		{"CREATED after STARTED", 2, []ev{{"a", "start", started}, {"b", "b1", started}, {"a", "new", created}}, nil, 1},
-		{"STARTED after STOPPED", 2, []ev{{"a", "stop", stopped}, {"b", "b1", started}, {"a", "start", started}}, nil, 1},
-		{"STOPPED after STARTED and CREATED", 3, []ev{{"a", "c", created}, {"a", "s", started}, {"b", "b1", stopped}, {"a", "x", stopped}}, []string{"b1", "x"}, 0},
-		{"STOPPED after STOPPED", 2, []ev{{"a", "x1", stopped}, {"a", "x2", stopped}, {"a", "x3", stopped}}, []string{"x3"}, 0},
-		{"DELETED after DELETED", 2, []ev{{"a", "d1", deleted}, {"a", "d2", deleted}, {"a", "d3", deleted}}, []string{"d3"}, 0},
-		{"STARTED after DELETED", 2, []ev{{"a", "d1", deleted}, {"a", "c1", created}, {"a", "s1", started}}, []string{"s1"}, 0},
+		{"DELETED after STOPPED", 2, []ev{{"a", "stop", evStopped}, {"a", "c2", evCreated}, {"a", "del", evDeleted}}, []string{"stop", "del"}, 0},
+		{"CREATED after STARTED", 2, []ev{{"a", "start", evStarted}, {"b", "b1", evStarted}, {"a", "new", evCreated}}, nil, 1},
+		{"STARTED after STOPPED", 2, []ev{{"a", "stop", evStopped}, {"b", "b1", evStarted}, {"a", "start", evStarted}}, nil, 1},
+		{"STOPPED after STARTED and CREATED", 3, []ev{{"a", "c", evCreated}, {"a", "s", evStarted}, {"b", "b1", evStopped}, {"a", "x", evStopped}}, []string{"b1", "x"}, 0},
+		{"STOPPED after STOPPED", 2, []ev{{"a", "x1", evStopped}, {"a", "x2", evStopped}, {"a", "x3", evStopped}}, []string{"x3"}, 0},
+		{"DELETED after DELETED", 2, []ev{{"a", "d1", evDeleted}, {"a", "d2", evDeleted}, {"a", "d3", evDeleted}}, []string{"d3"}, 0},
+		{"STARTED after DELETED", 2, []ev{{"a", "d1", evDeleted}, {"a", "c1", evCreated}, {"a", "s1", evStarted}}, []string{"s1"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, replay := range []bool{false, true} {
@@ -52,7 +48,7 @@ func TestCoalesceKeepsStartedAndStopped(t *testing.T) {
 				f := newFanout(tc.limit, m)
 				var s *Subscription
 				if replay {
-					f.startReplay(newFakeClock(), 1<<62)
+					f.startReplay(testutil.NewClock(), 1<<62)
 				} else {
 					s = f.subscribe()
 				}

@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -57,6 +58,9 @@ type Subscription struct {
 	stats SubscriptionStats
 
 	notify chan struct{} // capacity 1: wakes Next after a push, an eviction or Close
+	// waitHook, when set (by a test, before the first Next), is called by Next each time it is about to
+	// wait for a wake-up.
+	waitHook func()
 }
 
 // SubscriptionStats accounts for every event offered to one subscription, exactly:
@@ -191,43 +195,46 @@ func (s *Subscription) push(ev Event) bool {
 // coalesceLocked drops the queued events that a newer event of their pod supersedes (a queued one, or
 // next, the event about to be queued). It returns how many events it removed.
 func (s *Subscription) coalesceLocked(next Event) int {
-	size := len(s.buf)
-	keep := coalesceKeep(s.n, func(i int) Event { return s.buf[(s.head+i)%size] }, next)
-	kept := 0
-	for _, k := range keep {
-		if k {
-			kept++
-		}
-	}
-	if kept == s.n {
-		return 0
-	}
-	out := make([]Event, size)
-	j := 0
-	for i := 0; i < s.n; i++ {
-		if keep[i] {
-			out[j] = s.buf[(s.head+i)%size]
-			j++
-		}
-	}
-	removed := s.n - kept
-	s.buf, s.head, s.n = out, 0, kept
+	s.linearizeLocked()
+	kept := coalesce(s.buf[:s.n], next)
+	removed := s.n - len(kept)
+	s.n = len(kept)
 	return removed
 }
 
-// coalesceKeep says which of n queued events (at(0) the oldest) a coalescing keeps, next being the event
-// about to be queued after them.
-func coalesceKeep(n int, at func(int) Event, next Event) []bool {
-	newer := make(map[string]uint8, n) // pod key -> the types of the pod's newer events
-	newer[podKey(next)] = typeBit(next)
-	keep := make([]bool, n)
-	for i := n - 1; i >= 0; i-- {
-		ev := at(i)
-		k := podKey(ev)
-		keep[i] = !supersedes(newer[k], ev.Response.GetContainerEventType())
-		newer[k] |= typeBit(ev)
+// linearizeLocked rotates the ring so that its oldest event is at index 0: buf[:n] is then the queue,
+// in order.
+func (s *Subscription) linearizeLocked() {
+	if s.head == 0 {
+		return
 	}
-	return keep
+	slices.Reverse(s.buf[:s.head])
+	slices.Reverse(s.buf[s.head:])
+	slices.Reverse(s.buf)
+	s.head = 0
+}
+
+// coalesce drops from evs (queued events, the oldest first) the events that a newer event of their pod
+// supersedes: a later one in evs, or next, the event about to be queued after them. It works in place:
+// it returns the events kept, in order, and clears the rest of evs. A subscriber's full queue and a full
+// startup replay (replay.go) are coalesced by it.
+func coalesce(evs []Event, next Event) []Event {
+	newer := make(map[string]uint8, len(evs)) // pod key -> the types of the pod's newer events
+	newer[podKey(next)] = typeBit(next)
+	keep := make([]bool, len(evs))
+	for i := len(evs) - 1; i >= 0; i-- {
+		k := podKey(evs[i])
+		keep[i] = !supersedes(newer[k], evs[i].Response.GetContainerEventType())
+		newer[k] |= typeBit(evs[i])
+	}
+	out := evs[:0]
+	for i, ev := range evs {
+		if keep[i] {
+			out = append(out, ev)
+		}
+	}
+	clear(evs[len(out):])
+	return out
 }
 
 func typeBit(ev Event) uint8 { return 1 << uint(ev.Response.GetContainerEventType()&7) }
@@ -320,6 +327,9 @@ func (s *Subscription) Next(ctx context.Context) (Event, error) {
 			return Event{}, status.Error(codes.Canceled, "event subscription closed")
 		}
 		s.mu.Unlock()
+		if s.waitHook != nil {
+			s.waitHook()
+		}
 		select {
 		case <-s.notify:
 		case <-ctx.Done():

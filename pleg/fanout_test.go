@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // podEvent is an event of pod uid about container id.
@@ -48,19 +51,46 @@ func TestFanoutEverySubscriberGetsEverything(t *testing.T) {
 	}
 }
 
+// TestFanoutCoalesce: a full queue drops the events that a newer event of their pod supersedes, keeps
+// the rest in order, and goes on queueing; also when its oldest event is not at the start of its ring.
 func TestFanoutCoalesce(t *testing.T) {
-	m := newCountingMetrics()
-	f := newFanout(4, m)
-	s := f.subscribe()
-	for _, e := range [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"b", "b2"}, {"a", "a3"}, {"c", "c1"}} {
-		f.publish(context.Background(), podEvent(e[0], e[1]))
-	}
-	// Full at a3: a1, a2 (older than a3) and b1 (older than b2) go.
-	if d := cmp.Diff([]string{"b2", "a3", "c1"}, ids(pending(s))); d != "" {
-		t.Errorf("queue (-want +got):\n%s", d)
-	}
-	if m.coalesced != 3 || m.evicted != 0 {
-		t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
+	for _, tc := range []struct {
+		name      string
+		read      int // events of another pod published and read first: where the ring's oldest event is
+		publish   [][2]string
+		want      []string
+		coalesced int
+	}{
+		// Full at a3: a1, a2 (older than a3) and b1 (older than b2) go.
+		{"ring from its start", 0, [][2]string{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}, {"b", "b2"}, {"a", "a3"}, {"c", "c1"}},
+			[]string{"b2", "a3", "c1"}, 3},
+		// a1 in the ring's fourth place, b1, a2, c1 wrapped to its start. Full at b2: a1 (older than a2)
+		// and b1 (older than b2) go; d1 fits.
+		{"ring wrapped", 3, [][2]string{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"c", "c1"}, {"b", "b2"}, {"d", "d1"}},
+			[]string{"a2", "c1", "b2", "d1"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newCountingMetrics()
+			f := newFanout(4, m)
+			s := f.subscribe()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for i := range tc.read {
+				f.publish(ctx, podEvent("x", fmt.Sprint("x", i)))
+				if _, err := s.Next(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, e := range tc.publish {
+				f.publish(ctx, podEvent(e[0], e[1]))
+			}
+			if d := cmp.Diff(tc.want, ids(pending(s))); d != "" {
+				t.Errorf("queue (-want +got):\n%s", d)
+			}
+			if m.coalesced != tc.coalesced || m.evicted != 0 {
+				t.Errorf("coalesced %d evicted %d", m.coalesced, m.evicted)
+			}
+		})
 	}
 }
 
@@ -99,12 +129,16 @@ func TestFanoutEvict(t *testing.T) {
 func TestSubscriptionClose(t *testing.T) {
 	f := newFanout(2, NopMetrics{})
 	s := f.subscribe()
+	// Close wakes a Next that waits: Close only once Next is about to wait.
+	waiting := make(chan struct{})
+	var once sync.Once
+	s.waitHook = func() { once.Do(func() { close(waiting) }) }
 	errc := make(chan error)
 	go func() {
 		_, err := s.Next(context.Background())
 		errc <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	<-waiting
 	s.Close()
 	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Errorf("Next after Close: %v", err)
@@ -158,9 +192,12 @@ func TestRun(t *testing.T) {
 
 	now := time.Now()
 	p.Observe(nriSandbox("s1", PhaseRunning, now)) // before the sandbox is in the CRI: retried
-	time.Sleep(5 * time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, "a status call of s1 before it is in the CRI", func() bool { return cri.callsOf("s1") > 0 })
 	cri.runSandbox("s1", now)
 	expect("CREATED s1", "STARTED s1")
+	if n := cri.callsOf("s1"); n < 2 {
+		t.Errorf("%d status calls of s1, want the NotFound and its retry", n)
+	}
 	cri.createContainer("c1", "s1", time.Now())
 	p.Observe(nriContainer("c1", "s1", PhaseCreated, time.Now()))
 	expect("CREATED c1")

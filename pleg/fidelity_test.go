@@ -279,17 +279,15 @@ func (r *recordingOOM) OOMKilled(ctx context.Context, id, cgroup string) (bool, 
 	return r.fakeOOM.OOMKilled(ctx, id, cgroup)
 }
 
-// TestOOMCheckGetsCgroup: the OOM check is asked with the container's cgroup as NRI reported it, so the
-// daemon's checker can read the count itself.
-func TestOOMCheckGetsCgroup(t *testing.T) {
-	oom := &recordingOOM{fakeOOM: fakeOOM{killed: map[string]bool{"c1": true}}}
-	h := newHarness(t, func(c *Config) { c.OOM = oom })
+// runningWithCgroup starts sandbox s1 and its container c1, whose cgroupsPath NRI reports as cgroup, and
+// takes their events.
+func (h *harness) runningWithCgroup(cgroup string) {
 	h.clock.Advance(time.Millisecond)
 	h.cri.runSandbox("s1", h.clock.Now())
 	h.observe(nriSandbox("s1", PhaseRunning, h.clock.Now()))
 	h.cri.createContainer("c1", "s1", h.clock.Now())
 	o := nriContainer("c1", "s1", PhaseCreated, h.clock.Now())
-	o.CgroupsPath = "/kubepods/pod-s1/c1"
+	o.CgroupsPath = cgroup
 	h.observe(o)
 	h.cri.startContainer("c1", h.clock.Now())
 	o = nriContainer("c1", "s1", PhaseRunning, h.clock.Now())
@@ -297,6 +295,14 @@ func TestOOMCheckGetsCgroup(t *testing.T) {
 	h.observe(o)
 	h.settle()
 	h.events()
+}
+
+// TestOOMCheckGetsCgroup: the OOM check is asked with the container's cgroup as NRI reported it, so the
+// daemon's checker can read the count itself.
+func TestOOMCheckGetsCgroup(t *testing.T) {
+	oom := &recordingOOM{fakeOOM: fakeOOM{killed: map[string]bool{"c1": true}}}
+	h := newHarness(t, func(c *Config) { c.OOM = oom })
+	h.runningWithCgroup("/kubepods/pod-s1/c1")
 	h.observe(taskExit("c1", 137, h.clock.Now()))
 	h.runDue()
 	if d := cmp.Diff([]string{"/kubepods/pod-s1/c1"}, oom.cgroups); d != "" {
@@ -336,19 +342,7 @@ func TestOOMCheckInline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			oom := &fastOOM{fakeOOM: fakeOOM{killed: map[string]bool{"c1": true}}, cgroups: tc.cgroups}
 			h := newHarness(t, func(c *Config) { c.OOM = oom })
-			h.clock.Advance(time.Millisecond)
-			h.cri.runSandbox("s1", h.clock.Now())
-			h.observe(nriSandbox("s1", PhaseRunning, h.clock.Now()))
-			h.cri.createContainer("c1", "s1", h.clock.Now())
-			o := nriContainer("c1", "s1", PhaseCreated, h.clock.Now())
-			o.CgroupsPath = "/kubepods/pod-s1/c1"
-			h.observe(o)
-			h.cri.startContainer("c1", h.clock.Now())
-			o = nriContainer("c1", "s1", PhaseRunning, h.clock.Now())
-			o.StartedAt = h.clock.Now()
-			h.observe(o)
-			h.settle()
-			h.events()
+			h.runningWithCgroup("/kubepods/pod-s1/c1")
 			h.observe(taskExit("c1", 137, h.clock.Now()))
 			evs := h.events()
 			if tc.calls > 0 {

@@ -16,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -25,25 +27,13 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fakeClock is a manual clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+// The event types, short.
+const (
+	evCreated = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+	evStarted = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+	evStopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	evDeleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
+)
 
 // fakeCRI models containerd's CRI store: statuses as containerd answers them, replaced (never modified)
 // on every change, NotFound for what is not in the store.
@@ -125,6 +115,13 @@ func (f *fakeCRI) ListContainers(context.Context) ([]*runtimeapi.Container, erro
 			Labels: c.Labels, Annotations: c.Annotations})
 	}
 	return out, nil
+}
+
+// callsOf returns the number of status calls of id.
+func (f *fakeCRI) callsOf(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[id]
 }
 
 func (f *fakeCRI) statusCalls() int {
@@ -337,7 +334,7 @@ func eventName(t runtimeapi.ContainerEventType) string {
 type harness struct {
 	t       testing.TB
 	ctx     context.Context
-	clock   *fakeClock
+	clock   *testutil.Clock
 	cri     *fakeCRI
 	metrics *countingMetrics
 	p       *PLEG
@@ -345,7 +342,7 @@ type harness struct {
 }
 
 func newHarness(t testing.TB, mod ...func(*Config)) *harness {
-	h := &harness{t: t, ctx: context.Background(), clock: newFakeClock(), cri: newFakeCRI(), metrics: newCountingMetrics()}
+	h := &harness{t: t, ctx: context.Background(), clock: testutil.NewClock(), cri: newFakeCRI(), metrics: newCountingMetrics()}
 	cfg := Config{Status: h.cri, Lister: h.cri, Clock: h.clock, Metrics: h.metrics, SubscriberQueue: 1 << 16}
 	for _, m := range mod {
 		m(&cfg)

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func TestSubscriptionStatsAccounting(t *testing.T) {
@@ -191,12 +193,10 @@ func runBurst(t *testing.T, pods, pausedPods, readers, queue int, withSlow bool)
 	// Settle until the state machine has applied every observation (the counter counts emissions).
 	waitEmitted := func(n int) {
 		t.Helper()
-		for m.emittedCount() < n {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("emitted %d events, want %d", m.emittedCount(), n)
-			case <-time.After(time.Millisecond):
-			}
+		if err := testutil.Poll(ctx, 2*time.Minute, fmt.Sprintf("%d events emitted", n), func() (bool, error) {
+			return m.emittedCount() >= n, fmt.Errorf("%d emitted", m.emittedCount())
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	burst := func(from, to int) {
@@ -213,12 +213,10 @@ func runBurst(t *testing.T, pods, pausedPods, readers, queue int, withSlow bool)
 	// second burst has, and only a subscriber that never reads can be evicted.
 	for _, r := range rs {
 		if r.reads && r.resume == nil {
-			for r.sub.Len() > 0 {
-				select {
-				case <-ctx.Done():
-					t.Fatalf("%s does not drain: %+v", r.name, r.sub.Stats())
-				case <-time.After(time.Millisecond):
-				}
+			if err := testutil.Poll(ctx, 2*time.Minute, r.name+" to drain", func() (bool, error) {
+				return r.sub.Len() == 0, fmt.Errorf("%+v", r.sub.Stats())
+			}); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
@@ -477,15 +475,14 @@ func TestFanoutStuckSubscriberMemoryAndLatency(t *testing.T) {
 	}
 	drained := func() {
 		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for _, r := range rs {
-			for r.sub.Len() > 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("readers do not drain")
+		testutil.Eventually(t, time.Minute, "the readers to drain", func() bool {
+			for _, r := range rs {
+				if r.sub.Len() > 0 {
+					return false
 				}
-				time.Sleep(time.Millisecond)
 			}
-		}
+			return true
+		})
 	}
 	publishPaced := func(n int) {
 		for i := range n {

@@ -146,7 +146,7 @@ type PLEG struct {
 	// startupDone is set after the first successful relist: the startup reconciliation.
 	startupDone atomic.Bool
 
-	ckpt ckptWriter // the checkpoint writer's state (checkpoint.go)
+	ckpt ckptWriter // the checkpoint writer's state (checkpoint_writer.go)
 }
 
 type realClock struct{}

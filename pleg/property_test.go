@@ -273,138 +273,30 @@ func (w *world) run() []Event {
 	return h.events()
 }
 
-// checkEvents checks the contract on a stream: exactly once per (id, type) except one corrected OOM
-// STOPPED; causal order per object and per pod; created_at strictly increasing per pod; a sandbox status
-// with metadata on every event and the statuses of exactly the live containers; a complete life for
-// every object that appeared (DELETED when the runtime removed it, STOPPED after any STARTED).
+// checkEvents checks the contract on a stream (eventChecker), then that every object that appeared had a
+// complete life: DELETED when the runtime removed it, STOPPED after any STARTED, and, when the inputs
+// saw everything, STARTED and STOPPED exactly as the runtime's container did.
 func checkEvents(t testing.TB, w *world, evs []Event) {
 	t.Helper()
-	type life struct {
-		idx     map[runtimeapi.ContainerEventType]int
-		stopped []string // reasons of the STOPPED events
-	}
-	lives := map[string]*life{}
-	lastAt := map[string]int64{}
-	live := map[string]map[string]bool{} // pod -> live containers (CREATED emitted, DELETED not)
-	const (
-		created = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
-		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
-		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
-		deleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
-	)
-	fail := func(i int, format string, args ...any) {
-		t.Helper()
-		t.Fatalf("event %d (%s): %s\nall: %v", i, summary(evs[i : i+1])[0], fmt.Sprintf(format, args...), summary(evs))
-	}
-	for i, ev := range evs {
-		r := ev.Response
-		ps := r.PodSandboxStatus
-		if ps == nil || ps.Metadata == nil || ps.Metadata.Uid == "" {
-			fail(i, "no sandbox status or metadata")
-		}
-		podID := ps.Id
-		if r.CreatedAt <= lastAt[podID] {
-			fail(i, "created_at %d not after %d", r.CreatedAt, lastAt[podID])
-		}
-		lastAt[podID] = r.CreatedAt
-		id, typ := r.ContainerId, r.ContainerEventType
-		isSandbox := id == podID
-		if !isSandbox && w.sandbox[id] != podID {
-			fail(i, "container of sandbox %s carries sandbox %s", w.sandbox[id], podID)
-		}
-		l := lives[id]
-		if l == nil {
-			l = &life{idx: map[runtimeapi.ContainerEventType]int{}}
-			lives[id] = l
-		}
-		if _, dup := l.idx[typ]; dup && typ != stopped {
-			fail(i, "duplicate")
-		}
-		if _, gone := l.idx[deleted]; gone {
-			fail(i, "after DELETED")
-		}
-		if typ != created {
-			if _, ok := l.idx[created]; !ok {
-				fail(i, "before CREATED")
-			}
-		}
-		if typ == stopped {
-			var reason string
-			if isSandbox {
-				if ps.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-					fail(i, "sandbox STOPPED with state %s", ps.State)
-				}
-			} else if st := statusOf(ev, id); st == nil || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
-				fail(i, "STOPPED with status %v", st)
-			} else {
-				reason = st.Reason
-			}
-			if len(l.stopped) == 1 && (l.stopped[0] == reasonOOMKilled || reason != reasonOOMKilled) {
-				fail(i, "second STOPPED is not an OOM correction (%v then %s)", l.stopped, reason)
-			}
-			if len(l.stopped) == 2 {
-				fail(i, "third STOPPED")
-			}
-			l.stopped = append(l.stopped, reason)
-		}
-		if _, ok := l.idx[typ]; !ok {
-			l.idx[typ] = i
-		}
-		// Per pod: the sandbox's CREATED first; its DELETED last.
-		if !isSandbox {
-			sl := lives[podID]
-			if sl == nil || func() bool { _, ok := sl.idx[created]; return !ok }() {
-				fail(i, "container event before its sandbox's CREATED")
-			}
-		}
-		if live[podID] == nil {
-			live[podID] = map[string]bool{}
-		}
-		if !isSandbox {
-			switch typ {
-			case created:
-				live[podID][id] = true
-			case deleted:
-				delete(live[podID], id)
-			}
-		}
-		if isSandbox && typ == deleted && len(live[podID]) > 0 {
-			fail(i, "sandbox DELETED with live containers %v", live[podID])
-		}
-		got := map[string]bool{}
-		for _, st := range r.ContainersStatuses {
-			if got[st.Id] {
-				fail(i, "container %s listed twice", st.Id)
-			}
-			got[st.Id] = true
-		}
-		if len(got) != len(live[podID]) {
-			fail(i, "statuses of %v, live containers %v", got, live[podID])
-		}
-		for c := range live[podID] {
-			if !got[c] {
-				fail(i, "live container %s missing from the statuses %v", c, got)
-			}
-		}
-	}
-	for id, l := range lives {
-		if _, ok := l.idx[started]; ok && len(l.stopped) == 0 && w.h.cri.container(id) == nil && w.h.cri.sandbox(id) == nil {
+	c := checkStream(t, w.sandbox, evs)
+	for id, o := range c.objects {
+		removed := w.h.cri.container(id) == nil && w.h.cri.sandbox(id) == nil
+		if o.count[evStarted] > 0 && len(o.stopped) == 0 && removed {
 			t.Errorf("%s: STARTED, removed, never STOPPED: %v", id, summary(evs))
 		}
-		removed := w.h.cri.container(id) == nil && w.h.cri.sandbox(id) == nil
-		if _, ok := l.idx[deleted]; ok != removed {
-			t.Errorf("%s: DELETED emitted %v, removed from the runtime %v: %v", id, ok, removed, summary(evs))
+		if deleted := o.count[evDeleted] > 0; deleted != removed {
+			t.Errorf("%s: DELETED emitted %v, removed from the runtime %v: %v", id, deleted, removed, summary(evs))
 		}
 		if !w.lossy && !w.relists && w.sandbox[id] != "" {
 			// Every input saw everything, and no relist ran ahead of them (a relist that finds a
 			// container gone while the state only knows it created gives CREATED, DELETED): STARTED
 			// exactly when the container started, STOPPED when it exited.
-			_, s := l.idx[started]
-			if s != w.started[id] || (len(l.stopped) > 0) != w.exited[id] {
-				t.Errorf("%s: started %v exited %v, STARTED %v, STOPPED %v: %v", id, w.started[id], w.exited[id], s, l.stopped, summary(evs))
+			s := o.count[evStarted] > 0
+			if s != w.started[id] || (len(o.stopped) > 0) != w.exited[id] {
+				t.Errorf("%s: started %v exited %v, STARTED %v, STOPPED %v: %v", id, w.started[id], w.exited[id], s, o.stopped, summary(evs))
 			}
-			if i, ok := l.idx[stopped]; ok {
-				if st := statusOf(evs[i], id); st.ExitCode != w.code[id] {
+			if o.count[evStopped] > 0 {
+				if st := statusOf(evs[o.first[evStopped]], id); st.ExitCode != w.code[id] {
 					t.Errorf("%s: STOPPED with exit code %d, exited with %d", id, st.ExitCode, w.code[id])
 				}
 			}

@@ -138,6 +138,7 @@ func countRepairs(m map[string]int, o *object, ob Observation) {
 func diffRelist(objects map[string]*object, tombs map[string]time.Time, after uint64,
 	sandboxes []*runtimeapi.PodSandbox, containers []*runtimeapi.Container, now time.Time) []Observation {
 	listed := make(map[string]struct{}, len(sandboxes)+len(containers))
+	dead := func(id string) bool { _, ok := tombs[id]; return ok }
 	var out []Observation
 	for _, sb := range sandboxes {
 		id := sb.GetId()
@@ -146,13 +147,7 @@ func diffRelist(objects map[string]*object, tombs map[string]time.Time, after ui
 		}
 		listed[id] = struct{}{}
 		ph := sandboxStatePhase(sb.GetState())
-		o := objects[id]
-		switch {
-		case o == nil:
-			if _, dead := tombs[id]; dead {
-				continue
-			}
-		case o.kind != KindSandbox || o.lastSeq > after || ph <= o.phase:
+		if !relistNews(objects[id], KindSandbox, ph, after, dead(id)) {
 			continue
 		}
 		out = append(out, Observation{
@@ -170,16 +165,7 @@ func diffRelist(objects map[string]*object, tombs map[string]time.Time, after ui
 		if ph == PhaseNone {
 			continue
 		}
-		o := objects[id]
-		switch {
-		case o == nil:
-			if _, dead := tombs[id]; dead {
-				continue
-			}
-			if _, dead := tombs[c.GetPodSandboxId()]; dead {
-				continue
-			}
-		case o.kind != KindContainer || o.lastSeq > after || ph <= o.phase:
+		if !relistNews(objects[id], KindContainer, ph, after, dead(id) || dead(c.GetPodSandboxId())) {
 			continue
 		}
 		out = append(out, Observation{
@@ -212,6 +198,16 @@ func diffRelist(objects map[string]*object, tombs map[string]time.Time, after ui
 		})
 	}
 	return out
+}
+
+// relistNews says whether a listed object of kind in phase ph tells the state something: an id the
+// state does not know (unless tombstoned: dead), or an object of that kind behind ph that no input
+// reported after the snapshot sequence after.
+func relistNews(o *object, kind Kind, ph Phase, after uint64, dead bool) bool {
+	if o == nil {
+		return !dead
+	}
+	return o.kind == kind && o.lastSeq <= after && ph > o.phase
 }
 
 func unixNano(ns int64) time.Time {

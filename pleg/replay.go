@@ -101,7 +101,7 @@ func (f *fanout) replayPublish(ctx context.Context, ev Event) []*Subscription {
 	r := &f.replay
 	if r.open.Load() {
 		if len(r.events) == f.limit {
-			r.events = coalesceEvents(r.events, ev)
+			r.events = coalesce(r.events, ev)
 		}
 		if len(r.events) == f.limit {
 			f.dropReplayLocked()
@@ -135,20 +135,6 @@ func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
 	if len(r.events) > 0 && log.GetLevel() >= log.DebugLevel {
 		log.G(ctx).WithField("subscriber", s.id).WithField("events", len(r.events)).Debug("startup replay handed to a new subscriber")
 	}
-}
-
-// coalesceEvents drops the events that a newer event of their pod supersedes (next being the event about
-// to be appended).
-func coalesceEvents(evs []Event, next Event) []Event {
-	keep := coalesceKeep(len(evs), func(i int) Event { return evs[i] }, next)
-	out := evs[:0]
-	for i, ev := range evs {
-		if keep[i] {
-			out = append(out, ev)
-		}
-	}
-	clear(evs[len(out):])
-	return out
 }
 
 // delivered returns the delivery watermark: the sequence number up to which every published event has

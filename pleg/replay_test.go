@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // samePod makes sandbox id a new sandbox of the pod of sandbox of (same uid and name), as the kubelet
@@ -29,7 +31,7 @@ func (f *fakeCRI) samePod(id, of string, attempt uint32) {
 // A subscriber connected at the time gets it, as from containerd's stream.
 func TestReplayLeavesOutDeletedOfReplacedSandbox(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
-	clock, cri := newFakeClock(), newFakeCRI()
+	clock, cri := testutil.NewClock(), newFakeCRI()
 	h, _ := newProcess(t, cri, clock, path)
 	if _, err := h.p.Relist(h.ctx); err != nil {
 		t.Fatal(err)

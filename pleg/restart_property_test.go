@@ -151,23 +151,33 @@ func (w *world) kill() {
 			old.t.Fatal(err)
 		}
 	}
-	seg := &restartSegment{baseline: map[string]Phase{}, live: map[string]map[string]bool{}}
-	if c, err := ReadCheckpoint(path); err == nil {
-		for _, o := range c.Objects {
-			seg.baseline[o.ID] = o.Phase
-			if o.Kind == KindContainer {
-				if seg.live[o.SandboxID] == nil {
-					seg.live[o.SandboxID] = map[string]bool{}
-				}
-				seg.live[o.SandboxID][o.ID] = true
-			}
-		}
-	}
+	seg := &restartSegment{}
+	seg.baseline, seg.live = checkpointBaseline(path)
 	w.segments = append(w.segments, seg)
 	h, _ := newProcess(old.t, old.cri, old.clock, path, func(c *Config) { c.SubscriberQueue = 4096 })
 	w.h = h
 	w.keepCheckpoint()
 	h.nriSync()
+}
+
+// checkpointBaseline returns what the checkpoint at path says was received: the phase by id, and by pod
+// the containers in its containers_statuses. Both are empty when there is no usable checkpoint.
+func checkpointBaseline(path string) (map[string]Phase, map[string]map[string]bool) {
+	baseline, live := map[string]Phase{}, map[string]map[string]bool{}
+	c, err := ReadCheckpoint(path)
+	if err != nil {
+		return baseline, live
+	}
+	for _, o := range c.Objects {
+		baseline[o.ID] = o.Phase
+		if o.Kind == KindContainer {
+			if live[o.SandboxID] == nil {
+				live[o.SandboxID] = map[string]bool{}
+			}
+			live[o.SandboxID][o.ID] = true
+		}
+	}
+	return baseline, live
 }
 
 // endSegments takes what the last process's subscriber has left.
@@ -176,115 +186,31 @@ func (w *world) endSegments() {
 	seg.events = append(seg.events, w.h.events()...)
 }
 
-// checkRestarts checks a restart world's segments.
+// checkRestarts checks a restart world's segments: each process's stream keeps the contract
+// (eventChecker, from the checkpoint it started from), and over all of them every transition the runtime
+// made was emitted at least once.
 func checkRestarts(t testing.TB, w *world) {
 	t.Helper()
-	const (
-		created = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
-		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
-		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
-		deleted = runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
-	)
 	union := map[string]map[runtimeapi.ContainerEventType]bool{}
-	lastAt := map[string]int64{}
 	var all []string
 	for k, seg := range w.segments {
 		for _, s := range summary(seg.events) {
 			all = append(all, fmt.Sprintf("%d:%s", k, s))
 		}
 	}
+	chk := newEventChecker(w.sandbox)
 	for k, seg := range w.segments {
-		fail := func(i int, format string, args ...any) {
-			t.Helper()
-			t.Fatalf("process %d (of %d, %d kills), event %d (%s): %s\nits baseline: %v\nall: %v", k, len(w.segments), w.kills, i,
-				summary(seg.events[i : i+1])[0], fmt.Sprintf(format, args...), seg.baseline, all)
-		}
-		live := map[string]map[string]bool{}
-		for pod, ctrs := range seg.live {
-			live[pod] = map[string]bool{}
-			for c := range ctrs {
-				live[pod][c] = true
-			}
-		}
-		seen := map[string]map[runtimeapi.ContainerEventType]int{}
-		reasons := map[string][]string{}
+		chk.restart(seg.baseline, seg.live)
 		for i, ev := range seg.events {
-			r := ev.Response
-			ps := r.PodSandboxStatus
-			if ps == nil || ps.Metadata == nil || ps.Metadata.Uid == "" {
-				fail(i, "no sandbox status or metadata")
+			if msg := chk.check(ev); msg != "" {
+				t.Fatalf("process %d (of %d, %d kills), event %d (%s): %s\nits baseline: %v\nall: %v", k, len(w.segments), w.kills, i,
+					summary(seg.events[i : i+1])[0], msg, seg.baseline, all)
 			}
-			podID := ps.Id
-			if r.CreatedAt <= lastAt[podID] {
-				fail(i, "created_at %d not after %d", r.CreatedAt, lastAt[podID])
-			}
-			lastAt[podID] = r.CreatedAt
-			id, typ := r.ContainerId, r.ContainerEventType
-			isSandbox := id == podID
-			if !isSandbox && w.sandbox[id] != podID {
-				fail(i, "container of sandbox %s carries sandbox %s", w.sandbox[id], podID)
-			}
-			if eventPhase(typ) <= seg.baseline[id] {
-				fail(i, "emitted again: the checkpoint it started from says %s was received", seg.baseline[id])
-			}
-			if seen[id] == nil {
-				seen[id] = map[runtimeapi.ContainerEventType]int{}
-			}
-			seen[id][typ]++
-			if seen[id][typ] > 1 && typ != stopped {
-				fail(i, "duplicate within one process")
-			}
-			if typ == stopped {
-				reason := ""
-				if !isSandbox {
-					st := statusOf(ev, id)
-					if st == nil || st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
-						fail(i, "STOPPED with status %v", st)
-					}
-					reason = st.Reason
-				}
-				prev := reasons[id]
-				if len(prev) == 1 && (prev[0] == reasonOOMKilled || reason != reasonOOMKilled) || len(prev) == 2 {
-					fail(i, "second STOPPED is not an OOM correction (%v then %s)", prev, reason)
-				}
-				reasons[id] = append(prev, reason)
-			}
-			if seen[id][deleted] > 0 && typ != deleted {
-				fail(i, "after DELETED")
-			}
-			if live[podID] == nil {
-				live[podID] = map[string]bool{}
-			}
-			if !isSandbox {
-				switch typ {
-				case created:
-					live[podID][id] = true
-				case deleted:
-					delete(live[podID], id)
-				}
-			}
-			if isSandbox && typ == deleted && len(live[podID]) > 0 {
-				fail(i, "sandbox DELETED with live containers %v", live[podID])
-			}
-			got := map[string]bool{}
-			for _, st := range r.ContainersStatuses {
-				if got[st.Id] {
-					fail(i, "container %s listed twice", st.Id)
-				}
-				got[st.Id] = true
-			}
-			if len(got) != len(live[podID]) {
-				fail(i, "statuses of %v, live containers %v", got, live[podID])
-			}
-			for c := range live[podID] {
-				if !got[c] {
-					fail(i, "live container %s missing from the statuses %v", c, got)
-				}
-			}
+			id, typ := ev.Response.ContainerId, ev.Response.ContainerEventType
 			if union[id] == nil {
 				union[id] = map[runtimeapi.ContainerEventType]bool{}
 			}
-			if union[id][typ] && seen[id][typ] == 1 {
+			if union[id][typ] && chk.objects[id].count[typ] == 1 {
 				w.redelivered++ // received from an earlier process after its last checkpoint write
 			}
 			union[id][typ] = true
@@ -306,39 +232,39 @@ func checkRestarts(t testing.TB, w *world) {
 	for _, sb := range sbs {
 		present[sb.Id] = true
 		if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
-			check(sb.Id, created, started)
+			check(sb.Id, evCreated, evStarted)
 		} else {
-			check(sb.Id, created, stopped)
+			check(sb.Id, evCreated, evStopped)
 		}
 	}
 	for _, c := range ctrs {
 		present[c.Id] = true
 		switch c.State {
 		case runtimeapi.ContainerState_CONTAINER_CREATED:
-			check(c.Id, created)
+			check(c.Id, evCreated)
 		case runtimeapi.ContainerState_CONTAINER_RUNNING:
-			check(c.Id, created, started)
+			check(c.Id, evCreated, evStarted)
 		case runtimeapi.ContainerState_CONTAINER_EXITED:
-			check(c.Id, created, stopped)
+			check(c.Id, evCreated, evStopped)
 		}
 	}
 	for id, u := range union {
 		if present[id] {
-			if u[deleted] {
+			if u[evDeleted] {
 				t.Errorf("%s: DELETED while it is still in the runtime: %v", id, all)
 			}
 			continue
 		}
-		if !u[deleted] && unknownToNext(w, id) {
+		if !u[evDeleted] && unknownToNext(w, id) {
 			// Known limit: its events were received after the last checkpoint write before a kill, and
 			// it was gone before the next pleg-nri had its status: that one never knew of it.
 			w.unseenEnds++
 			continue
 		}
 		// Removed: it was seen, so its removal must be told.
-		check(id, deleted)
-		if u[started] {
-			check(id, stopped)
+		check(id, evDeleted)
+		if u[evStarted] {
+			check(id, evStopped)
 		}
 	}
 }
