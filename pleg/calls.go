@@ -122,11 +122,16 @@ func (s *state) applyStatus(ctx context.Context, o *object, r *fetchResult) {
 		s.flush(ctx, o.pod)
 		return
 	}
-	// NOTE: o.fetching is set already, unless the call was made for an earlier object of this id that
-	// was dropped while the call was out: its answer is applied as this object's own call's.
-	o.fetching = true
+	if !o.fetching {
+		// NOTE: the call was made for an earlier object of this id, dropped while the call was out, and
+		// this object's own call has been answered already: the answer is one more observation of it,
+		// and decides nothing about calling again.
+		s.update(ctx, o, statusObs(o, r))
+		s.flush(ctx, o.pod)
+		return
+	}
 	s.update(ctx, o, statusObs(o, r))
-	o.fetching = false
+	o.fetching = false // the call is over
 	if o.kind == KindContainer && o.phase >= PhaseRunning && o.phase < PhaseRemoved && !o.complete {
 		// The CRI has not caught up with the start or the exit an input reported (containerd's
 		// start time, an exit code).
