@@ -1,5 +1,6 @@
 // Package testutil holds what the tests of every package share: one way to wait for a condition
-// (Eventually, Poll) and one manual clock (Clock). It is for tests and test harnesses only.
+// (Eventually, Poll, PollEvery), one manual clock (Clock), and one look at a process (Alive, WaitGone).
+// It is for tests and test harnesses only.
 package testutil
 
 import (
@@ -25,9 +26,15 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // Poll calls cond at once and then every PollInterval until it returns true, or until timeout or ctx ends;
 // the error then names what and holds cond's last error.
 func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	return PollEvery(ctx, timeout, PollInterval, what, cond)
+}
+
+// PollEvery is Poll looking at cond every interval: for a condition that costs more than a look at
+// memory (a call to a daemon, a command in a container), or that is not worth asking more often.
+func PollEvery(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	t := time.NewTicker(PollInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		ok, err := cond()

@@ -32,3 +32,15 @@ func TestClock(t *testing.T) {
 		t.Fatalf("Set: %s, want %s", c.Now(), start)
 	}
 }
+
+func TestPollEvery(t *testing.T) {
+	var n atomic.Int32
+	start := time.Now()
+	if err := PollEvery(context.Background(), 5*time.Second, 50*time.Millisecond, "the third call", func() (bool, error) { return n.Add(1) == 3, nil }); err != nil {
+		t.Fatal(err)
+	}
+	// At once, then twice more, 50 ms apart.
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Fatalf("three calls in %s: not every 50 ms", d)
+	}
+}
