@@ -23,22 +23,11 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
-
-// upgradedPlegNRI is pleg-nri built again with another version: a different binary, as an upgrade
-// installs (plegnri.Upgraded).
-func upgradedPlegNRI(t *testing.T) string {
-	t.Helper()
-	bin, err := plegnri.Upgraded(plegNRIBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
 
 // coreSocket is the core's event socket (beside the front's CRI socket).
 func (p *plegNRI) coreSocket() string { return filepath.Join(p.RunDir, "core.sock") }
@@ -71,7 +60,7 @@ type killPoint struct {
 // recorded when a SIGKILL came, which are named.
 func TestRestartsKeepStream(t *testing.T) {
 	logOnFailure(t)
-	upgraded := upgradedPlegNRI(t)
+	upgraded := plegnribin.Binary(t, plegnribin.Upgraded)
 	logStart := env.LogSize()
 	prefix := "restarts-" + randomSuffix()
 	p := startPlegNRI(t)

@@ -1,6 +1,6 @@
-// Package plegnri builds the real pleg-nri binary and runs it as a daemon against a test containerd, for
-// the tests that need the whole program rather than its packages (test/containerd-it,
-// test/kubelet-e2e).
+// Package plegnri runs the real pleg-nri binary (built by internal/testutil/plegnribin) as a daemon
+// against a test containerd, for the tests that need the whole program rather than its packages
+// (test/containerd-it, test/kubelet-e2e).
 //
 // The daemon is two processes: the core, which Start, Stop, Kill and Restart run as a service manager
 // would, and the front it spawns detached, which serves Socket and outlives the core's restarts.
@@ -27,53 +27,12 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
-// Build builds cmd/pleg-nri into dir and returns the binary's path.
-func Build(dir string) (string, error) {
-	return BuildVersion(dir, "pleg-nri", "")
-}
-
-// upgrades memoizes Upgraded: binary -> its upgraded copy (*upgrade).
-var upgrades sync.Map
-
-type upgrade struct {
-	once sync.Once
-	bin  string
-	err  error
-}
-
-// Upgraded builds, once per binary, pleg-nri again beside binary with another version string
-// (v99.0.0-upgrade-test): a different binary, as an upgrade installs.
-func Upgraded(binary string) (string, error) {
-	v, _ := upgrades.LoadOrStore(binary, &upgrade{})
-	u := v.(*upgrade)
-	u.once.Do(func() {
-		u.bin, u.err = BuildVersion(filepath.Dir(binary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
-	})
-	return u.bin, u.err
-}
-
-// BuildVersion builds cmd/pleg-nri into dir/name with its version set to version (the default when
-// empty), and returns the binary's path: a different binary, for upgrade tests.
-func BuildVersion(dir, name, version string) (string, error) {
-	bin := filepath.Join(dir, name)
-	args := []string{"build", "-o", bin}
-	if version != "" {
-		args = append(args, "-ldflags", "-X main.version="+version)
-	}
-	cmd := exec.Command("go", append(args, "github.com/pleg-nri/pleg-nri/cmd/pleg-nri")...)
-	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build pleg-nri: %w: %s", err, out)
-	}
-	return bin, nil
-}
-
 // logTailLines bounds the log a Daemon keeps for failure reports.
 const logTailLines = 2000
 
 // Options say how to run pleg-nri.
 type Options struct {
-	// Binary is the pleg-nri binary (from Build).
+	// Binary is the pleg-nri binary (from plegnribin.Build).
 	Binary string
 	// Env is the containerd it attaches to: its NRI socket, its events and its CRI.
 	Env *harness.Env
