@@ -14,7 +14,16 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
+
+// TestMain runs the tests and removes the pleg-nri they built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plegnribin.Cleanup()
+	os.Exit(code)
+}
 
 // repoRoot is the repository's root directory.
 func repoRoot() string {
@@ -61,17 +70,4 @@ func tryRun(name string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &b, &b
 	err := cmd.Run()
 	return b.String(), err
-}
-
-// buildStatic builds a static pleg-nri into dir.
-func buildStatic(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "pleg-nri")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version=deploy-test", "-o", bin, "./cmd/pleg-nri")
-	cmd.Dir = repoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
 // kubeadmKubeletConfig is a kubelet configuration as kubeadm writes it (abridged).
@@ -147,8 +149,8 @@ func TestNodeAgent(t *testing.T) {
 
 	// Upgrade: another binary and another configuration. pleg-nri is replaced and restarted; the
 	// kubelet stays switched and is not restarted.
-	newBin := buildStatic(t, t.TempDir())
-	// buildStatic's version is deploy-test; mark this one.
+	newBin := plegnribin.Binary(t, plegnribin.Deploy)
+	// Not the image's binary: its version is deploy-test.
 	upgraded := filepath.Join(tmp, "pleg-nri-upgraded")
 	data, err := os.ReadFile(newBin)
 	if err != nil {

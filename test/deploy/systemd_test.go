@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
 // baseImage is the Debian bookworm image that boots systemd (test/images/debian-base.sh).
@@ -157,7 +159,7 @@ func startNode(t *testing.T) *node {
 func TestSystemdUnits(t *testing.T) {
 	n := startNode(t)
 	tmp := t.TempDir()
-	bin := buildStatic(t, tmp)
+	bin := plegnribin.Binary(t, plegnribin.Deploy)
 	run(t, "docker", "cp", bin, n.name+":/root/pleg-nri")
 
 	// containerd from the cache, as its own unit; a stand-in kubelet.service.
