@@ -5,6 +5,7 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -29,18 +30,24 @@ func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (
 	return PollEvery(ctx, timeout, PollInterval, what, cond)
 }
 
-// PollEvery is Poll looking at cond every interval: for a condition that costs more than a look at
-// memory (a call to a daemon, a command in a container), or that is not worth asking more often.
+// PollEvery is Poll with interval between the end of one call of cond and the next: for a condition
+// that costs more than a look at memory (a call to a daemon, a command in a container), which a slow
+// answer must not make back-to-back.
 func PollEvery(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	t := time.NewTicker(interval)
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		ok, err := cond()
 		if ok {
 			return nil
 		}
+		var stop stopError
+		if errors.As(err, &stop) {
+			return fmt.Errorf("gave up waiting for %s: %w", what, stop.err)
+		}
+		t.Reset(interval)
 		select {
 		case <-ctx.Done():
 			if err != nil {
@@ -51,6 +58,15 @@ func PollEvery(ctx context.Context, timeout, interval time.Duration, what string
 		}
 	}
 }
+
+// Stop wraps the error a condition of Poll or PollEvery returns when waiting longer cannot make it true
+// (the process it waits for has exited): the poll then ends at once with err.
+func Stop(err error) error { return stopError{err} }
+
+type stopError struct{ err error }
+
+func (s stopError) Error() string { return s.err.Error() }
+func (s stopError) Unwrap() error { return s.err }
 
 // Receive reads from ch until want arrives, and fails t after timeout.
 func Receive[T comparable](t testing.TB, ch <-chan T, want T, timeout time.Duration) {

@@ -44,3 +44,21 @@ func TestPollEvery(t *testing.T) {
 		t.Fatalf("three calls in %s: not every 50 ms", d)
 	}
 }
+
+func TestPollStop(t *testing.T) {
+	exited := errors.New("it exited")
+	var n atomic.Int32
+	start := time.Now()
+	err := Poll(context.Background(), time.Minute, "readiness", func() (bool, error) {
+		if n.Add(1) == 2 {
+			return false, Stop(exited)
+		}
+		return false, errors.New("not yet")
+	})
+	if !errors.Is(err, exited) || !strings.Contains(err.Error(), "readiness") || n.Load() != 2 {
+		t.Fatalf("Poll after Stop: %v after %d calls, want %v at the second", err, n.Load(), exited)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Poll went on %s after Stop", d)
+	}
+}
