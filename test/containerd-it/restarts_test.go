@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
@@ -334,22 +335,16 @@ func TestFrontTakeover(t *testing.T) {
 		<-reaped
 	})
 	newPID := 0
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if pid, err := p.FrontPID(); err == nil && pid != old {
-			newPID = pid
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new front answers after the takeover; log:\n%s", p.FrontLog())
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := harness.WaitFor(context.Background(), 20*time.Second, "a new front to answer after the takeover", func() (bool, error) {
+		pid, err := p.FrontPID()
+		newPID = pid
+		return err == nil && pid != old, err
+	})
+	if err != nil {
+		t.Fatalf("%v; log:\n%s", err, p.FrontLog())
 	}
-	for deadline := time.Now().Add(20 * time.Second); harness.Alive(old); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the old front (pid %d) still runs after the takeover", old)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testutil.WaitGone(context.Background(), old, 20*time.Second); err != nil {
+		t.Fatalf("the old front still runs after the takeover: %v", err)
 	}
 	close(stopDial)
 	dialWG.Wait()
@@ -358,7 +353,7 @@ func TestFrontTakeover(t *testing.T) {
 		t.Errorf("a connection to the socket failed during the takeover: %v", err)
 	default:
 	}
-	err := harness.WaitFor(context.Background(), 10*time.Second, "the old front's stream to end", func() (bool, error) {
+	err = harness.WaitFor(context.Background(), 10*time.Second, "the old front's stream to end", func() (bool, error) {
 		return before.Err() != nil, nil
 	})
 	if err != nil || status.Code(before.Err()) != codes.Unavailable {

@@ -6,13 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
@@ -221,25 +221,9 @@ func (n *node) triggerExit(p *kubelet.PodStatus, pid int) {
 	if err := os.WriteFile(filepath.Join(n.emptyDir(p.Metadata.UID), "exit"), nil, 0o644); err != nil {
 		n.t.Fatal(err)
 	}
-	err := harness.WaitFor(context.Background(), 20*time.Second, "the waiter's process to exit", func() (bool, error) {
-		return !processAlive(pid), nil
-	})
-	if err != nil {
+	if err := testutil.WaitGone(context.Background(), pid, 20*time.Second); err != nil {
 		n.t.Fatal(err)
 	}
-}
-
-// processAlive says whether pid is a live process (not a zombie).
-func processAlive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
 }
 
 // TestContainerdRestart restarts containerd under a running kubelet, with a container exiting while

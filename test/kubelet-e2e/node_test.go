@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
@@ -497,7 +498,7 @@ func checkLifetimes(t testing.TB, cri runtimeapi.RuntimeServiceClient) {
 		}
 		end := st.GetStatus().GetFinishedAt()
 		if end == 0 {
-			if pid := containerdPID(ctx, cri, c.Id); pid == 0 || !processAlive(pid) {
+			if pid := containerdPID(ctx, cri, c.Id); pid == 0 || !testutil.Alive(pid) {
 				// Exited, but containerd has not recorded it yet (it does once the task is deleted): its
 				// end is unknown; the watcher covered its lifetime.
 				continue
@@ -540,7 +541,7 @@ func (w *dupWatcher) poll(ctx context.Context, cri runtimeapi.RuntimeServiceClie
 		// are alive count.
 		var alive []string
 		for _, id := range ids {
-			if pid := containerdPID(cctx, cri, id); pid != 0 && processAlive(pid) {
+			if pid := containerdPID(cctx, cri, id); pid != 0 && testutil.Alive(pid) {
 				alive = append(alive, fmt.Sprintf("%s (pid %d)", id, pid))
 			}
 		}

@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // DefaultCache is where install-deps.sh keeps the binaries it builds, one directory per version.
@@ -242,7 +244,7 @@ func InstallDeps(ctx context.Context, cache string, log io.Writer) error {
 // Start starts containerd (again, after Stop) and waits until its CRI reports the runtime and the
 // network ready and the test images are present; on the first start it imports them.
 func (e *Env) Start(ctx context.Context) error {
-	if e.cmd != nil || (e.Container != "" && e.PID != 0 && Alive(e.PID)) {
+	if e.cmd != nil || (e.Container != "" && e.PID != 0 && testutil.Alive(e.PID)) {
 		return errors.New("containerd is already running")
 	}
 	if e.Container != "" {
@@ -311,53 +313,48 @@ func appendLog(path, line string) error {
 	return err
 }
 
-// waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady.
+// waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady and the NRI socket is
+// there, every 50 ms for 30 s; it gives up at once when containerd exits.
 func (e *Env) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var lastErr error
-	for {
+	return testutil.PollEvery(ctx, 30*time.Second, 50*time.Millisecond, "containerd's CRI and NRI", func() (bool, error) {
 		select {
 		case <-e.exited:
-			return errors.New("containerd exited")
+			return false, testutil.Stop(errors.New("containerd exited"))
 		default:
 		}
-		if e.Container != "" && !Alive(e.PID) {
-			return errors.New("containerd exited")
+		if e.Container != "" && !testutil.Alive(e.PID) {
+			return false, testutil.Stop(errors.New("containerd exited"))
 		}
-		lastErr = func() error {
-			conn, err := e.Dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-			defer ccancel()
-			resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(cctx, &runtimeapi.StatusRequest{})
-			if err != nil {
-				return err
-			}
-			for _, c := range resp.GetStatus().GetConditions() {
-				// Other conditions (containerd's cgroup v1 deprecation warning, say) do not stop pods.
-				if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
-					return fmt.Errorf("condition %s is false: %s %s", c.Type, c.Reason, c.Message)
-				}
-			}
-			return nil
-		}()
-		if lastErr == nil {
-			_, err := os.Stat(e.NRISocket)
-			if err == nil {
-				return nil
-			}
-			lastErr = fmt.Errorf("NRI socket not there: %w", err)
+		if err := e.criReady(ctx); err != nil {
+			return false, err
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
-		case <-time.After(50 * time.Millisecond):
+		if _, err := os.Stat(e.NRISocket); err != nil {
+			return false, fmt.Errorf("NRI socket not there: %w", err)
+		}
+		return true, nil
+	})
+}
+
+// criReady asks the CRI for its Status: an error unless it answers with RuntimeReady and NetworkReady.
+func (e *Env) criReady(ctx context.Context) error {
+	conn, err := e.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ccancel()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(cctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, c := range resp.GetStatus().GetConditions() {
+		// Other conditions (containerd's cgroup v1 deprecation warning, say) do not stop pods.
+		if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
+			return fmt.Errorf("condition %s is false: %s %s", c.Type, c.Reason, c.Message)
 		}
 	}
+	return nil
 }
 
 // ensureImages imports the test images unless the CRI already lists them.
@@ -380,13 +377,18 @@ func (e *Env) ensureImages(ctx context.Context) error {
 	if present() {
 		return nil
 	}
+	if err := e.importImages(ctx); err != nil {
+		return err
+	}
+	return WaitFor(ctx, 10*time.Second, "the imported images in the CRI image store", func() (bool, error) {
+		return present(), nil
+	})
+}
+
+// importImages imports the test images into containerd's k8s.io namespace.
+func (e *Env) importImages(ctx context.Context) error {
 	if e.Container != "" {
-		if err := e.importInContainer(ctx); err != nil {
-			return err
-		}
-		return WaitFor(ctx, 10*time.Second, "the imported images in the CRI image store", func() (bool, error) {
-			return present(), nil
-		})
+		return e.importInContainer(ctx)
 	}
 	archives, err := BuildImages(ctx, e.Cache)
 	if err != nil {
@@ -398,13 +400,6 @@ func (e *Env) ensureImages(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("ctr images import %s: %w: %s", a, err, out)
 		}
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !present() {
-		if time.Now().After(deadline) {
-			return errors.New("imported images did not appear in the CRI image store")
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	return nil
 }
@@ -443,15 +438,15 @@ func (e *Env) Restart(ctx context.Context) error {
 func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
 	if e.cmd == nil {
 		// Not our child (loaded from env.json): signal the recorded pid.
-		if e.PID == 0 || !Alive(e.PID) {
+		if e.PID == 0 || !testutil.Alive(e.PID) {
 			e.PID = 0
 			return nil
 		}
 		_ = syscall.Kill(e.PID, sig)
-		if !waitGone(ctx, e.PID, grace) {
+		if testutil.WaitGone(ctx, e.PID, grace) != nil {
 			_ = syscall.Kill(e.PID, syscall.SIGKILL)
-			if !waitGone(ctx, e.PID, 5*time.Second) {
-				return fmt.Errorf("containerd (pid %d) did not exit", e.PID)
+			if err := testutil.WaitGone(ctx, e.PID, 5*time.Second); err != nil {
+				return fmt.Errorf("containerd (pid %d) did not exit: %w", e.PID, err)
 			}
 		}
 		e.PID = 0
@@ -478,7 +473,7 @@ func (e *Env) Running() bool {
 			return true
 		}
 	}
-	return e.PID != 0 && Alive(e.PID)
+	return e.PID != 0 && testutil.Alive(e.PID)
 }
 
 // LogTail returns the last n lines of containerd's log.
@@ -534,31 +529,6 @@ func (e *Env) Exports() string {
 		fmt.Fprintf(&b, "export %s=%q\n", kv[0], kv[1])
 	}
 	return strings.ReplaceAll(b.String(), `"`+e.BinDir+`:$PATH"`, `"`+e.BinDir+`:${PATH}"`)
-}
-
-// Alive says whether pid is a live process (not a zombie).
-func Alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the command name in parentheses.
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
-
-func waitGone(ctx context.Context, pid int, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for Alive(pid) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }
 
 // pickSnapshotter returns overlayfs when an overlay mount works under dir, native otherwise.

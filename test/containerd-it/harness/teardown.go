@@ -17,6 +17,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // cniStateDir is where libcni and host-local keep their state, whatever containerd is configured with.
@@ -86,7 +88,7 @@ func (e *Env) ownedProcesses() []int {
 	var pids []int
 	for _, ent := range entries {
 		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !Alive(pid) {
+		if err != nil || pid == self || !testutil.Alive(pid) {
 			continue
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -311,7 +313,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		e, err := Load(dir)
-		if err != nil || e.Owner == 0 || Alive(e.Owner) {
+		if err != nil || e.Owner == 0 || testutil.Alive(e.Owner) {
 			continue
 		}
 		e.SetLog(log)

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -122,13 +123,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	return d.waitReady(ctx)
 }
 
-// waitReady waits for /readyz.
+// waitReady waits for /readyz; it gives up at once when pleg-nri exits.
 func (d *Daemon) waitReady(ctx context.Context) error {
 	exited := d.exited
 	err := harness.WaitFor(ctx, 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
 		select {
 		case <-exited:
-			return false, errors.New("pleg-nri exited")
+			return false, testutil.Stop(errors.New("pleg-nri exited"))
 		default:
 		}
 		resp, err := http.Get("http://" + d.MetricsAddr + "/readyz")
@@ -231,7 +232,7 @@ func ProcessesNaming(s string) []int {
 	var pids []int
 	for _, e := range entries {
 		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() || !harness.Alive(pid) {
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() || !testutil.Alive(pid) {
 			continue
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -280,13 +281,9 @@ func stopFront(runDir string, pid int) error {
 	if _, err := frontOp(runDir, "stop"); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for harness.Alive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			return fmt.Errorf("the front (pid %d) did not stop within 10s: killed", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if testutil.WaitGone(context.Background(), pid, 10*time.Second) != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return fmt.Errorf("the front (pid %d) did not stop within 10s: killed", pid)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -255,7 +256,7 @@ func (k *Kubelet) ownedProcesses() []int {
 	var pids []int
 	for _, ent := range entries {
 		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !harness.Alive(pid) {
+		if err != nil || pid == self || !testutil.Alive(pid) {
 			continue
 		}
 		cgroups, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -299,7 +300,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		k, err := Load(dir)
-		if err != nil || k.Owner == 0 || harness.Alive(k.Owner) {
+		if err != nil || k.Owner == 0 || testutil.Alive(k.Owner) {
 			continue
 		}
 		fmt.Fprintf(log, "kubelet: tearing down stale kubelet %s (owner %d is gone)\n", dir, k.Owner)
@@ -339,13 +340,6 @@ func Lock(ctx context.Context, log io.Writer) (func(), error) {
 			return nil, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
-	}
-}
-
-func waitGone(pid int, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for harness.Alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

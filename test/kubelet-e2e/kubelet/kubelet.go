@@ -28,6 +28,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
@@ -267,7 +268,7 @@ func (k *Kubelet) Start(ctx context.Context) error {
 	err = harness.WaitFor(ctx, 60*time.Second, "the kubelet's /healthz and /pods", func() (bool, error) {
 		select {
 		case <-k.exited:
-			return false, errors.New("the kubelet exited")
+			return false, testutil.Stop(errors.New("the kubelet exited"))
 		default:
 		}
 		for _, url := range []string{
@@ -304,9 +305,9 @@ func httpOK(url string) error {
 // as they do when a kubelet restarts on a node.
 func (k *Kubelet) Stop() {
 	if k.cmd == nil {
-		if k.PID != 0 && harness.Alive(k.PID) && k.ownsPID(k.PID) {
+		if k.PID != 0 && testutil.Alive(k.PID) && k.ownsPID(k.PID) {
 			_ = syscall.Kill(k.PID, syscall.SIGKILL)
-			waitGone(k.PID, 10*time.Second)
+			_ = testutil.WaitGone(context.Background(), k.PID, 10*time.Second)
 		}
 		k.PID = 0
 		return
