@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -278,23 +279,22 @@ func evictions(t *testing.T, log string) []evictionLog {
 	return out
 }
 
-// waitStable waits until f returns the same value for quiet in a row, and returns it.
+// waitStable waits until f returns the same value for quiet in a row (it asks every 50 ms), and
+// returns it.
 func waitStable(t *testing.T, what string, quiet, limit time.Duration, f func() float64) float64 {
 	t.Helper()
-	deadline := time.Now().Add(limit)
 	last, since := f(), time.Now()
-	for {
-		time.Sleep(50 * time.Millisecond)
-		v := f()
-		if v != last {
+	err := testutil.PollEvery(context.Background(), limit, 50*time.Millisecond, what+" to settle", func() (bool, error) {
+		if v := f(); v != last {
 			last, since = v, time.Now()
-		} else if time.Since(since) >= quiet {
-			return v
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not settle within %s (last %v)", what, limit, v)
-		}
+		return time.Since(since) >= quiet, nil
+	})
+	if err != nil {
+		t.Fatalf("%v (last %v)", err, last)
 	}
+	return last
 }
 
 // waitMetric waits until pleg-nri's metric is want.

@@ -7,6 +7,8 @@ package deploy
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +16,9 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
@@ -51,6 +55,15 @@ func need(t *testing.T, ok bool, format string, args ...any) {
 		t.Fatalf("environment absent under make test-deploy: %s", msg)
 	}
 	t.Skipf("SKIP (loud): %s (make test-deploy builds it)", msg)
+}
+
+// pollDetail waits until cond holds, asking every interval for at most d; the error holds cond's last
+// detail.
+func pollDetail(d, interval time.Duration, what string, cond func() (bool, string)) error {
+	return testutil.PollEvery(context.Background(), d, interval, what, func() (bool, error) {
+		ok, detail := cond()
+		return ok, errors.New(detail)
+	})
 }
 
 // run runs name with args and returns its combined output; an error fails the test with that output.

@@ -86,19 +86,12 @@ func (n *node) prop(unit, name string) string {
 	return strings.TrimSpace(n.exec("systemctl", "show", "-p", name, "--value", unit))
 }
 
-// waitFor polls cond every 200ms for up to d.
+// waitFor fails the test unless cond holds within d (it asks every 200 ms); the failure holds cond's
+// last detail.
 func (n *node) waitFor(what string, d time.Duration, cond func() (bool, string)) {
 	n.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: not within %s: %s", what, d, detail)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := pollDetail(d, 200*time.Millisecond, what, cond); err != nil {
+		n.t.Fatal(err)
 	}
 }
 
