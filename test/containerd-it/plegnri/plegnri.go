@@ -228,19 +228,7 @@ func (d *Daemon) Processes() []int {
 
 // ProcessesNaming lists the live processes, other than this one, whose command line contains s.
 func ProcessesNaming(s string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() || !testutil.Alive(pid) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.Contains(string(cmdline), s) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return harness.ProcessesWhere(func(pid int) bool { return harness.CommandLineHas(pid, s) })
 }
 
 // FrontPID asks the front serving Socket for its pid.

@@ -337,10 +337,7 @@ func (k *Kubelet) Running() bool {
 }
 
 // ownsPID says whether pid is this kubelet (its command line names the kubelet's directory).
-func (k *Kubelet) ownsPID(pid int) bool {
-	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return strings.Contains(string(cmdline), k.Dir)
-}
+func (k *Kubelet) ownsPID(pid int) bool { return harness.CommandLineHas(pid, k.Dir) }
 
 // WritePod writes a static pod manifest; the kubelet picks it up within a second.
 func (k *Kubelet) WritePod(p Pod) error {
