@@ -13,7 +13,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
@@ -120,26 +119,7 @@ func TestKubeletOnPlegNRI(t *testing.T) {
 		}
 		// The kubelet drops the pod and stops it at once; it removes the stopped sandbox at its next
 		// container garbage collection (every minute), which this test does not wait for.
-		err := harness.WaitFor(context.Background(), podWaitTimeout, "pod sleepers gone from the kubelet and stopped in containerd", func() (bool, error) {
-			still, err := n.k.Pod("sleepers")
-			if err != nil || still != nil {
-				return false, err
-			}
-			for _, sb := range n.sandboxes(p.Metadata.UID) {
-				if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-					return false, nil
-				}
-			}
-			for _, c := range n.containers(p.Metadata.UID) {
-				if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		n.waitPodStopped("sleepers", p.Metadata.UID)
 	})
 
 	t.Run("stream consumed", func(t *testing.T) {

@@ -354,6 +354,32 @@ func (n *node) waitPod(name, what string, cond func(p *kubelet.PodStatus) (bool,
 	return last
 }
 
+// waitPodStopped waits until the kubelet no longer reports the pod made from manifest name (uid) and
+// containerd shows its sandboxes not ready and its containers exited: the kubelet stopped it.
+func (n *node) waitPodStopped(name, uid string) {
+	n.t.Helper()
+	err := harness.WaitFor(context.Background(), podWaitTimeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
+		still, err := n.k.Pod(name)
+		if err != nil || still != nil {
+			return false, err
+		}
+		for _, sb := range n.sandboxes(uid) {
+			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+				return false, nil
+			}
+		}
+		for _, c := range n.containers(uid) {
+			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+}
+
 // running accepts a pod in phase Running whose every container runs and is ready.
 func running(p *kubelet.PodStatus) (bool, error) {
 	if p.Status.Phase != "Running" || len(p.Status.ContainerStatuses) == 0 {

@@ -95,24 +95,5 @@ func TestOverlaidExit(t *testing.T) {
 	if err := n.k.RemovePod("held"); err != nil {
 		t.Fatal(err)
 	}
-	err = harness.WaitFor(context.Background(), podWaitTimeout, "pod held gone from the kubelet and stopped in containerd", func() (bool, error) {
-		still, err := n.k.Pod("held")
-		if err != nil || still != nil {
-			return false, err
-		}
-		for _, sb := range n.sandboxes(p.Metadata.UID) {
-			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-				return false, nil
-			}
-		}
-		for _, c := range n.containers(p.Metadata.UID) {
-			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n.waitPodStopped("held", p.Metadata.UID)
 }
