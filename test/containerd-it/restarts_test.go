@@ -82,18 +82,7 @@ func TestRestartsKeepStream(t *testing.T) {
 	for i, step := range steps {
 		time.Sleep(time.Duration(500+r.IntN(1000)) * time.Millisecond)
 		// A container that exits while the process is down.
-		gap := retryUnavailable(t, func() (string, error) {
-			resp, err := direct.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: gapPod,
-				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"), SandboxConfig: gapCfg})
-			if err != nil {
-				return "", err
-			}
-			return resp.ContainerId, nil
-		})
-		retryUnavailable(t, func() (string, error) {
-			_, err := direct.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: gap})
-			return "", err
-		})
+		gap := direct.startRetrying(t, gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"))
 		pid := containerPid(t, gap)
 		// It exits while the process is down.
 		exit := func() {
