@@ -85,9 +85,8 @@ type Env struct {
 	Container, Image string
 
 	opts Options
-	cmd  *exec.Cmd
-	// exited is closed when the containerd started by this process has been waited for.
-	exited chan struct{}
+	// proc is the containerd this process started (nil when it does not run, or runs in Docker).
+	proc *Process
 }
 
 // New prepares an environment: it installs the dependencies, builds the images, tears down stale
@@ -244,7 +243,7 @@ func InstallDeps(ctx context.Context, cache string, log io.Writer) error {
 // Start starts containerd (again, after Stop) and waits until its CRI reports the runtime and the
 // network ready and the test images are present; on the first start it imports them.
 func (e *Env) Start(ctx context.Context) error {
-	if e.cmd != nil || (e.Container != "" && e.PID != 0 && testutil.Alive(e.PID)) {
+	if e.proc != nil || (e.Container != "" && e.PID != 0 && testutil.Alive(e.PID)) {
 		return errors.New("containerd is already running")
 	}
 	if e.Container != "" {
@@ -259,17 +258,11 @@ func (e *Env) Start(ctx context.Context) error {
 	cmd := exec.Command(filepath.Join(e.BinDir, "containerd"), "--config", e.ConfigPath)
 	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own session: a Ctrl-C at the terminal must not kill it before the teardown does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	proc, err := StartProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("failed to start containerd: %w", err)
 	}
-	e.cmd, e.PID = cmd, cmd.Process.Pid
-	e.exited = make(chan struct{})
-	go func(exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(e.exited)
+	e.proc, e.PID = proc, proc.PID()
 	if err := e.save(); err != nil {
 		return err
 	}
@@ -317,12 +310,7 @@ func appendLog(path, line string) error {
 // there, every 50 ms for 30 s; it gives up at once when containerd exits.
 func (e *Env) waitReady(ctx context.Context) error {
 	return testutil.PollEvery(ctx, 30*time.Second, 50*time.Millisecond, "containerd's CRI and NRI", func() (bool, error) {
-		select {
-		case <-e.exited:
-			return false, testutil.Stop(errors.New("containerd exited"))
-		default:
-		}
-		if e.Container != "" && !testutil.Alive(e.PID) {
+		if (e.proc != nil && !e.proc.Running()) || (e.Container != "" && !testutil.Alive(e.PID)) {
 			return false, testutil.Stop(errors.New("containerd exited"))
 		}
 		if err := e.criReady(ctx); err != nil {
@@ -436,8 +424,8 @@ func (e *Env) Restart(ctx context.Context) error {
 }
 
 func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
-	if e.cmd == nil {
-		// Not our child (loaded from env.json): signal the recorded pid.
+	if e.proc == nil {
+		// Not our child (loaded from env.json, or in Docker): signal the recorded pid.
 		if e.PID == 0 || !testutil.Alive(e.PID) {
 			e.PID = 0
 			return nil
@@ -452,26 +440,15 @@ func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duratio
 		e.PID = 0
 		return e.save()
 	}
-	_ = e.cmd.Process.Signal(sig)
-	select {
-	case <-e.exited:
-	case <-time.After(grace):
-		_ = e.cmd.Process.Kill()
-		<-e.exited
-	}
-	e.cmd, e.PID = nil, 0
+	e.proc.Stop(sig, grace)
+	e.proc, e.PID = nil, 0
 	return e.save()
 }
 
 // Running says whether the containerd of this environment runs.
 func (e *Env) Running() bool {
-	if e.cmd != nil {
-		select {
-		case <-e.exited:
-			return false
-		default:
-			return true
-		}
+	if e.proc != nil {
+		return e.proc.Running()
 	}
 	return e.PID != 0 && testutil.Alive(e.PID)
 }

@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -77,4 +78,68 @@ func DescribeProcesses(pids []int) []string {
 		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 	}
 	return out
+}
+
+// Process is a daemon a test runs (containerd, pleg-nri, a kubelet): started in a session of its own,
+// as a service manager starts a daemon (systemd calls setsid for every service), so that a Ctrl-C at
+// the terminal does not end it before the teardown does and the scheduler places it as on a node; and
+// waited for in the background. A nil *Process is one that does not run.
+type Process struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// StartProcess starts cmd in a session of its own.
+func StartProcess(cmd *exec.Cmd) (*Process, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setsid = true
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Process{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// PID is the process's pid.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has exited and been waited for (never, for a nil Process).
+func (p *Process) Exited() <-chan struct{} {
+	if p == nil {
+		return nil
+	}
+	return p.exited
+}
+
+// Running says whether the process has not exited yet.
+func (p *Process) Running() bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Stop sends sig to the process and waits for it to exit; after grace, it kills it (SIGKILL) and waits.
+func (p *Process) Stop(sig syscall.Signal, grace time.Duration) {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
 }

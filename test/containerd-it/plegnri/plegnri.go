@@ -57,8 +57,8 @@ type Daemon struct {
 
 	args   []string
 	binary string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	// proc is the core while it runs.
+	proc *harness.Process
 	// mu guards tail, the last lines it logged (over every run, restarts included).
 	mu   sync.Mutex
 	tail []string
@@ -92,17 +92,19 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 }
 
 func (d *Daemon) start(ctx context.Context) error {
-	d.cmd = exec.Command(d.binary, d.args...)
-	// Its own session, as a service manager starts a daemon (systemd calls setsid for every service):
-	// the scheduler's autogroups then place it as on a node, not in the test's group.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd := exec.Command(d.binary, d.args...)
 	pr, pw := io.Pipe()
-	d.cmd.Stdout, d.cmd.Stderr = pw, pw
-	if err := d.cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = pw, pw
+	// In a session of its own, as a service manager starts a daemon.
+	proc, err := harness.StartProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("start pleg-nri: %w", err)
 	}
-	d.PID = d.cmd.Process.Pid
-	d.exited = make(chan struct{})
+	d.proc, d.PID = proc, proc.PID()
+	go func() {
+		<-proc.Exited()
+		pw.Close()
+	}()
 	go func() {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -115,22 +117,15 @@ func (d *Daemon) start(ctx context.Context) error {
 			d.mu.Unlock()
 		}
 	}()
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		pw.Close()
-		close(exited)
-	}(d.cmd, d.exited)
 	return d.waitReady(ctx)
 }
 
 // waitReady waits for /readyz; it gives up at once when pleg-nri exits.
 func (d *Daemon) waitReady(ctx context.Context) error {
-	exited := d.exited
+	proc := d.proc
 	err := harness.WaitFor(ctx, 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
-		select {
-		case <-exited:
+		if !proc.Running() {
 			return false, testutil.Stop(errors.New("pleg-nri exited"))
-		default:
 		}
 		resp, err := http.Get("http://" + d.MetricsAddr + "/readyz")
 		if err != nil {
@@ -151,36 +146,25 @@ func (d *Daemon) waitReady(ctx context.Context) error {
 
 // Stop stops pleg-nri with SIGTERM (SIGKILL after 10 s) and waits for it. It does nothing when it is
 // not running.
-func (d *Daemon) Stop() {
-	if d.cmd == nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(10 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
-	d.cmd, d.PID = nil, 0
-}
+func (d *Daemon) Stop() { d.stop(syscall.SIGTERM) }
 
 // Kill kills pleg-nri with SIGKILL and waits for it. It does nothing when it is not running.
-func (d *Daemon) Kill() {
-	if d.cmd == nil {
+func (d *Daemon) Kill() { d.stop(syscall.SIGKILL) }
+
+func (d *Daemon) stop(sig syscall.Signal) {
+	if d.proc == nil {
 		return
 	}
-	_ = d.cmd.Process.Kill()
-	<-d.exited
-	d.cmd, d.PID = nil, 0
+	d.proc.Stop(sig, 10*time.Second)
+	d.proc, d.PID = nil, 0
 }
 
 // Signal sends sig to pleg-nri.
 func (d *Daemon) Signal(sig syscall.Signal) error {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return errors.New("pleg-nri is not running")
 	}
-	return d.cmd.Process.Signal(sig)
+	return d.proc.Signal(sig)
 }
 
 // Restart stops pleg-nri (the core) and starts it again with the same flags (the same socket and
@@ -292,17 +276,7 @@ func (d *Daemon) FrontLog() string {
 }
 
 // Running says whether the process runs.
-func (d *Daemon) Running() bool {
-	if d.cmd == nil {
-		return false
-	}
-	select {
-	case <-d.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (d *Daemon) Running() bool { return d.proc.Running() }
 
 // Log returns the last lines pleg-nri logged.
 func (d *Daemon) Log() string {
