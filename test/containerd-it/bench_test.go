@@ -518,10 +518,17 @@ func benchRunPod(tb testing.TB, rt runtimeapi.RuntimeServiceClient, name string)
 // parallel runs fn(0..n-1) on workers goroutines and fails the benchmark on the first error.
 func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 	tb.Helper()
+	if errs := runParallel(n, workers, fn); len(errs) > 0 {
+		tb.Fatal(errs[0])
+	}
+}
+
+// runParallel runs fn(0..n-1) on workers goroutines and returns the errors, in the order they came.
+func runParallel(n, workers int, fn func(i int) error) []error {
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
 	)
 	next := make(chan int)
 	for range workers {
@@ -529,9 +536,7 @@ func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 			for i := range next {
 				if err := fn(i); err != nil {
 					mu.Lock()
-					if first == nil {
-						first = err
-					}
+					errs = append(errs, err)
 					mu.Unlock()
 				}
 			}
@@ -542,9 +547,7 @@ func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 	}
 	close(next)
 	wg.Wait()
-	if first != nil {
-		tb.Fatal(first)
-	}
+	return errs
 }
 
 // stampedStream records when each (container, event type) was first received on a CRI event stream.

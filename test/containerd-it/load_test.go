@@ -150,29 +150,7 @@ func removePodsOf(t *testing.T, run string) {
 // parallelT runs fn(0..n-1) on workers goroutines and fails the test with every error.
 func parallelT(t *testing.T, n, workers int, fn func(i int) error) {
 	t.Helper()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []string
-	)
-	next := make(chan int)
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				if err := fn(i); err != nil {
-					mu.Lock()
-					errs = append(errs, err.Error())
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if len(errs) > 0 {
+	if errs := runParallel(n, workers, fn); len(errs) > 0 {
 		t.Errorf("%d of %d failed, the first: %s", len(errs), n, errs[0])
 	}
 }
