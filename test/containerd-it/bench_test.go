@@ -572,13 +572,7 @@ func subscribeStamped(tb testing.TB, socket string) *stampedStream {
 	if err != nil {
 		tb.Fatalf("dial %s: %v", socket, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		cancel()
-		conn.Close()
-		tb.Fatalf("GetContainerEvents on %s: %v", socket, err)
-	}
+	stream, cancel := openEvents(tb, conn, socket, grpc.WaitForReady(true))
 	s := &stampedStream{first: map[stampKey]time.Time{}, created: map[stampKey]int64{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)

@@ -67,13 +67,7 @@ func openStuckSubscriber(t *testing.T, socket string) *stuckSubscriber {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-	if err != nil {
-		cancel()
-		conn.Close()
-		t.Fatalf("GetContainerEvents on %s: %v", socket, err)
-	}
+	stream, cancel := openEvents(t, conn, socket)
 	s := &stuckSubscriber{conn: conn, stream: stream, cancel: cancel}
 	t.Cleanup(s.close)
 	return s
