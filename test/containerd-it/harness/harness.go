@@ -246,9 +246,27 @@ func (e *Env) Start(ctx context.Context) error {
 	if e.proc != nil || (e.Container != "" && e.PID != 0 && testutil.Alive(e.PID)) {
 		return errors.New("containerd is already running")
 	}
+	start := e.startNative
 	if e.Container != "" {
-		return e.startDocker(ctx)
+		start = e.startDocker
 	}
+	if err := start(ctx); err != nil {
+		return err
+	}
+	if err := e.save(); err != nil {
+		return err
+	}
+	if err := e.waitReady(ctx); err != nil {
+		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
+	}
+	if err := e.ensureImages(ctx); err != nil {
+		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
+	}
+	return nil
+}
+
+// startNative starts containerd as a child of this process.
+func (e *Env) startNative(ctx context.Context) error {
 	logf, err := os.OpenFile(e.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -263,19 +281,10 @@ func (e *Env) Start(ctx context.Context) error {
 		return fmt.Errorf("failed to start containerd: %w", err)
 	}
 	e.proc, e.PID = proc, proc.PID()
-	if err := e.save(); err != nil {
-		return err
-	}
-	if err := e.waitReady(ctx); err != nil {
-		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
-	}
-	if err := e.ensureImages(ctx); err != nil {
-		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
-	}
 	return nil
 }
 
-// startDocker is Start for containerd in a container.
+// startDocker starts containerd in its container.
 func (e *Env) startDocker(ctx context.Context) error {
 	if err := appendLog(e.LogPath, fmt.Sprintf("==== harness: starting containerd in %s at %s ====\n",
 		e.Container, time.Now().Format(time.RFC3339Nano))); err != nil {
@@ -283,15 +292,6 @@ func (e *Env) startDocker(ctx context.Context) error {
 	}
 	if err := e.startInContainer(ctx); err != nil {
 		return fmt.Errorf("%w\n%s", err, e.LogTail(40))
-	}
-	if err := e.save(); err != nil {
-		return err
-	}
-	if err := e.waitReady(ctx); err != nil {
-		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
-	}
-	if err := e.ensureImages(ctx); err != nil {
-		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
 	}
 	return nil
 }
@@ -454,16 +454,20 @@ func (e *Env) Running() bool {
 }
 
 // LogTail returns the last n lines of containerd's log.
-func (e *Env) LogTail(n int) string {
-	data, err := os.ReadFile(e.LogPath)
+func (e *Env) LogTail(n int) string { return LogTail(e.LogPath, "containerd", n) }
+
+// LogTail returns the last n lines of the log file at path, of the daemon named what, framed for a
+// failure report.
+func LogTail(path, what string, n int) string {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Sprintf("(no containerd log: %v)", err)
+		return fmt.Sprintf("(no %s log: %v)", what, err)
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return "---- containerd log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of containerd log ----"
+	return "---- " + what + " log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of " + what + " log ----"
 }
 
 // LogSize returns the current size of containerd's log, for LogSince.

@@ -374,17 +374,7 @@ func (k *Kubelet) Metric(name string, filters ...string) (float64, error) {
 }
 
 // LogTail returns the last n lines of the kubelet's log.
-func (k *Kubelet) LogTail(n int) string {
-	data, err := os.ReadFile(k.LogPath)
-	if err != nil {
-		return fmt.Sprintf("(no kubelet log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "---- kubelet log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of kubelet log ----"
-}
+func (k *Kubelet) LogTail(n int) string { return harness.LogTail(k.LogPath, "kubelet", n) }
 
 // CountLog counts the lines of the kubelet's log that contain s.
 func (k *Kubelet) CountLog(s string) int {
