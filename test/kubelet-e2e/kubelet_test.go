@@ -19,6 +19,20 @@ import (
 // crashTimes is how often the crasher container exits 1 before it settles.
 const crashTimes = 3
 
+// exitingPods are pods whose containers exit: "crasher" exits 1 crashTimes times (counted in the
+// pod's emptyDir), then runs; "oom" eats memory past its 32Mi limit on its first run (tail buffers
+// /dev/zero, a line without end), then runs; "once", restartPolicy Never, fails with exit code 3.
+func exitingPods() []kubelet.Pod {
+	return []kubelet.Pod{
+		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
+			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
+			crashTimes)}}},
+		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
+			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
+		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
+	}
+}
+
 // TestKubeletOnPlegNRI: a kubelet with EventedPLEG on pleg-nri (setup 3) runs static pods, restarts a
 // crashing container with the right restart count and last state, reports an OOM kill as OOMKilled,
 // a failed run-once pod as Failed, stops a pod whose manifest went away, never runs two containers of
@@ -27,20 +41,11 @@ const crashTimes = 3
 func TestKubeletOnPlegNRI(t *testing.T) {
 	n := startNode(t, setupEventedPlegNRI)
 	before := n.plegMetrics()
-	pods := []kubelet.Pod{
+	pods := append([]kubelet.Pod{
 		{Name: "sleepers", Containers: []kubelet.Container{
 			{Name: "a", Script: "exec sleep 3600"}, {Name: "b", Script: "exec sleep 3600"}}},
 		{Name: "hostnet", HostNetwork: true, Containers: []kubelet.Container{{Name: "a", Script: "exec sleep 3600"}}},
-		// Exits 1 crashTimes times (counted in the pod's emptyDir), then runs.
-		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
-			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
-			crashTimes)}}},
-		// Eats memory past its 32Mi limit on its first run (tail buffers /dev/zero, a line without end),
-		// then runs.
-		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
-			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
-		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
-	}
+	}, exitingPods()...)
 	for _, p := range pods {
 		if err := n.k.WritePod(p); err != nil {
 			t.Fatal(err)
@@ -326,14 +331,7 @@ func TestPlegNRIRestart(t *testing.T) {
 // (setup 3), and requires the kubelet to report the same statuses on both: phase, and per container the
 // restart count, the state and the last state (exit code and reason).
 func TestStatusesLikeContainerdStream(t *testing.T) {
-	pods := []kubelet.Pod{
-		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
-			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
-			crashTimes)}}},
-		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
-			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
-		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
-	}
+	pods := exitingPods()
 	reported := map[string][]string{}
 	for _, s := range []setup{setupEventedDirect, setupEventedPlegNRI} {
 		t.Run(s.Name, func(t *testing.T) {
