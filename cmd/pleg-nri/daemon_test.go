@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
 // shortTemp is a temp dir with a short path (unix socket paths are limited to 108 bytes).
@@ -538,7 +537,7 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			if err := runStopFront([]string{"--run-dir", sockDir}, &out); err != nil {
 				t.Fatalf("stop-front: %v", err)
 			}
-			if harness.Alive(front.PID) {
+			if testutil.Alive(front.PID) {
 				t.Errorf("the front (pid %d) runs after stop-front", front.PID)
 			}
 			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {

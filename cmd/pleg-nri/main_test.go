@@ -4,17 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
 // TestMain runs the tests, then fails the package if any goroutine is left behind.
@@ -37,9 +35,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: processes left behind by the tests (killed): %v\n", left)
 		code = 1
 	}
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
+	plegnribin.Cleanup()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
@@ -49,31 +45,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	binPath   string
-	buildErr  error
-)
-
 // daemonBinary builds this command once for the package's tests and returns its path.
 func daemonBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "pleg-nri-bin-"); buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "pleg-nri")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
-		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return plegnribin.Binary(t, plegnribin.Default)
 }
 
 // leftProcesses kills and lists the processes of the daemon binary built for the tests, and this test
@@ -81,6 +56,7 @@ func daemonBinary(t testing.TB) string {
 func leftProcesses() []string {
 	self, _ := os.Executable()
 	entries, _ := os.ReadDir("/proc")
+	binPath := plegnribin.Built(plegnribin.Default)
 	var out []string
 	for _, e := range entries {
 		var pid int
@@ -93,7 +69,7 @@ func leftProcesses() []string {
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		if (binPath != "" && args[0] == binPath) || (args[0] == self && len(args) > 1 && args[1] == "front") {
-			if harness.Alive(pid) {
+			if testutil.Alive(pid) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 				out = append(out, fmt.Sprintf("%d %s", pid, strings.Join(args, " ")))
 			}

@@ -1,9 +1,11 @@
 // Package testutil holds what the tests of every package share: one way to wait for a condition
-// (Eventually, Poll) and one manual clock (Clock). It is for tests and test harnesses only.
+// (Eventually, Poll, PollEvery), one manual clock (Clock), and one look at a process (Alive, WaitGone).
+// It is for tests and test harnesses only.
 package testutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -25,15 +27,27 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // Poll calls cond at once and then every PollInterval until it returns true, or until timeout or ctx ends;
 // the error then names what and holds cond's last error.
 func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	return PollEvery(ctx, timeout, PollInterval, what, cond)
+}
+
+// PollEvery is Poll with interval between the end of one call of cond and the next: for a condition
+// that costs more than a look at memory (a call to a daemon, a command in a container), which a slow
+// answer must not make back-to-back.
+func PollEvery(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	t := time.NewTicker(PollInterval)
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		ok, err := cond()
 		if ok {
 			return nil
 		}
+		var stop stopError
+		if errors.As(err, &stop) {
+			return fmt.Errorf("gave up waiting for %s: %w", what, stop.err)
+		}
+		t.Reset(interval)
 		select {
 		case <-ctx.Done():
 			if err != nil {
@@ -44,6 +58,15 @@ func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (
 		}
 	}
 }
+
+// Stop wraps the error a condition of Poll or PollEvery returns when waiting longer cannot make it true
+// (the process it waits for has exited): the poll then ends at once with err.
+func Stop(err error) error { return stopError{err} }
+
+type stopError struct{ err error }
+
+func (s stopError) Error() string { return s.err.Error() }
+func (s stopError) Unwrap() error { return s.err }
 
 // Receive reads from ch until want arrives, and fails t after timeout.
 func Receive[T comparable](t testing.TB, ch <-chan T, want T, timeout time.Duration) {

@@ -37,6 +37,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
@@ -127,20 +128,18 @@ func BenchmarkExitLatency(b *testing.B) {
 			releaseFIFO(b, filepath.Join(trigger, jobs[i].fifo))
 			time.Sleep(exitSpacing/2 + rand.N(exitSpacing))
 		}
-		// Wait until both streams delivered every STOPPED event (or give up on a stream after 20 s).
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			all := true
+		// Wait until both streams delivered every STOPPED event (or give up on a stream after 20 s: what
+		// is missing is counted below).
+		_ = testutil.Poll(b.Context(), 20*time.Second, "every STOPPED on both streams", func() (bool, error) {
 			for _, id := range ids {
 				_, ok1 := cd.at(id, evStopped)
 				_, ok2 := pn.at(id, evStopped)
-				all = all && ok1 && ok2
+				if !ok1 || !ok2 {
+					return false, nil
+				}
 			}
-			if all {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return true, nil
+		})
 		missed := 0
 		for _, id := range ids {
 			st, err := rt.ContainerStatus(b.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: id})
@@ -418,25 +417,26 @@ func BenchmarkPodStart(b *testing.B) {
 }
 
 // releaseFIFO writes a line to the FIFO a container is blocked reading, which lets it exit. The container
-// may not have opened it yet: the open (non-blocking, so that it fails while there is no reader) is
-// retried for 20 s.
+// may not have opened it yet: the open (non-blocking, so that it fails with ENXIO while there is no
+// reader) is retried every 5 ms for 20 s.
 func releaseFIFO(tb testing.TB, path string) {
 	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-		if err == nil {
-			_, err = f.WriteString("go\n")
-			f.Close()
-			if err != nil {
-				tb.Fatalf("write %s: %v", path, err)
-			}
-			return
+	var f *os.File
+	err := testutil.PollEvery(context.Background(), 20*time.Second, 5*time.Millisecond, "a reader of "+path, func() (bool, error) {
+		var err error
+		f, err = os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil && !errors.Is(err, syscall.ENXIO) {
+			return false, testutil.Stop(err)
 		}
-		if !errors.Is(err, syscall.ENXIO) || time.Now().After(deadline) {
-			tb.Fatalf("open %s: %v", path, err)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return err == nil, err
+	})
+	if err != nil {
+		tb.Fatalf("open %s: %v", path, err)
+	}
+	_, err = f.WriteString("go\n")
+	f.Close()
+	if err != nil {
+		tb.Fatalf("write %s: %v", path, err)
 	}
 }
 
@@ -518,10 +518,17 @@ func benchRunPod(tb testing.TB, rt runtimeapi.RuntimeServiceClient, name string)
 // parallel runs fn(0..n-1) on workers goroutines and fails the benchmark on the first error.
 func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 	tb.Helper()
+	if errs := runParallel(n, workers, fn); len(errs) > 0 {
+		tb.Fatal(errs[0])
+	}
+}
+
+// runParallel runs fn(0..n-1) on workers goroutines and returns the errors, in the order they came.
+func runParallel(n, workers int, fn func(i int) error) []error {
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
 	)
 	next := make(chan int)
 	for range workers {
@@ -529,9 +536,7 @@ func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 			for i := range next {
 				if err := fn(i); err != nil {
 					mu.Lock()
-					if first == nil {
-						first = err
-					}
+					errs = append(errs, err)
 					mu.Unlock()
 				}
 			}
@@ -542,9 +547,7 @@ func parallel(tb testing.TB, n, workers int, fn func(i int) error) {
 	}
 	close(next)
 	wg.Wait()
-	if first != nil {
-		tb.Fatal(first)
-	}
+	return errs
 }
 
 // stampedStream records when each (container, event type) was first received on a CRI event stream.
@@ -569,13 +572,7 @@ func subscribeStamped(tb testing.TB, socket string) *stampedStream {
 	if err != nil {
 		tb.Fatalf("dial %s: %v", socket, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		cancel()
-		conn.Close()
-		tb.Fatalf("GetContainerEvents on %s: %v", socket, err)
-	}
+	stream, cancel := openEvents(tb, conn, socket, grpc.WaitForReady(true))
 	s := &stampedStream{first: map[stampKey]time.Time{}, created: map[stampKey]int64{}, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)

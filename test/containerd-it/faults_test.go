@@ -25,6 +25,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
@@ -605,18 +606,7 @@ func faultContainerdKill(t *testing.T, kills, workers int) {
 		time.Sleep(time.Duration(1000+r.IntN(1500)) * time.Millisecond)
 		// A container that exits while containerd is down: containerd never tells (no event, no NRI
 		// call): pleg-nri's relist after the restart must.
-		gap := retryUnavailable(t, func() (string, error) {
-			resp, err := direct.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: gapPod,
-				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 0.2; exit 5"), SandboxConfig: gapCfg})
-			if err != nil {
-				return "", err
-			}
-			return resp.ContainerId, nil
-		})
-		retryUnavailable(t, func() (string, error) {
-			_, err := direct.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: gap})
-			return "", err
-		})
+		direct.startRetrying(t, gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 0.2; exit 5"))
 		o := outage{down: time.Now()}
 		if err := env.Kill(context.Background()); err != nil {
 			t.Fatal(err)
@@ -727,26 +717,36 @@ func newFastCRI(t *testing.T) *cri {
 func retryUnavailable(t *testing.T, fn func() (string, error)) string {
 	t.Helper()
 	var out string
-	var fatal error
 	err := harness.WaitFor(context.Background(), 20*time.Second, "a call to succeed after containerd's restart", func() (bool, error) {
 		var err error
 		out, err = fn()
-		switch {
-		case err == nil:
-			return true, nil
-		case status.Code(err) == codes.Unavailable:
-			return false, err
+		if err != nil && status.Code(err) != codes.Unavailable {
+			return false, testutil.Stop(err)
 		}
-		fatal = err
-		return true, nil
+		return err == nil, err
 	})
-	if err == nil {
-		err = fatal
-	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// startRetrying creates and starts a container in the pod, each call tried again while containerd is
+// unavailable (restarting), and returns its id.
+func (c *cri) startRetrying(t *testing.T, podID string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) string {
+	t.Helper()
+	id := retryUnavailable(t, func() (string, error) {
+		resp, err := c.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: podCfg})
+		if err != nil {
+			return "", err
+		}
+		return resp.ContainerId, nil
+	})
+	retryUnavailable(t, func() (string, error) {
+		_, err := c.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: id})
+		return "", err
+	})
+	return id
 }
 
 // spread renders a set of durations as min/median/max.

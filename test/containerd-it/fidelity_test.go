@@ -8,8 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -276,7 +274,7 @@ func TestCompareOOMKillMainProcess(t *testing.T) {
 // A plain exit: the last event equals containerd's answers, with no corrected STOPPED. An OOM kill: the
 // one STOPPED says OOMKilled.
 func TestCompareSlowExitHandling(t *testing.T) {
-	slowRunc(t, 2)
+	env.SlowRuncDelete(t, 2*time.Second)
 	s := newSideBySide(t)
 	podID, podCfg := s.runPod("slow-exit")
 	ctr := s.c.create(podID, podCfg, containerConfig("quits", "sleep 1; exit 3"))
@@ -291,49 +289,6 @@ func TestCompareSlowExitHandling(t *testing.T) {
 	s.compare()
 	s2 := newSideBySideWith(t, s.p)
 	oomScenario(t, s2, "slow-oom", "exec tail /dev/zero")
-}
-
-// slowRunc restarts containerd with a runc wrapper whose `delete` takes secs seconds, and restores it
-// when the test ends.
-func slowRunc(t *testing.T, secs int) {
-	t.Helper()
-	wrapRuncDelete(t, "slow-runc", fmt.Sprintf("sleep %d", secs))
-}
-
-// wrapRuncDelete restarts the harness's containerd with a runc wrapper (name, in the environment's
-// directory, which containerd in Docker sees at the same path) that runs the shell command beforeDelete
-// before each `runc delete`: containerd's exit handling, which it finishes before it updates the exited
-// container's CRI status. containerd's own runc comes back when the test ends.
-func wrapRuncDelete(t *testing.T, name, beforeDelete string) {
-	t.Helper()
-	c := context.Background()
-	wrapper := filepath.Join(env.Dir, name)
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { %s; } && break; done\nexec %s \"$@\"\n",
-		beforeDelete, env.RuncPath())
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	orig, err := os.ReadFile(env.ConfigPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wrapped := strings.Replace(string(orig), `BinaryName = "`+env.RuncPath()+`"`, `BinaryName = "`+wrapper+`"`, 1)
-	if wrapped == string(orig) {
-		t.Fatal("no runc BinaryName in containerd's config")
-	}
-	restart := func(config []byte) {
-		if err := env.Stop(c); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(env.ConfigPath, config, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := env.Start(c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	restart([]byte(wrapped))
-	t.Cleanup(func() { restart(orig) })
 }
 
 // TestCompareSandboxAfterStop (issue 11, item 8): containerd builds each event's sandbox status when it

@@ -2,9 +2,6 @@ package containerdit
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,35 +14,13 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
-// gateRuncDelete restarts the harness's containerd with a runc wrapper whose `runc delete` waits while
-// the returned gate file is missing (containerd's exit handler deletes the task before it updates the
-// container's CRI status, so containerd shows an exited container RUNNING until the gate opens). The
-// gate starts open; the original config comes back when the test ends.
-func gateRuncDelete(t *testing.T) (closeGate, openGate func()) {
-	gate := filepath.Join(env.Dir, "delete-gate")
-	openGate = func() {
-		if err := os.WriteFile(gate, nil, 0o644); err != nil {
-			t.Error(err)
-		}
-	}
-	closeGate = func() {
-		if err := os.Remove(gate); err != nil {
-			t.Fatal(err)
-		}
-	}
-	openGate()
-	wrapRuncDelete(t, "gated-runc", fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", gate))
-	t.Cleanup(openGate)
-	return closeGate, openGate
-}
-
 // TestOverlaidReads: with read-freshness overlay (the default), while containerd has not handled an
 // exit that pleg-nri already reported, reads through pleg-nri show the container exited with the
 // fields containerd shows once it catches up (compared field by field), a list of running containers
 // leaves it out, and the calls a kubelet makes on such a container (StopContainer, RemoveContainer)
 // work through pleg-nri: containerd finishes them once its exit handling is done.
 func TestOverlaidReads(t *testing.T) {
-	closeGate, openGate := gateRuncDelete(t)
+	gate := env.GateRuncDelete(t)
 	p := startPlegNRI(t)
 	rec := recordEvents(t, p.Socket)
 	via, direct := newCRI(t, p.Socket), newCRI(t, env.Address)
@@ -54,7 +29,7 @@ func TestOverlaidReads(t *testing.T) {
 	// Exits 3 once the test has closed the gate.
 	id := via.create(podID, podCfg, containerConfig("exiter", "sleep 2; exit 3"))
 	via.start(id)
-	closeGate()
+	gate.Close()
 	stopped := rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	var sent *runtimeapi.ContainerStatus
 	for _, c := range stopped.GetContainersStatuses() {
@@ -99,7 +74,7 @@ func TestOverlaidReads(t *testing.T) {
 		_, err := via.rt.StopContainer(cctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0})
 		stopDone <- err
 	}()
-	openGate()
+	gate.Open()
 	if err := <-stopDone; err != nil {
 		t.Errorf("StopContainer through pleg-nri: %v", err)
 	}
@@ -130,7 +105,7 @@ func TestOverlaidReads(t *testing.T) {
 // STOPPED it got); once containerd shows the exit, pleg-nri sends a refresh: a second STOPPED of the
 // container with a newer created_at, carrying containerd's own statuses.
 func TestHeldReadRefresh(t *testing.T) {
-	closeGate, openGate := gateRuncDelete(t)
+	gate := env.GateRuncDelete(t)
 	p := startPlegNRI(t, "--read-freshness", "hold")
 	rec := recordEvents(t, p.Socket)
 	via, direct := newCRI(t, p.Socket), newCRI(t, env.Address)
@@ -138,14 +113,14 @@ func TestHeldReadRefresh(t *testing.T) {
 	podID, podCfg := via.runPod("refresh")
 	id := via.create(podID, podCfg, containerConfig("exiter", "sleep 2; exit 3"))
 	via.start(id)
-	closeGate()
+	gate.Close()
 	first := rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	start := time.Now()
 	if st := via.status(id); st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("a held read that gave up answered %s, want containerd's RUNNING", st.GetState())
 	}
 	t.Logf("the read was held %s and answered containerd's RUNNING", time.Since(start).Round(time.Millisecond))
-	openGate()
+	gate.Open()
 
 	var refresh *runtimeapi.ContainerEventResponse
 	err := harness.WaitFor(context.Background(), 30*time.Second, "a refresh STOPPED of "+short(id), func() (bool, error) {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -66,13 +67,7 @@ func openStuckSubscriber(t *testing.T, socket string) *stuckSubscriber {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-	if err != nil {
-		cancel()
-		conn.Close()
-		t.Fatalf("GetContainerEvents on %s: %v", socket, err)
-	}
+	stream, cancel := openEvents(t, conn, socket)
 	s := &stuckSubscriber{conn: conn, stream: stream, cancel: cancel}
 	t.Cleanup(s.close)
 	return s
@@ -149,29 +144,7 @@ func removePodsOf(t *testing.T, run string) {
 // parallelT runs fn(0..n-1) on workers goroutines and fails the test with every error.
 func parallelT(t *testing.T, n, workers int, fn func(i int) error) {
 	t.Helper()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []string
-	)
-	next := make(chan int)
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				if err := fn(i); err != nil {
-					mu.Lock()
-					errs = append(errs, err.Error())
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if len(errs) > 0 {
+	if errs := runParallel(n, workers, fn); len(errs) > 0 {
 		t.Errorf("%d of %d failed, the first: %s", len(errs), n, errs[0])
 	}
 }
@@ -278,23 +251,22 @@ func evictions(t *testing.T, log string) []evictionLog {
 	return out
 }
 
-// waitStable waits until f returns the same value for quiet in a row, and returns it.
+// waitStable waits until f returns the same value for quiet in a row (it asks every 50 ms), and
+// returns it.
 func waitStable(t *testing.T, what string, quiet, limit time.Duration, f func() float64) float64 {
 	t.Helper()
-	deadline := time.Now().Add(limit)
 	last, since := f(), time.Now()
-	for {
-		time.Sleep(50 * time.Millisecond)
-		v := f()
-		if v != last {
+	err := testutil.PollEvery(context.Background(), limit, 50*time.Millisecond, what+" to settle", func() (bool, error) {
+		if v := f(); v != last {
 			last, since = v, time.Now()
-		} else if time.Since(since) >= quiet {
-			return v
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not settle within %s (last %v)", what, limit, v)
-		}
+		return time.Since(since) >= quiet, nil
+	})
+	if err != nil {
+		t.Fatalf("%v (last %v)", err, last)
 	}
+	return last
 }
 
 // waitMetric waits until pleg-nri's metric is want.

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -56,13 +57,8 @@ func runTests(m *testing.M) (code int) {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "harness: containerd %d ready in %s (%s)\n", env.PID, time.Since(start).Round(time.Millisecond), env.Dir)
-	binDir, err := os.MkdirTemp("", "plegnri-bin-")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
-		return 1
-	}
-	defer os.RemoveAll(binDir)
-	if plegNRIBinary, err = buildPlegNRI(binDir); err != nil {
+	defer plegnribin.Cleanup()
+	if plegNRIBinary, err = plegnribin.Build(plegnribin.Default); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		return 1
 	}

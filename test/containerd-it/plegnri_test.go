@@ -12,9 +12,6 @@ import (
 // plegNRIBinary is the pleg-nri binary built once for the package's tests (by TestMain).
 var plegNRIBinary string
 
-// buildPlegNRI builds cmd/pleg-nri into dir.
-func buildPlegNRI(dir string) (string, error) { return plegnri.Build(dir) }
-
 // plegNRI is a pleg-nri daemon process run against the test containerd (plegnri.Daemon, with the
 // test's failure handling).
 type plegNRI struct {

@@ -179,9 +179,10 @@ func runPreRegistered(t *testing.T, data []byte, conf, socket, metrics string) (
 		if err := plegnri.StopFrontIn(dir); err != nil {
 			t.Error(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); len(pidsOf(pluginPath)) > 0 && time.Now().Before(deadline); {
-			time.Sleep(20 * time.Millisecond)
-		}
+		// What is left after 10 s fails the test below.
+		_ = harness.WaitFor(context.Background(), 10*time.Second, "the plugin's processes to end", func() (bool, error) {
+			return len(pidsOf(pluginPath)) == 0, nil
+		})
 		if left := pidsOf(pluginPath); len(left) > 0 {
 			for _, pid := range left {
 				_ = syscall.Kill(pid, syscall.SIGKILL)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -27,6 +28,20 @@ type eventRecorder struct {
 	done   chan struct{}
 }
 
+// openEvents opens a GetContainerEvents stream on conn, a client of the CRI endpoint at socket, until
+// cancel; on an error it closes conn and fails tb.
+func openEvents(tb testing.TB, conn *grpc.ClientConn, socket string, opts ...grpc.CallOption) (grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse], context.CancelFunc) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}, opts...)
+	if err != nil {
+		cancel()
+		conn.Close()
+		tb.Fatalf("GetContainerEvents on %s: %v", socket, err)
+	}
+	return stream, cancel
+}
+
 // recordEvents subscribes to the event stream of the CRI endpoint at socket and records it until the
 // test ends.
 func recordEvents(t *testing.T, socket string) *eventRecorder {
@@ -35,13 +50,7 @@ func recordEvents(t *testing.T, socket string) *eventRecorder {
 	if err != nil {
 		t.Fatalf("dial %s: %v", socket, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-	if err != nil {
-		cancel()
-		conn.Close()
-		t.Fatalf("GetContainerEvents on %s: %v", socket, err)
-	}
+	stream, cancel := openEvents(t, conn, socket)
 	r := &eventRecorder{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)

@@ -23,22 +23,12 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
-
-// upgradedPlegNRI is pleg-nri built again with another version: a different binary, as an upgrade
-// installs (plegnri.Upgraded).
-func upgradedPlegNRI(t *testing.T) string {
-	t.Helper()
-	bin, err := plegnri.Upgraded(plegNRIBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
 
 // coreSocket is the core's event socket (beside the front's CRI socket).
 func (p *plegNRI) coreSocket() string { return filepath.Join(p.RunDir, "core.sock") }
@@ -71,7 +61,7 @@ type killPoint struct {
 // recorded when a SIGKILL came, which are named.
 func TestRestartsKeepStream(t *testing.T) {
 	logOnFailure(t)
-	upgraded := upgradedPlegNRI(t)
+	upgraded := plegnribin.Binary(t, plegnribin.Upgraded)
 	logStart := env.LogSize()
 	prefix := "restarts-" + randomSuffix()
 	p := startPlegNRI(t)
@@ -92,18 +82,7 @@ func TestRestartsKeepStream(t *testing.T) {
 	for i, step := range steps {
 		time.Sleep(time.Duration(500+r.IntN(1000)) * time.Millisecond)
 		// A container that exits while the process is down.
-		gap := retryUnavailable(t, func() (string, error) {
-			resp, err := direct.rt.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: gapPod,
-				Config: containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"), SandboxConfig: gapCfg})
-			if err != nil {
-				return "", err
-			}
-			return resp.ContainerId, nil
-		})
-		retryUnavailable(t, func() (string, error) {
-			_, err := direct.rt.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: gap})
-			return "", err
-		})
+		gap := direct.startRetrying(t, gapPod, gapCfg, containerConfig(fmt.Sprintf("gap-%d", i), "sleep 3600"))
 		pid := containerPid(t, gap)
 		// It exits while the process is down.
 		exit := func() {
@@ -345,22 +324,16 @@ func TestFrontTakeover(t *testing.T) {
 		<-reaped
 	})
 	newPID := 0
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if pid, err := p.FrontPID(); err == nil && pid != old {
-			newPID = pid
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no new front answers after the takeover; log:\n%s", p.FrontLog())
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := harness.WaitFor(context.Background(), 20*time.Second, "a new front to answer after the takeover", func() (bool, error) {
+		pid, err := p.FrontPID()
+		newPID = pid
+		return err == nil && pid != old, err
+	})
+	if err != nil {
+		t.Fatalf("%v; log:\n%s", err, p.FrontLog())
 	}
-	for deadline := time.Now().Add(20 * time.Second); harness.Alive(old); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the old front (pid %d) still runs after the takeover", old)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testutil.WaitGone(context.Background(), old, 20*time.Second); err != nil {
+		t.Fatalf("the old front still runs after the takeover: %v", err)
 	}
 	close(stopDial)
 	dialWG.Wait()
@@ -369,7 +342,7 @@ func TestFrontTakeover(t *testing.T) {
 		t.Errorf("a connection to the socket failed during the takeover: %v", err)
 	default:
 	}
-	err := harness.WaitFor(context.Background(), 10*time.Second, "the old front's stream to end", func() (bool, error) {
+	err = harness.WaitFor(context.Background(), 10*time.Second, "the old front's stream to end", func() (bool, error) {
 		return before.Err() != nil, nil
 	})
 	if err != nil || status.Code(before.Err()) != codes.Unavailable {

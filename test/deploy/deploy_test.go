@@ -7,6 +7,8 @@ package deploy
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +16,18 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
+
+// TestMain runs the tests and removes the pleg-nri they built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plegnribin.Cleanup()
+	os.Exit(code)
+}
 
 // repoRoot is the repository's root directory.
 func repoRoot() string {
@@ -44,6 +57,15 @@ func need(t *testing.T, ok bool, format string, args ...any) {
 	t.Skipf("SKIP (loud): %s (make test-deploy builds it)", msg)
 }
 
+// pollDetail waits until cond holds, asking every interval for at most d; the error holds cond's last
+// detail.
+func pollDetail(d, interval time.Duration, what string, cond func() (bool, string)) error {
+	return testutil.PollEvery(context.Background(), d, interval, what, func() (bool, error) {
+		ok, detail := cond()
+		return ok, errors.New(detail)
+	})
+}
+
 // run runs name with args and returns its combined output; an error fails the test with that output.
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
@@ -61,17 +83,4 @@ func tryRun(name string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &b, &b
 	err := cmd.Run()
 	return b.String(), err
-}
-
-// buildStatic builds a static pleg-nri into dir.
-func buildStatic(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "pleg-nri")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version=deploy-test", "-o", bin, "./cmd/pleg-nri")
-	cmd.Dir = repoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }

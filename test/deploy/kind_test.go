@@ -167,18 +167,6 @@ func TestHelmKind(t *testing.T) {
 	if kcfg := onNode("cat", "/var/lib/kubelet/config.yaml"); !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") {
 		t.Fatalf("the kubelet's configuration:\n%s", kcfg)
 	}
-	// waitCond polls cond for up to d; it returns the last detail and whether cond held.
-	waitCond := func(d time.Duration, cond func() (bool, string)) (bool, string) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for {
-			ok, detail := cond()
-			if ok || time.Now().After(deadline) {
-				return ok, detail
-			}
-			time.Sleep(2 * time.Second)
-		}
-	}
 	streaming := func() (bool, string) {
 		ok, errs := kubeletMetric(t, kubectl, node, "kubelet_evented_pleg_connection_success_count"),
 			kubeletMetric(t, kubectl, node, "kubelet_evented_pleg_connection_error_count")
@@ -186,8 +174,8 @@ func TestHelmKind(t *testing.T) {
 		return ok >= 1 && errs < 5 && subs == "1", "kubelet stream connections " + strconv.FormatFloat(ok, 'f', -1, 64) +
 			", errors " + strconv.FormatFloat(errs, 'f', -1, 64) + ", pleg-nri subscribers " + subs
 	}
-	if ok, detail := waitCond(3*time.Minute, streaming); !ok {
-		t.Fatalf("the kubelet's event stream from pleg-nri after install: %s", detail)
+	if err := pollDetail(3*time.Minute, 2*time.Second, "the kubelet's event stream from pleg-nri after install", streaming); err != nil {
+		t.Fatal(err)
 	}
 	kubectl("wait", "--for=condition=Ready", "node/"+node, "--timeout=3m")
 	connBefore := kubeletMetric(t, kubectl, node, "kubelet_evented_pleg_connection_success_count")
@@ -206,8 +194,8 @@ func TestHelmKind(t *testing.T) {
 	// The kubelet's fast path must still be on, its stream never ended: pleg-nri's front, which serves
 	// the kubelet's socket, outlives the restart of pleg-nri (docs/restarts.md), so the kubelet counted no
 	// stream error and did not connect again (chart default: no kubelet restart).
-	if ok, detail := waitCond(time.Minute, streaming); !ok {
-		t.Errorf("the kubelet's event stream after the upgrade: %s", detail)
+	if err := pollDetail(time.Minute, 2*time.Second, "the kubelet's event stream after the upgrade", streaming); err != nil {
+		t.Error(err)
 	}
 	errs := kubeletMetric(t, kubectl, node, "kubelet_evented_pleg_connection_error_count")
 	connAfter := kubeletMetric(t, kubectl, node, "kubelet_evented_pleg_connection_success_count")

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
 // kubeadmKubeletConfig is a kubelet configuration as kubeadm writes it (abridged).
@@ -70,32 +72,30 @@ func (n *node) agent(image, configDir, cmd string, env map[string]string, extra 
 	return name
 }
 
+// agentImage is the pleg-nri image of make image (PLEG_NRI_IMAGE), whose node agent the tests run.
+func agentImage(t *testing.T) string {
+	t.Helper()
+	image := os.Getenv("PLEG_NRI_IMAGE")
+	need(t, image != "", "PLEG_NRI_IMAGE (the image of make image) is not set")
+	_, err := tryRun("docker", "image", "inspect", image)
+	need(t, err == nil, "no image %s", image)
+	return image
+}
+
 // TestNodeAgent runs the Helm chart's node agent (node.sh in the image, as the DaemonSet and the
 // uninstall Job run it) against a systemd node with a real containerd and a kubeadm-shaped kubelet
 // configuration: install with the kubelet switch, an upgrade to another binary and configuration
 // (the kubelet stays switched and is not restarted again), and uninstall (the kubelet back on
 // containerd first, then pleg-nri gone).
 func TestNodeAgent(t *testing.T) {
-	image := os.Getenv("PLEG_NRI_IMAGE")
-	need(t, image != "", "PLEG_NRI_IMAGE (the image of make image) is not set")
-	_, err := tryRun("docker", "image", "inspect", image)
-	need(t, err == nil, "no image %s", image)
+	image := agentImage(t)
 	n := startNode(t)
 	tmp := t.TempDir()
-	n.sh("install -m 0755 /cache/containerd/containerd /cache/containerd/containerd-shim-runc-v2 /cache/runc/runc /usr/local/bin/ && mkdir -p /etc/containerd /var/lib/kubelet")
-	write := func(path, content string) {
-		t.Helper()
-		f := filepath.Join(tmp, filepath.Base(path))
-		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		run(t, "docker", "cp", f, n.name+":"+path)
-	}
-	write("/etc/systemd/system/containerd.service", containerdUnit)
-	write("/etc/containerd/config.toml", containerdConfig)
-	write("/etc/systemd/system/kubelet.service", kubeletUnit)
-	write("/var/lib/kubelet/config.yaml", kubeadmKubeletConfig)
-	write("/var/lib/kubelet/kubeadm-flags.env", kubeadmFlags)
+	n.installContainerd()
+	n.sh("mkdir -p /var/lib/kubelet")
+	n.write("/etc/systemd/system/kubelet.service", kubeletUnit)
+	n.write("/var/lib/kubelet/config.yaml", kubeadmKubeletConfig)
+	n.write("/var/lib/kubelet/kubeadm-flags.env", kubeadmFlags)
 	n.exec("systemctl", "daemon-reload")
 	n.exec("systemctl", "enable", "--now", "containerd.service", "kubelet.service")
 	kubeletInvocation := n.prop("kubelet.service", "InvocationID")
@@ -147,8 +147,8 @@ func TestNodeAgent(t *testing.T) {
 
 	// Upgrade: another binary and another configuration. pleg-nri is replaced and restarted; the
 	// kubelet stays switched and is not restarted.
-	newBin := buildStatic(t, t.TempDir())
-	// buildStatic's version is deploy-test; mark this one.
+	newBin := plegnribin.Binary(t, plegnribin.Deploy)
+	// Not the image's binary: its version is deploy-test.
 	upgraded := filepath.Join(tmp, "pleg-nri-upgraded")
 	data, err := os.ReadFile(newBin)
 	if err != nil {
@@ -230,20 +230,10 @@ func TestNodeAgent(t *testing.T) {
 // containerd's pre-registered plugin, restarts containerd, which launches it, and waits for /readyz;
 // uninstall ends the plugin and removes its files.
 func TestNodeAgentPreregistered(t *testing.T) {
-	image := os.Getenv("PLEG_NRI_IMAGE")
-	need(t, image != "", "PLEG_NRI_IMAGE (the image of make image) is not set")
-	_, err := tryRun("docker", "image", "inspect", image)
-	need(t, err == nil, "no image %s", image)
+	image := agentImage(t)
 	n := startNode(t)
 	tmp := t.TempDir()
-	n.sh("install -m 0755 /cache/containerd/containerd /cache/containerd/containerd-shim-runc-v2 /cache/runc/runc /usr/local/bin/ && mkdir -p /etc/containerd")
-	for path, content := range map[string]string{"/etc/systemd/system/containerd.service": containerdUnit, "/etc/containerd/config.toml": containerdConfig} {
-		f := filepath.Join(tmp, filepath.Base(path))
-		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		run(t, "docker", "cp", f, n.name+":"+path)
-	}
+	n.installContainerd()
 	n.exec("systemctl", "daemon-reload")
 	n.exec("systemctl", "enable", "--now", "containerd.service")
 	cfgDir := filepath.Join(tmp, "config")

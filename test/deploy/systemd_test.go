@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
 
 // baseImage is the Debian bookworm image that boots systemd (test/images/debian-base.sh).
@@ -78,25 +80,37 @@ func (n *node) tryExec(args ...string) (string, error) {
 	return tryRun("docker", append([]string{"exec", n.name}, args...)...)
 }
 
+// write writes content to the file path in the container (its directory must exist).
+func (n *node) write(path, content string) {
+	n.t.Helper()
+	f := filepath.Join(n.t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+	run(n.t, "docker", "cp", f, n.name+":"+path)
+}
+
+// installContainerd installs containerd and runc from the dependency cache in /usr/local/bin, with
+// containerd's own unit and configuration; it does not start it.
+func (n *node) installContainerd() {
+	n.t.Helper()
+	n.sh("install -m 0755 /cache/containerd/containerd /cache/containerd/containerd-shim-runc-v2 /cache/runc/runc /usr/local/bin/ && mkdir -p /etc/containerd")
+	n.write("/etc/systemd/system/containerd.service", containerdUnit)
+	n.write("/etc/containerd/config.toml", containerdConfig)
+}
+
 // prop returns a unit's property.
 func (n *node) prop(unit, name string) string {
 	n.t.Helper()
 	return strings.TrimSpace(n.exec("systemctl", "show", "-p", name, "--value", unit))
 }
 
-// waitFor polls cond every 200ms for up to d.
+// waitFor fails the test unless cond holds within d (it asks every 200 ms); the failure holds cond's
+// last detail.
 func (n *node) waitFor(what string, d time.Duration, cond func() (bool, string)) {
 	n.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("%s: not within %s: %s", what, d, detail)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := pollDetail(d, 200*time.Millisecond, what, cond); err != nil {
+		n.t.Fatal(err)
 	}
 }
 
@@ -156,23 +170,12 @@ func startNode(t *testing.T) *node {
 // detached running across a restart of the unit.
 func TestSystemdUnits(t *testing.T) {
 	n := startNode(t)
-	tmp := t.TempDir()
-	bin := buildStatic(t, tmp)
+	bin := plegnribin.Binary(t, plegnribin.Deploy)
 	run(t, "docker", "cp", bin, n.name+":/root/pleg-nri")
 
 	// containerd from the cache, as its own unit; a stand-in kubelet.service.
-	n.sh("install -m 0755 /cache/containerd/containerd /cache/containerd/containerd-shim-runc-v2 /cache/runc/runc /usr/local/bin/ && mkdir -p /etc/containerd")
-	write := func(path, content string) {
-		t.Helper()
-		f := filepath.Join(tmp, filepath.Base(path))
-		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		run(t, "docker", "cp", f, n.name+":"+path)
-	}
-	write("/etc/systemd/system/containerd.service", containerdUnit)
-	write("/etc/containerd/config.toml", containerdConfig)
-	write("/etc/systemd/system/kubelet.service", kubeletUnit)
+	n.installContainerd()
+	n.write("/etc/systemd/system/kubelet.service", kubeletUnit)
 
 	// The install a host operator does (docs/operations.md).
 	out := n.exec("sh", "/src/deploy/install.sh", "--binary", "/root/pleg-nri")

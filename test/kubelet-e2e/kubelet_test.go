@@ -6,19 +6,32 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
 // crashTimes is how often the crasher container exits 1 before it settles.
 const crashTimes = 3
+
+// exitingPods are pods whose containers exit: "crasher" exits 1 crashTimes times (counted in the
+// pod's emptyDir), then runs; "oom" eats memory past its 32Mi limit on its first run (tail buffers
+// /dev/zero, a line without end), then runs; "once", restartPolicy Never, fails with exit code 3.
+func exitingPods() []kubelet.Pod {
+	return []kubelet.Pod{
+		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
+			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
+			crashTimes)}}},
+		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
+			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
+		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
+	}
+}
 
 // TestKubeletOnPlegNRI: a kubelet with EventedPLEG on pleg-nri (setup 3) runs static pods, restarts a
 // crashing container with the right restart count and last state, reports an OOM kill as OOMKilled,
@@ -28,20 +41,11 @@ const crashTimes = 3
 func TestKubeletOnPlegNRI(t *testing.T) {
 	n := startNode(t, setupEventedPlegNRI)
 	before := n.plegMetrics()
-	pods := []kubelet.Pod{
+	pods := append([]kubelet.Pod{
 		{Name: "sleepers", Containers: []kubelet.Container{
 			{Name: "a", Script: "exec sleep 3600"}, {Name: "b", Script: "exec sleep 3600"}}},
 		{Name: "hostnet", HostNetwork: true, Containers: []kubelet.Container{{Name: "a", Script: "exec sleep 3600"}}},
-		// Exits 1 crashTimes times (counted in the pod's emptyDir), then runs.
-		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
-			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
-			crashTimes)}}},
-		// Eats memory past its 32Mi limit on its first run (tail buffers /dev/zero, a line without end),
-		// then runs.
-		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
-			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
-		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
-	}
+	}, exitingPods()...)
 	for _, p := range pods {
 		if err := n.k.WritePod(p); err != nil {
 			t.Fatal(err)
@@ -120,26 +124,7 @@ func TestKubeletOnPlegNRI(t *testing.T) {
 		}
 		// The kubelet drops the pod and stops it at once; it removes the stopped sandbox at its next
 		// container garbage collection (every minute), which this test does not wait for.
-		err := harness.WaitFor(context.Background(), podWaitTimeout, "pod sleepers gone from the kubelet and stopped in containerd", func() (bool, error) {
-			still, err := n.k.Pod("sleepers")
-			if err != nil || still != nil {
-				return false, err
-			}
-			for _, sb := range n.sandboxes(p.Metadata.UID) {
-				if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-					return false, nil
-				}
-			}
-			for _, c := range n.containers(p.Metadata.UID) {
-				if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		n.waitPodStopped("sleepers", p.Metadata.UID)
 	})
 
 	t.Run("stream consumed", func(t *testing.T) {
@@ -221,25 +206,9 @@ func (n *node) triggerExit(p *kubelet.PodStatus, pid int) {
 	if err := os.WriteFile(filepath.Join(n.emptyDir(p.Metadata.UID), "exit"), nil, 0o644); err != nil {
 		n.t.Fatal(err)
 	}
-	err := harness.WaitFor(context.Background(), 20*time.Second, "the waiter's process to exit", func() (bool, error) {
-		return !processAlive(pid), nil
-	})
-	if err != nil {
+	if err := testutil.WaitGone(context.Background(), pid, 20*time.Second); err != nil {
 		n.t.Fatal(err)
 	}
-}
-
-// processAlive says whether pid is a live process (not a zombie).
-func processAlive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
 }
 
 // TestContainerdRestart restarts containerd under a running kubelet, with a container exiting while
@@ -362,14 +331,7 @@ func TestPlegNRIRestart(t *testing.T) {
 // (setup 3), and requires the kubelet to report the same statuses on both: phase, and per container the
 // restart count, the state and the last state (exit code and reason).
 func TestStatusesLikeContainerdStream(t *testing.T) {
-	pods := []kubelet.Pod{
-		{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", State: true, Script: fmt.Sprintf(
-			`n=$(cat /state/n 2>/dev/null || echo 0); [ "$n" -ge %d ] && exec sleep 3600; echo $((n+1)) >/state/n; sleep 0.3; exit 1`,
-			crashTimes)}}},
-		{Name: "oom", Containers: []kubelet.Container{{Name: "hog", State: true, MemoryLimit: "32Mi",
-			Script: `[ -e /state/ran ] && exec sleep 3600; touch /state/ran; exec tail /dev/zero`}}},
-		{Name: "once", RestartPolicy: "Never", Containers: []kubelet.Container{{Name: "fail", Script: "sleep 0.3; exit 3"}}},
-	}
+	pods := exitingPods()
 	reported := map[string][]string{}
 	for _, s := range []setup{setupEventedDirect, setupEventedPlegNRI} {
 		t.Run(s.Name, func(t *testing.T) {

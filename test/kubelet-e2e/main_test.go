@@ -21,8 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
@@ -108,12 +108,8 @@ func runTests(m *testing.M) (code int) {
 	if err := env.Start(ctx); err != nil {
 		return fail("cannot start containerd: %v", err)
 	}
-	binDir, err := os.MkdirTemp("", "plegnri-bin-")
-	if err != nil {
-		return fail("%v", err)
-	}
-	defer os.RemoveAll(binDir)
-	if plegNRIBinary, err = plegnri.Build(binDir); err != nil {
+	defer plegnribin.Cleanup()
+	if plegNRIBinary, err = plegnribin.Build(plegnribin.Default); err != nil {
 		return fail("%v", err)
 	}
 	fmt.Fprintf(os.Stderr, "kubelet-e2e: containerd %d ready in %s (%s)\n", env.PID, time.Since(start).Round(time.Millisecond), env.Dir)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
@@ -353,6 +354,32 @@ func (n *node) waitPod(name, what string, cond func(p *kubelet.PodStatus) (bool,
 	return last
 }
 
+// waitPodStopped waits until the kubelet no longer reports the pod made from manifest name (uid) and
+// containerd shows its sandboxes not ready and its containers exited: the kubelet stopped it.
+func (n *node) waitPodStopped(name, uid string) {
+	n.t.Helper()
+	err := harness.WaitFor(context.Background(), podWaitTimeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
+		still, err := n.k.Pod(name)
+		if err != nil || still != nil {
+			return false, err
+		}
+		for _, sb := range n.sandboxes(uid) {
+			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+				return false, nil
+			}
+		}
+		for _, c := range n.containers(uid) {
+			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+}
+
 // running accepts a pod in phase Running whose every container runs and is ready.
 func running(p *kubelet.PodStatus) (bool, error) {
 	if p.Status.Phase != "Running" || len(p.Status.ContainerStatuses) == 0 {
@@ -497,7 +524,7 @@ func checkLifetimes(t testing.TB, cri runtimeapi.RuntimeServiceClient) {
 		}
 		end := st.GetStatus().GetFinishedAt()
 		if end == 0 {
-			if pid := containerdPID(ctx, cri, c.Id); pid == 0 || !processAlive(pid) {
+			if pid := containerdPID(ctx, cri, c.Id); pid == 0 || !testutil.Alive(pid) {
 				// Exited, but containerd has not recorded it yet (it does once the task is deleted): its
 				// end is unknown; the watcher covered its lifetime.
 				continue
@@ -540,7 +567,7 @@ func (w *dupWatcher) poll(ctx context.Context, cri runtimeapi.RuntimeServiceClie
 		// are alive count.
 		var alive []string
 		for _, id := range ids {
-			if pid := containerdPID(cctx, cri, id); pid != 0 && processAlive(pid) {
+			if pid := containerdPID(cctx, cri, id); pid != 0 && testutil.Alive(pid) {
 				alive = append(alive, fmt.Sprintf("%s (pid %d)", id, pid))
 			}
 		}

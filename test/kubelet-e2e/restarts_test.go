@@ -8,20 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
-
-// upgradedPlegNRI is pleg-nri built again with another version: a different binary, as an upgrade
-// installs (plegnri.Upgraded).
-func upgradedPlegNRI(t *testing.T) string {
-	t.Helper()
-	bin, err := plegnri.Upgraded(plegNRIBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
 
 // gapPod is a pod whose one container "waiter" exits 7 once the test drops a file named exit in the
 // pod's emptyDir, then runs on after its restart (a container restarted for the first time is not
@@ -45,7 +34,7 @@ const restartLagBound = time.Second
 // back; no two containers of one name ever run at once in a pod (the node's duplicate watcher); and at
 // the end the kubelet still acts on events.
 func TestRestartsKeepFastPath(t *testing.T) {
-	upgraded := upgradedPlegNRI(t)
+	upgraded := plegnribin.Binary(t, plegnribin.Upgraded)
 	n := startNode(t, setupEventedPlegNRI)
 	steps := []string{"pleg-nri SIGTERM", "containerd SIGTERM", "pleg-nri SIGKILL", "containerd SIGKILL",
 		"pleg-nri upgrade", "containerd SIGTERM", "pleg-nri SIGTERM", "containerd SIGKILL", "pleg-nri downgrade",

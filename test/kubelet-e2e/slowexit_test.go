@@ -2,9 +2,6 @@ package kubelete2e
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +12,7 @@ import (
 )
 
 // slowDelete is how long the runc wrapper of TestSlowExitHandling makes `runc delete` take.
-const slowDelete = "2"
+const slowDelete = 2 * time.Second
 
 // TestSlowExitHandling: containerd updates an exited container's CRI status only after the runtime
 // deleted its task (handleContainerExit: task.Delete, then the status), but publishes /tasks/exit at
@@ -32,7 +29,7 @@ const slowDelete = "2"
 //
 // Each setup wants the waiter restarted once with its last state "terminated, exit code 7".
 func TestSlowExitHandling(t *testing.T) {
-	withRuncDelete(t, "sleep "+slowDelete)
+	env.SlowRuncDelete(t, slowDelete)
 
 	for _, s := range []setup{setupEventedDirect, setupEventedPlegNRI} {
 		t.Run(s.Name, func(t *testing.T) {
@@ -50,40 +47,6 @@ func TestSlowExitHandling(t *testing.T) {
 	}
 }
 
-// withRuncDelete restarts the package's containerd with a runc wrapper that runs the shell command
-// before each `runc delete` (containerd's exit handler deletes the task before it updates the CRI
-// status), and restores the containerd config when the test ends.
-func withRuncDelete(t *testing.T, command string) {
-	ctx := context.Background()
-	wrapper := filepath.Join(env.Dir, "slow-runc")
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { %s; } && break; done\nexec %s/runc \"$@\"\n",
-		command, env.BinDir)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	orig, err := os.ReadFile(env.ConfigPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slow := strings.Replace(string(orig), `BinaryName = "`+env.BinDir+`/runc"`, `BinaryName = "`+wrapper+`"`, 1)
-	if slow == string(orig) {
-		t.Fatal("no runc BinaryName in containerd's config")
-	}
-	restart := func(config []byte) {
-		if err := env.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(env.ConfigPath, config, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := env.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	restart([]byte(slow))
-	t.Cleanup(func() { restart(orig) })
-}
-
 // TestOverlaidExit: what the kubelet does with pleg-nri's answers while containerd has not handled an
 // exit yet (read-freshness overlay, the default). containerd's exit handler is held at `runc delete`
 // (a gate file) so that containerd's CRI shows the exited container RUNNING for as long as the test
@@ -92,28 +55,15 @@ func withRuncDelete(t *testing.T, command string) {
 // last state containerd reports once it catches up (exit code, reason, finished_at), never run two
 // waiters at once (the node's duplicate watcher), and stop and clean up the pod when its manifest goes.
 func TestOverlaidExit(t *testing.T) {
-	gate := filepath.Join(env.Dir, "delete-gate")
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	openGate := func() {
-		if err := os.WriteFile(gate, nil, 0o644); err != nil {
-			t.Error(err)
-		}
-	}
-	withRuncDelete(t, fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", gate))
-	t.Cleanup(openGate) // before containerd's restart (cleanups run last in, first out)
-
+	gate := env.GateRuncDelete(t) // opens it before containerd's restart when the test ends
 	n := startNode(t, setupEventedPlegNRI)
-	t.Cleanup(openGate) // before the node's teardown
+	t.Cleanup(gate.Open) // before the node's teardown (cleanups run last in, first out)
 	if err := n.k.WritePod(triggerPod("held")); err != nil {
 		t.Fatal(err)
 	}
 	p := n.waitPod("held", "running", running)
 	oldID := strings.TrimPrefix(p.Container("waiter").ContainerID, "containerd://")
-	if err := os.Remove(gate); err != nil {
-		t.Fatal(err)
-	}
+	gate.Close()
 	n.triggerExit(p, n.waiterPID(p))
 	p = n.waitPod("held", "waiter restarted once while containerd's exit handling is held", restartedTo("waiter", 1))
 	if st := n.containerStatus(oldID); st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
@@ -125,7 +75,7 @@ func TestOverlaidExit(t *testing.T) {
 	}
 
 	// containerd catches up and says what the kubelet already reports.
-	openGate()
+	gate.Open()
 	var st *runtimeapi.ContainerStatus
 	err := harness.WaitFor(context.Background(), podWaitTimeout, "containerd to handle the old waiter's exit", func() (bool, error) {
 		st = n.containerStatus(oldID)
@@ -145,24 +95,5 @@ func TestOverlaidExit(t *testing.T) {
 	if err := n.k.RemovePod("held"); err != nil {
 		t.Fatal(err)
 	}
-	err = harness.WaitFor(context.Background(), podWaitTimeout, "pod held gone from the kubelet and stopped in containerd", func() (bool, error) {
-		still, err := n.k.Pod("held")
-		if err != nil || still != nil {
-			return false, err
-		}
-		for _, sb := range n.sandboxes(p.Metadata.UID) {
-			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-				return false, nil
-			}
-		}
-		for _, c := range n.containers(p.Metadata.UID) {
-			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n.waitPodStopped("held", p.Metadata.UID)
 }

@@ -3,6 +3,7 @@ package benchreport
 import (
 	"fmt"
 	"html"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -186,30 +187,19 @@ func Markdown(r *Results, svgName string) string {
 	return b.String()
 }
 
-func loads(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %s", k, m[k]))
-	}
-	return strings.Join(parts, "; ")
-}
+func loads(m map[string]string) string { return joinSorted(m, "%s %s", "; ") }
 
-func callbacks(m map[string]float64) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+func callbacks(m map[string]float64) string { return joinSorted(m, "%s %.0f", ", ") }
+
+// joinSorted renders each entry of m, in key order, with format (of the key and the value), and joins
+// them with sep.
+func joinSorted[V any](m map[string]V, format, sep string) string {
+	keys := slices.Sorted(maps.Keys(m))
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %.0f", k, m[k]))
+		parts = append(parts, fmt.Sprintf(format, k, m[k]))
 	}
-	return strings.Join(parts, ", ")
+	return strings.Join(parts, sep)
 }
 
 func yesNo(ok bool) string {

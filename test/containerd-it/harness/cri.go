@@ -11,6 +11,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // PodNamespace is the Kubernetes namespace of every test pod.
@@ -69,26 +71,15 @@ func (e *Env) writeCrictlConfigs() error {
 	return nil
 }
 
-// WaitFor polls cond every 20 ms until it returns true or an error, or until timeout.
+// WaitInterval is how long WaitFor waits between two calls of its condition: they ask containerd, a
+// kubelet or pleg-nri.
+const WaitInterval = 20 * time.Millisecond
+
+// WaitFor is testutil.PollEvery at WaitInterval: it calls cond until it returns true, or until timeout
+// or ctx ends (the error then names what and holds cond's last error), or until cond returns
+// testutil.Stop(err).
 func WaitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return nil
-		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			if lastErr != nil {
-				return fmt.Errorf("timed out after %s waiting for %s: %w", timeout, what, lastErr)
-			}
-			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return testutil.PollEvery(ctx, timeout, WaitInterval, what, cond)
 }
 
 func randomHex(n int) string {

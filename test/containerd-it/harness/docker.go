@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // Where the containerd of an environment runs (Options.Containerd).
@@ -226,7 +228,7 @@ func (e *Env) startInContainer(ctx context.Context) error {
 				continue
 			}
 			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if string(cmdline) == want && Alive(pid) {
+			if string(cmdline) == want && testutil.Alive(pid) {
 				e.PID = pid
 				return true, nil
 			}

@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // DefaultCache is where install-deps.sh keeps the binaries it builds, one directory per version.
@@ -83,9 +85,8 @@ type Env struct {
 	Container, Image string
 
 	opts Options
-	cmd  *exec.Cmd
-	// exited is closed when the containerd started by this process has been waited for.
-	exited chan struct{}
+	// proc is the containerd this process started (nil when it does not run, or runs in Docker).
+	proc *Process
 }
 
 // New prepares an environment: it installs the dependencies, builds the images, tears down stale
@@ -242,32 +243,16 @@ func InstallDeps(ctx context.Context, cache string, log io.Writer) error {
 // Start starts containerd (again, after Stop) and waits until its CRI reports the runtime and the
 // network ready and the test images are present; on the first start it imports them.
 func (e *Env) Start(ctx context.Context) error {
-	if e.cmd != nil || (e.Container != "" && e.PID != 0 && Alive(e.PID)) {
+	if e.proc != nil || (e.Container != "" && e.PID != 0 && testutil.Alive(e.PID)) {
 		return errors.New("containerd is already running")
 	}
+	start := e.startNative
 	if e.Container != "" {
-		return e.startDocker(ctx)
+		start = e.startDocker
 	}
-	logf, err := os.OpenFile(e.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
+	if err := start(ctx); err != nil {
 		return err
 	}
-	defer logf.Close()
-	fmt.Fprintf(logf, "==== harness: starting containerd at %s ====\n", time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(filepath.Join(e.BinDir, "containerd"), "--config", e.ConfigPath)
-	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own session: a Ctrl-C at the terminal must not kill it before the teardown does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("failed to start containerd: %w", err)
-	}
-	e.cmd, e.PID = cmd, cmd.Process.Pid
-	e.exited = make(chan struct{})
-	go func(exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(e.exited)
 	if err := e.save(); err != nil {
 		return err
 	}
@@ -280,7 +265,26 @@ func (e *Env) Start(ctx context.Context) error {
 	return nil
 }
 
-// startDocker is Start for containerd in a container.
+// startNative starts containerd as a child of this process.
+func (e *Env) startNative(ctx context.Context) error {
+	logf, err := os.OpenFile(e.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "==== harness: starting containerd at %s ====\n", time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(filepath.Join(e.BinDir, "containerd"), "--config", e.ConfigPath)
+	cmd.Env = append(os.Environ(), "PATH="+e.BinDir+":"+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	proc, err := StartProcess(cmd)
+	if err != nil {
+		return fmt.Errorf("failed to start containerd: %w", err)
+	}
+	e.proc, e.PID = proc, proc.PID()
+	return nil
+}
+
+// startDocker starts containerd in its container.
 func (e *Env) startDocker(ctx context.Context) error {
 	if err := appendLog(e.LogPath, fmt.Sprintf("==== harness: starting containerd in %s at %s ====\n",
 		e.Container, time.Now().Format(time.RFC3339Nano))); err != nil {
@@ -288,15 +292,6 @@ func (e *Env) startDocker(ctx context.Context) error {
 	}
 	if err := e.startInContainer(ctx); err != nil {
 		return fmt.Errorf("%w\n%s", err, e.LogTail(40))
-	}
-	if err := e.save(); err != nil {
-		return err
-	}
-	if err := e.waitReady(ctx); err != nil {
-		return fmt.Errorf("containerd did not become ready: %w\n%s", err, e.LogTail(40))
-	}
-	if err := e.ensureImages(ctx); err != nil {
-		return fmt.Errorf("failed to import the test images: %w\n%s", err, e.LogTail(40))
 	}
 	return nil
 }
@@ -311,53 +306,43 @@ func appendLog(path, line string) error {
 	return err
 }
 
-// waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady.
+// waitReady waits until the CRI answers Status with RuntimeReady and NetworkReady and the NRI socket is
+// there, every 50 ms for 30 s; it gives up at once when containerd exits.
 func (e *Env) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var lastErr error
-	for {
-		select {
-		case <-e.exited:
-			return errors.New("containerd exited")
-		default:
+	return testutil.PollEvery(ctx, 30*time.Second, 50*time.Millisecond, "containerd's CRI and NRI", func() (bool, error) {
+		if (e.proc != nil && !e.proc.Running()) || (e.Container != "" && !testutil.Alive(e.PID)) {
+			return false, testutil.Stop(errors.New("containerd exited"))
 		}
-		if e.Container != "" && !Alive(e.PID) {
-			return errors.New("containerd exited")
+		if err := e.criReady(ctx); err != nil {
+			return false, err
 		}
-		lastErr = func() error {
-			conn, err := e.Dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-			defer ccancel()
-			resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(cctx, &runtimeapi.StatusRequest{})
-			if err != nil {
-				return err
-			}
-			for _, c := range resp.GetStatus().GetConditions() {
-				// Other conditions (containerd's cgroup v1 deprecation warning, say) do not stop pods.
-				if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
-					return fmt.Errorf("condition %s is false: %s %s", c.Type, c.Reason, c.Message)
-				}
-			}
-			return nil
-		}()
-		if lastErr == nil {
-			_, err := os.Stat(e.NRISocket)
-			if err == nil {
-				return nil
-			}
-			lastErr = fmt.Errorf("NRI socket not there: %w", err)
+		if _, err := os.Stat(e.NRISocket); err != nil {
+			return false, fmt.Errorf("NRI socket not there: %w", err)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
-		case <-time.After(50 * time.Millisecond):
+		return true, nil
+	})
+}
+
+// criReady asks the CRI for its Status: an error unless it answers with RuntimeReady and NetworkReady.
+func (e *Env) criReady(ctx context.Context) error {
+	conn, err := e.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ccancel()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(cctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, c := range resp.GetStatus().GetConditions() {
+		// Other conditions (containerd's cgroup v1 deprecation warning, say) do not stop pods.
+		if (c.Type == runtimeapi.RuntimeReady || c.Type == runtimeapi.NetworkReady) && !c.Status {
+			return fmt.Errorf("condition %s is false: %s %s", c.Type, c.Reason, c.Message)
 		}
 	}
+	return nil
 }
 
 // ensureImages imports the test images unless the CRI already lists them.
@@ -380,13 +365,18 @@ func (e *Env) ensureImages(ctx context.Context) error {
 	if present() {
 		return nil
 	}
+	if err := e.importImages(ctx); err != nil {
+		return err
+	}
+	return WaitFor(ctx, 10*time.Second, "the imported images in the CRI image store", func() (bool, error) {
+		return present(), nil
+	})
+}
+
+// importImages imports the test images into containerd's k8s.io namespace.
+func (e *Env) importImages(ctx context.Context) error {
 	if e.Container != "" {
-		if err := e.importInContainer(ctx); err != nil {
-			return err
-		}
-		return WaitFor(ctx, 10*time.Second, "the imported images in the CRI image store", func() (bool, error) {
-			return present(), nil
-		})
+		return e.importInContainer(ctx)
 	}
 	archives, err := BuildImages(ctx, e.Cache)
 	if err != nil {
@@ -398,13 +388,6 @@ func (e *Env) ensureImages(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("ctr images import %s: %w: %s", a, err, out)
 		}
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !present() {
-		if time.Now().After(deadline) {
-			return errors.New("imported images did not appear in the CRI image store")
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	return nil
 }
@@ -441,57 +424,50 @@ func (e *Env) Restart(ctx context.Context) error {
 }
 
 func (e *Env) signal(ctx context.Context, sig syscall.Signal, grace time.Duration) error {
-	if e.cmd == nil {
-		// Not our child (loaded from env.json): signal the recorded pid.
-		if e.PID == 0 || !Alive(e.PID) {
+	if e.proc == nil {
+		// Not our child (loaded from env.json, or in Docker): signal the recorded pid.
+		if e.PID == 0 || !testutil.Alive(e.PID) {
 			e.PID = 0
 			return nil
 		}
 		_ = syscall.Kill(e.PID, sig)
-		if !waitGone(ctx, e.PID, grace) {
+		if testutil.WaitGone(ctx, e.PID, grace) != nil {
 			_ = syscall.Kill(e.PID, syscall.SIGKILL)
-			if !waitGone(ctx, e.PID, 5*time.Second) {
-				return fmt.Errorf("containerd (pid %d) did not exit", e.PID)
+			if err := testutil.WaitGone(ctx, e.PID, 5*time.Second); err != nil {
+				return fmt.Errorf("containerd (pid %d) did not exit: %w", e.PID, err)
 			}
 		}
 		e.PID = 0
 		return e.save()
 	}
-	_ = e.cmd.Process.Signal(sig)
-	select {
-	case <-e.exited:
-	case <-time.After(grace):
-		_ = e.cmd.Process.Kill()
-		<-e.exited
-	}
-	e.cmd, e.PID = nil, 0
+	e.proc.Stop(sig, grace)
+	e.proc, e.PID = nil, 0
 	return e.save()
 }
 
 // Running says whether the containerd of this environment runs.
 func (e *Env) Running() bool {
-	if e.cmd != nil {
-		select {
-		case <-e.exited:
-			return false
-		default:
-			return true
-		}
+	if e.proc != nil {
+		return e.proc.Running()
 	}
-	return e.PID != 0 && Alive(e.PID)
+	return e.PID != 0 && testutil.Alive(e.PID)
 }
 
 // LogTail returns the last n lines of containerd's log.
-func (e *Env) LogTail(n int) string {
-	data, err := os.ReadFile(e.LogPath)
+func (e *Env) LogTail(n int) string { return LogTail(e.LogPath, "containerd", n) }
+
+// LogTail returns the last n lines of the log file at path, of the daemon named what, framed for a
+// failure report.
+func LogTail(path, what string, n int) string {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Sprintf("(no containerd log: %v)", err)
+		return fmt.Sprintf("(no %s log: %v)", what, err)
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return "---- containerd log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of containerd log ----"
+	return "---- " + what + " log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of " + what + " log ----"
 }
 
 // LogSize returns the current size of containerd's log, for LogSince.
@@ -534,31 +510,6 @@ func (e *Env) Exports() string {
 		fmt.Fprintf(&b, "export %s=%q\n", kv[0], kv[1])
 	}
 	return strings.ReplaceAll(b.String(), `"`+e.BinDir+`:$PATH"`, `"`+e.BinDir+`:${PATH}"`)
-}
-
-// Alive says whether pid is a live process (not a zombie).
-func Alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the command name in parentheses.
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
-
-func waitGone(ctx context.Context, pid int, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for Alive(pid) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }
 
 // pickSnapshotter returns overlayfs when an overlay mount works under dir, native otherwise.

@@ -34,9 +34,11 @@ func TestCgroupUnder(t *testing.T) {
 		{v1, "/plegit-ab", false},
 		{"0::/\n", "/plegit-abc", false},
 		{"", "/plegit-abc", false},
+		{v1, "/", false},
+		{v1, "", false},
 	} {
-		if got := cgroupUnder(tc.text, tc.parent); got != tc.want {
-			t.Errorf("cgroupUnder(%q, %q) = %v, want %v", tc.text, tc.parent, got, tc.want)
+		if got := CgroupUnder(tc.text, tc.parent); got != tc.want {
+			t.Errorf("CgroupUnder(%q, %q) = %v, want %v", tc.text, tc.parent, got, tc.want)
 		}
 	}
 }

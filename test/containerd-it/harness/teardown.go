@@ -17,6 +17,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // cniStateDir is where libcni and host-local keep their state, whatever containerd is configured with.
@@ -38,9 +40,9 @@ func (e *Env) Teardown(ctx context.Context) error {
 	if err := e.removeContainer(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("removing container %s: %w", e.Container, err))
 	}
-	e.killProcesses()
+	KillAll(e.ownedProcesses)
 	e.unmountAll()
-	e.removeCgroups()
+	RemoveCgroups(e.CgroupParent)
 	e.removeNetwork()
 	if err := os.RemoveAll(e.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("removing %s: %w", e.Dir, err))
@@ -81,45 +83,7 @@ func (e *Env) removeAllPods(ctx context.Context) error {
 // the environment's directory (containerd, shims, runc) or that lives in its cgroup parent (container
 // processes).
 func (e *Env) ownedProcesses() []int {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	var pids []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !Alive(pid) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		cgroups, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-		if strings.Contains(string(cmdline), e.Dir) || cgroupUnder(string(cgroups), e.CgroupParent) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// cgroupUnder says whether a /proc/PID/cgroup text places the process under parent.
-func cgroupUnder(procCgroup, parent string) bool {
-	for _, l := range strings.Split(procCgroup, "\n") {
-		parts := strings.SplitN(l, ":", 3)
-		if len(parts) == 3 && (parts[2] == parent || strings.HasPrefix(parts[2], parent+"/")) {
-			return true
-		}
-	}
-	return false
-}
-
-func (e *Env) killProcesses() {
-	for attempt := 0; attempt < 50; attempt++ {
-		pids := e.ownedProcesses()
-		if len(pids) == 0 {
-			return
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return ProcessesWhere(func(pid int) bool { return CommandLineHas(pid, e.Dir) || InCgroup(pid, e.CgroupParent) })
 }
 
 // MountsUnder lists the mount points at or below dir, deepest first.
@@ -210,14 +174,17 @@ func CgroupRoots() []string {
 	return roots
 }
 
-// cgroupDirs lists the environment's cgroup directories, deepest first.
-func (e *Env) cgroupDirs() []string {
+// CgroupDirs lists the cgroup directories at or below path in every hierarchy, deepest first (none
+// for the root: never the whole hierarchy).
+func CgroupDirs(path string) []string {
+	if strings.Trim(path, "/") == "" {
+		return nil
+	}
 	var dirs []string
 	for _, root := range CgroupRoots() {
-		top := filepath.Join(root, e.CgroupParent)
-		_ = filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(root, path), func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
+				dirs = append(dirs, p)
 			}
 			return nil
 		})
@@ -226,9 +193,11 @@ func (e *Env) cgroupDirs() []string {
 	return dirs
 }
 
-func (e *Env) removeCgroups() {
+// RemoveCgroups removes the cgroup directories at or below path, deepest first, trying again while
+// one is busy (for 2.5 s at the most).
+func RemoveCgroups(path string) {
 	for attempt := 0; attempt < 50; attempt++ {
-		dirs := e.cgroupDirs()
+		dirs := CgroupDirs(path)
 		if len(dirs) == 0 {
 			return
 		}
@@ -279,15 +248,11 @@ func (e *Env) cniState() []string {
 // Leftovers lists what of the environment still exists: processes, mounts, cgroups, the bridge, CNI
 // state, network namespaces and the directory.
 func (e *Env) Leftovers() []string {
-	var out []string
-	for _, pid := range e.ownedProcesses() {
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
-	}
+	out := DescribeProcesses(e.ownedProcesses())
 	for _, mp := range MountsUnder(e.Dir) {
 		out = append(out, "mount "+mp)
 	}
-	for _, d := range e.cgroupDirs() {
+	for _, d := range CgroupDirs(e.CgroupParent) {
 		out = append(out, "cgroup "+d)
 	}
 	if linkExists(e.Bridge) {
@@ -311,7 +276,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		e, err := Load(dir)
-		if err != nil || e.Owner == 0 || Alive(e.Owner) {
+		if err != nil || e.Owner == 0 || testutil.Alive(e.Owner) {
 			continue
 		}
 		e.SetLog(log)

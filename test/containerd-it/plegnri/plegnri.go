@@ -1,6 +1,6 @@
-// Package plegnri builds the real pleg-nri binary and runs it as a daemon against a test containerd, for
-// the tests that need the whole program rather than its packages (test/containerd-it,
-// test/kubelet-e2e).
+// Package plegnri runs the real pleg-nri binary (built by internal/testutil/plegnribin) as a daemon
+// against a test containerd, for the tests that need the whole program rather than its packages
+// (test/containerd-it, test/kubelet-e2e).
 //
 // The daemon is two processes: the core, which Start, Stop, Kill and Restart run as a service manager
 // would, and the front it spawns detached, which serves Socket and outlives the core's restarts.
@@ -24,56 +24,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
-
-// Build builds cmd/pleg-nri into dir and returns the binary's path.
-func Build(dir string) (string, error) {
-	return BuildVersion(dir, "pleg-nri", "")
-}
-
-// upgrades memoizes Upgraded: binary -> its upgraded copy (*upgrade).
-var upgrades sync.Map
-
-type upgrade struct {
-	once sync.Once
-	bin  string
-	err  error
-}
-
-// Upgraded builds, once per binary, pleg-nri again beside binary with another version string
-// (v99.0.0-upgrade-test): a different binary, as an upgrade installs.
-func Upgraded(binary string) (string, error) {
-	v, _ := upgrades.LoadOrStore(binary, &upgrade{})
-	u := v.(*upgrade)
-	u.once.Do(func() {
-		u.bin, u.err = BuildVersion(filepath.Dir(binary), "pleg-nri-upgraded", "v99.0.0-upgrade-test")
-	})
-	return u.bin, u.err
-}
-
-// BuildVersion builds cmd/pleg-nri into dir/name with its version set to version (the default when
-// empty), and returns the binary's path: a different binary, for upgrade tests.
-func BuildVersion(dir, name, version string) (string, error) {
-	bin := filepath.Join(dir, name)
-	args := []string{"build", "-o", bin}
-	if version != "" {
-		args = append(args, "-ldflags", "-X main.version="+version)
-	}
-	cmd := exec.Command("go", append(args, "github.com/pleg-nri/pleg-nri/cmd/pleg-nri")...)
-	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build pleg-nri: %w: %s", err, out)
-	}
-	return bin, nil
-}
 
 // logTailLines bounds the log a Daemon keeps for failure reports.
 const logTailLines = 2000
 
 // Options say how to run pleg-nri.
 type Options struct {
-	// Binary is the pleg-nri binary (from Build).
+	// Binary is the pleg-nri binary (from plegnribin.Build).
 	Binary string
 	// Env is the containerd it attaches to: its NRI socket, its events and its CRI.
 	Env *harness.Env
@@ -97,8 +57,8 @@ type Daemon struct {
 
 	args   []string
 	binary string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	// proc is the core while it runs.
+	proc *harness.Process
 	// mu guards tail, the last lines it logged (over every run, restarts included).
 	mu   sync.Mutex
 	tail []string
@@ -132,17 +92,19 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 }
 
 func (d *Daemon) start(ctx context.Context) error {
-	d.cmd = exec.Command(d.binary, d.args...)
-	// Its own session, as a service manager starts a daemon (systemd calls setsid for every service):
-	// the scheduler's autogroups then place it as on a node, not in the test's group.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd := exec.Command(d.binary, d.args...)
 	pr, pw := io.Pipe()
-	d.cmd.Stdout, d.cmd.Stderr = pw, pw
-	if err := d.cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = pw, pw
+	// In a session of its own, as a service manager starts a daemon.
+	proc, err := harness.StartProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("start pleg-nri: %w", err)
 	}
-	d.PID = d.cmd.Process.Pid
-	d.exited = make(chan struct{})
+	d.proc, d.PID = proc, proc.PID()
+	go func() {
+		<-proc.Exited()
+		pw.Close()
+	}()
 	go func() {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -155,22 +117,15 @@ func (d *Daemon) start(ctx context.Context) error {
 			d.mu.Unlock()
 		}
 	}()
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		pw.Close()
-		close(exited)
-	}(d.cmd, d.exited)
 	return d.waitReady(ctx)
 }
 
-// waitReady waits for /readyz.
+// waitReady waits for /readyz; it gives up at once when pleg-nri exits.
 func (d *Daemon) waitReady(ctx context.Context) error {
-	exited := d.exited
+	proc := d.proc
 	err := harness.WaitFor(ctx, 20*time.Second, "pleg-nri /readyz", func() (bool, error) {
-		select {
-		case <-exited:
-			return false, errors.New("pleg-nri exited")
-		default:
+		if !proc.Running() {
+			return false, testutil.Stop(errors.New("pleg-nri exited"))
 		}
 		resp, err := http.Get("http://" + d.MetricsAddr + "/readyz")
 		if err != nil {
@@ -191,36 +146,25 @@ func (d *Daemon) waitReady(ctx context.Context) error {
 
 // Stop stops pleg-nri with SIGTERM (SIGKILL after 10 s) and waits for it. It does nothing when it is
 // not running.
-func (d *Daemon) Stop() {
-	if d.cmd == nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(10 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
-	d.cmd, d.PID = nil, 0
-}
+func (d *Daemon) Stop() { d.stop(syscall.SIGTERM) }
 
 // Kill kills pleg-nri with SIGKILL and waits for it. It does nothing when it is not running.
-func (d *Daemon) Kill() {
-	if d.cmd == nil {
+func (d *Daemon) Kill() { d.stop(syscall.SIGKILL) }
+
+func (d *Daemon) stop(sig syscall.Signal) {
+	if d.proc == nil {
 		return
 	}
-	_ = d.cmd.Process.Kill()
-	<-d.exited
-	d.cmd, d.PID = nil, 0
+	d.proc.Stop(sig, 10*time.Second)
+	d.proc, d.PID = nil, 0
 }
 
 // Signal sends sig to pleg-nri.
 func (d *Daemon) Signal(sig syscall.Signal) error {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return errors.New("pleg-nri is not running")
 	}
-	return d.cmd.Process.Signal(sig)
+	return d.proc.Signal(sig)
 }
 
 // Restart stops pleg-nri (the core) and starts it again with the same flags (the same socket and
@@ -268,19 +212,7 @@ func (d *Daemon) Processes() []int {
 
 // ProcessesNaming lists the live processes, other than this one, whose command line contains s.
 func ProcessesNaming(s string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() || !harness.Alive(pid) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.Contains(string(cmdline), s) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return harness.ProcessesWhere(func(pid int) bool { return harness.CommandLineHas(pid, s) })
 }
 
 // FrontPID asks the front serving Socket for its pid.
@@ -321,13 +253,9 @@ func stopFront(runDir string, pid int) error {
 	if _, err := frontOp(runDir, "stop"); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for harness.Alive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			return fmt.Errorf("the front (pid %d) did not stop within 10s: killed", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if testutil.WaitGone(context.Background(), pid, 10*time.Second) != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return fmt.Errorf("the front (pid %d) did not stop within 10s: killed", pid)
 	}
 	return nil
 }
@@ -348,17 +276,7 @@ func (d *Daemon) FrontLog() string {
 }
 
 // Running says whether the process runs.
-func (d *Daemon) Running() bool {
-	if d.cmd == nil {
-		return false
-	}
-	select {
-	case <-d.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (d *Daemon) Running() bool { return d.proc.Running() }
 
 // Log returns the last lines pleg-nri logged.
 func (d *Daemon) Log() string {

@@ -10,13 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
@@ -116,7 +116,7 @@ func (h HostState) restore() error {
 func (k *Kubelet) Teardown(ctx context.Context) error {
 	var errs []error
 	k.Stop()
-	k.killProcesses()
+	harness.KillAll(k.ownedProcesses)
 	if err := k.removePods(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("removing the kubelet's pods through containerd: %w", err))
 	}
@@ -124,8 +124,8 @@ func (k *Kubelet) Teardown(ctx context.Context) error {
 		_ = os.Remove(l)
 	}
 	harness.UnmountAll(k.Dir)
-	k.killProcesses()
-	removeCgroups(k.CgroupRoot)
+	harness.KillAll(k.ownedProcesses)
+	harness.RemoveCgroups(k.CgroupRoot)
 	if err := k.Host.restore(); err != nil {
 		errs = append(errs, err)
 	}
@@ -152,15 +152,11 @@ func (k *Kubelet) Teardown(ctx context.Context) error {
 // Leftovers lists what of the kubelet still exists or is still changed: processes, mounts, cgroups,
 // sysctls, global paths it created, log symlinks and its directory.
 func (k *Kubelet) Leftovers() []string {
-	var out []string
-	for _, pid := range k.ownedProcesses() {
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
-	}
+	out := harness.DescribeProcesses(k.ownedProcesses())
 	for _, mp := range harness.MountsUnder(k.Dir) {
 		out = append(out, "mount "+mp)
 	}
-	for _, d := range cgroupDirs(k.CgroupRoot) {
+	for _, d := range harness.CgroupDirs(k.CgroupRoot) {
 		out = append(out, "cgroup "+d)
 	}
 	for _, s := range k.Host.ChangedSysctls() {
@@ -250,33 +246,7 @@ func (k *Kubelet) logSymlinks() []string {
 // ownedProcesses lists the kubelet (any process whose command line names its directory) and any process
 // left in its cgroup root.
 func (k *Kubelet) ownedProcesses() []int {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	var pids []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == self || !harness.Alive(pid) {
-			continue
-		}
-		cgroups, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-		if k.ownsPID(pid) || cgroupUnder(string(cgroups), k.CgroupRoot) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func (k *Kubelet) killProcesses() {
-	for attempt := 0; attempt < 50; attempt++ {
-		pids := k.ownedProcesses()
-		if len(pids) == 0 {
-			return
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return harness.ProcessesWhere(func(pid int) bool { return k.ownsPID(pid) || harness.InCgroup(pid, k.CgroupRoot) })
 }
 
 // Load reads the kubelet saved in dir, so that another process can tear it down.
@@ -299,7 +269,7 @@ func CleanStale(ctx context.Context, log io.Writer) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		k, err := Load(dir)
-		if err != nil || k.Owner == 0 || harness.Alive(k.Owner) {
+		if err != nil || k.Owner == 0 || testutil.Alive(k.Owner) {
 			continue
 		}
 		fmt.Fprintf(log, "kubelet: tearing down stale kubelet %s (owner %d is gone)\n", dir, k.Owner)
@@ -339,13 +309,6 @@ func Lock(ctx context.Context, log io.Writer) (func(), error) {
 			return nil, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
-	}
-}
-
-func waitGone(pid int, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for harness.Alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -390,49 +353,4 @@ func makeCgroup(path string) error {
 		}
 	}
 	return nil
-}
-
-// cgroupDirs lists the cgroup directories at or below path in every hierarchy, deepest first.
-func cgroupDirs(path string) []string {
-	if strings.Trim(path, "/") == "" {
-		return nil // never the whole hierarchy
-	}
-	var dirs []string
-	for _, root := range harness.CgroupRoots() {
-		_ = filepath.WalkDir(filepath.Join(root, path), func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-	}
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-	return dirs
-}
-
-func removeCgroups(path string) {
-	for attempt := 0; attempt < 50; attempt++ {
-		dirs := cgroupDirs(path)
-		if len(dirs) == 0 {
-			return
-		}
-		for _, d := range dirs {
-			_ = syscall.Rmdir(d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// cgroupUnder says whether a /proc/PID/cgroup text places the process under parent.
-func cgroupUnder(procCgroup, parent string) bool {
-	if strings.Trim(parent, "/") == "" {
-		return false
-	}
-	for _, l := range strings.Split(procCgroup, "\n") {
-		parts := strings.SplitN(l, ":", 3)
-		if len(parts) == 3 && (parts[2] == parent || strings.HasPrefix(parts[2], parent+"/")) {
-			return true
-		}
-	}
-	return false
 }

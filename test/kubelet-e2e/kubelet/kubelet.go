@@ -28,6 +28,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
@@ -82,9 +83,9 @@ type Kubelet struct {
 	// PID is the kubelet's pid while it runs.
 	PID int
 
-	opts   Options
-	cmd    *exec.Cmd
-	exited chan struct{}
+	opts Options
+	// proc is the kubelet this process started, while it runs.
+	proc *harness.Process
 }
 
 // New prepares a kubelet: its directory, its cgroup root, its config; it records the host state
@@ -235,7 +236,7 @@ func (k *Kubelet) logf(format string, args ...any) {
 
 // Start starts the kubelet and waits until its /healthz and its read-only /pods answer.
 func (k *Kubelet) Start(ctx context.Context) error {
-	if k.cmd != nil {
+	if k.proc != nil {
 		return errors.New("the kubelet is already running")
 	}
 	logf, err := os.OpenFile(k.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
@@ -250,25 +251,17 @@ func (k *Kubelet) Start(ctx context.Context) error {
 		"--hostname-override="+NodeName,
 		"--v="+strconv.Itoa(k.opts.Verbosity))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own session: a Ctrl-C at the terminal must not kill it before the teardown does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	proc, err := harness.StartProcess(cmd)
+	if err != nil {
 		return fmt.Errorf("failed to start the kubelet: %w", err)
 	}
-	k.cmd, k.PID = cmd, cmd.Process.Pid
-	k.exited = make(chan struct{})
-	go func(exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(k.exited)
+	k.proc, k.PID = proc, proc.PID()
 	if err := k.save(); err != nil {
 		return err
 	}
 	err = harness.WaitFor(ctx, 60*time.Second, "the kubelet's /healthz and /pods", func() (bool, error) {
-		select {
-		case <-k.exited:
-			return false, errors.New("the kubelet exited")
-		default:
+		if !proc.Running() {
+			return false, testutil.Stop(errors.New("the kubelet exited"))
 		}
 		for _, url := range []string{
 			fmt.Sprintf("http://127.0.0.1:%d/healthz", k.HealthzPort),
@@ -303,43 +296,24 @@ func httpOK(url string) error {
 // Stop stops the kubelet with SIGTERM (SIGKILL after 10 s) and waits for it. Its pods keep running,
 // as they do when a kubelet restarts on a node.
 func (k *Kubelet) Stop() {
-	if k.cmd == nil {
-		if k.PID != 0 && harness.Alive(k.PID) && k.ownsPID(k.PID) {
+	if k.proc == nil {
+		if k.PID != 0 && testutil.Alive(k.PID) && k.ownsPID(k.PID) {
 			_ = syscall.Kill(k.PID, syscall.SIGKILL)
-			waitGone(k.PID, 10*time.Second)
+			_ = testutil.WaitGone(context.Background(), k.PID, 10*time.Second)
 		}
 		k.PID = 0
 		return
 	}
-	_ = k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.exited:
-	case <-time.After(10 * time.Second):
-		_ = k.cmd.Process.Kill()
-		<-k.exited
-	}
-	k.cmd, k.PID = nil, 0
+	k.proc.Stop(syscall.SIGTERM, 10*time.Second)
+	k.proc, k.PID = nil, 0
 	_ = k.save()
 }
 
 // Running says whether the kubelet runs.
-func (k *Kubelet) Running() bool {
-	if k.cmd == nil {
-		return false
-	}
-	select {
-	case <-k.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (k *Kubelet) Running() bool { return k.proc.Running() }
 
 // ownsPID says whether pid is this kubelet (its command line names the kubelet's directory).
-func (k *Kubelet) ownsPID(pid int) bool {
-	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return strings.Contains(string(cmdline), k.Dir)
-}
+func (k *Kubelet) ownsPID(pid int) bool { return harness.CommandLineHas(pid, k.Dir) }
 
 // WritePod writes a static pod manifest; the kubelet picks it up within a second.
 func (k *Kubelet) WritePod(p Pod) error {
@@ -400,17 +374,7 @@ func (k *Kubelet) Metric(name string, filters ...string) (float64, error) {
 }
 
 // LogTail returns the last n lines of the kubelet's log.
-func (k *Kubelet) LogTail(n int) string {
-	data, err := os.ReadFile(k.LogPath)
-	if err != nil {
-		return fmt.Sprintf("(no kubelet log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "---- kubelet log (last lines) ----\n" + strings.Join(lines, "\n") + "\n---- end of kubelet log ----"
-}
+func (k *Kubelet) LogTail(n int) string { return harness.LogTail(k.LogPath, "kubelet", n) }
 
 // CountLog counts the lines of the kubelet's log that contain s.
 func (k *Kubelet) CountLog(s string) int {

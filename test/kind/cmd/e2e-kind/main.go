@@ -23,6 +23,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func main() {
@@ -219,15 +221,11 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 	}
 	// kubectl wait with a selector fails at once while nothing matches: the Deployment's pod is made
 	// asynchronously, so wait for it to exist first.
-	for deadline := time.Now().Add(2 * time.Minute); ; {
+	if err := testutil.PollEvery(ctx, 2*time.Minute, 500*time.Millisecond, "the crasher's pod to be created", func() (bool, error) {
 		out, err := k("get", "pod", "-l", "app=crasher", "-o", "name")
-		if err == nil && strings.TrimSpace(out) != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("the crasher's pod was not created in 2 min: %v", err)
-		}
-		time.Sleep(500 * time.Millisecond)
+		return err == nil && strings.TrimSpace(out) != "", err
+	}); err != nil {
+		return res, err
 	}
 	// The crasher's first restart, read at once: the kubelet's container GC may remove attempt 0 later,
 	// and its second restart comes 10 s later (backoff), so restartCount=1 is there to be seen.
