@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
@@ -630,9 +631,7 @@ func TestBackoff(t *testing.T) {
 
 func TestRunTwice(t *testing.T) {
 	h := startPlugin(t, filepath.Join(t.TempDir(), "absent.sock"), nil)
-	for !h.plugin.running.Load() {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, waitFor, "the first Run to start", h.plugin.running.Load)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := h.plugin.Run(ctx); err == nil {
