@@ -241,8 +241,10 @@ func oomScenario(t *testing.T, s *sideBySide, name, script string) []string {
 func TestCompareOOMKillTasksOOMFirst(t *testing.T) {
 	s := newSideBySide(t)
 	order := oomScenario(t, s, "oom-first", "tail /dev/zero; sleep 1; exit 137")
-	if !slices.Equal(order, []string{"oom", "exit"}) {
-		t.Errorf("containerd's task events %v, want [oom exit]: the scenario did not test what it says", order)
+	// The kernel may count the one OOM kill in memory.events more than once (seen: [oom oom exit]); what
+	// matters is that every /tasks/oom came before the /tasks/exit.
+	if got := slices.Compact(slices.Clone(order)); !slices.Equal(got, []string{"oom", "exit"}) {
+		t.Errorf("containerd's task events %v, want /tasks/oom then /tasks/exit: the scenario did not test what it says", order)
 	}
 }
 
