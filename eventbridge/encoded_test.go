@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // encodedSource's streams are EncodedEventStreams: NextEncoded gives one event's bytes, Next another
@@ -53,7 +55,7 @@ func (s *encodedStream) Close() {}
 // TestEncodedEventStream: the proxy sends the bytes an EncodedEventStream hands out, as they are.
 func TestEncodedEventStream(t *testing.T) {
 	ctx := testCtx(t)
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	be := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(0))
 	want := event("encoded", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	b, err := proto.Marshal(want)

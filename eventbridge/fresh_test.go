@@ -136,7 +136,7 @@ type freshEnv struct {
 
 func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	e := &freshEnv{rt: &laggingRuntime{}, source: newFakeSource(), metrics: &staleReads{}}
 	rtPath := filepath.Join(dir, "rt.sock")
 	serveGRPC(t, rtPath, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) })

@@ -6,13 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // TestListenerHandoff: a listener opened by Listen, handed to a successor over a unix connection,
 // serves there; the old one closed with KeepSocketFile leaves the socket file in place, and the
 // successor's Close removes it.
 func TestListenerHandoff(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	path := filepath.Join(dir, "cri.sock")
 	old, err := Listen(context.Background(), "unix://"+path)
 	if err != nil {

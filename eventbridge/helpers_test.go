@@ -3,7 +3,6 @@ package eventbridge
 import (
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -11,21 +10,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // waitTimeout bounds every wait of a test for what a working machine does at once.
 const waitTimeout = 10 * time.Second
-
-// shortTempDir is a temp dir with a short path: unix socket paths are limited to 108 bytes.
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "eb-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -121,7 +111,7 @@ type env struct {
 // server options.
 func newEnv(t testing.TB, containers int, opts ...grpc.ServerOption) *env {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
 	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
 	e.server, _ = startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: dial(t, e.backend.path),

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func listenT(t *testing.T, address string) net.Listener {
@@ -34,7 +36,7 @@ func TestListenCreatesDirectoryAndSocket(t *testing.T) {
 	old := syscall.Umask(0o077) // the modes must not depend on the umask
 	defer syscall.Umask(old)
 
-	dir := filepath.Join(shortTempDir(t), "run")
+	dir := filepath.Join(testutil.ShortTempDir(t, "eb-"), "run")
 	sock := filepath.Join(dir, "cri.sock")
 	l := listenT(t, "unix://"+sock)
 
@@ -69,7 +71,7 @@ func TestListenCreatesDirectoryAndSocket(t *testing.T) {
 // TestListenUnusableDirectory: a socket directory whose parent is missing, that is a file, or in which
 // the socket cannot be made gives an error naming the path, and leaves nothing behind.
 func TestListenUnusableDirectory(t *testing.T) {
-	root := shortTempDir(t)
+	root := testutil.ShortTempDir(t, "eb-")
 	file := filepath.Join(root, "file")
 	if err := os.WriteFile(file, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
@@ -105,7 +107,7 @@ func TestListenUnusableDirectory(t *testing.T) {
 // TestListenCloseLeavesReplacedSocket: closing the listener removes its socket, but not a file that took
 // its place.
 func TestListenCloseLeavesReplacedSocket(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	sock := filepath.Join(dir, "cri.sock")
 	l := listenT(t, sock)
 	other := filepath.Join(dir, "other")
@@ -122,7 +124,7 @@ func TestListenCloseLeavesReplacedSocket(t *testing.T) {
 }
 
 func TestListenLeavesExistingDirectory(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +135,7 @@ func TestListenLeavesExistingDirectory(t *testing.T) {
 }
 
 func TestListenReplacesStaleSocket(t *testing.T) {
-	sock := filepath.Join(shortTempDir(t), "cri.sock")
+	sock := filepath.Join(testutil.ShortTempDir(t, "eb-"), "cri.sock")
 	// A socket file nobody listens on, as a crashed run leaves it.
 	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
@@ -157,7 +159,7 @@ func TestListenReplacesStaleSocket(t *testing.T) {
 }
 
 func TestListenRefusesLiveSocket(t *testing.T) {
-	sock := filepath.Join(shortTempDir(t), "cri.sock")
+	sock := filepath.Join(testutil.ShortTempDir(t, "eb-"), "cri.sock")
 	other, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +179,7 @@ func TestListenRefusesLiveSocket(t *testing.T) {
 }
 
 func TestListenRefusesNonSocket(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	for name, setup := range map[string]func(path string) error{
 		"regular file": func(path string) error { return os.WriteFile(path, []byte("keep me"), 0o600) },
 		"directory":    func(path string) error { return os.Mkdir(path, 0o700) },

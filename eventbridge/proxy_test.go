@@ -372,7 +372,7 @@ func TestProxyShutdownEndsEventStreams(t *testing.T) {
 }
 
 func TestCRIClient(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	b := startBackend(t, filepath.Join(dir, "b.sock"), newFakeRuntime(3))
 	c, err := NewCRIClient("unix://" + b.path)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // upstreamCore is a server like the core's event socket: a Proxy with a fakeSource, on a path, that
@@ -37,7 +39,7 @@ func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServi
 // runtimeConn is a connection to a fake runtime, the proxies' backend.
 func runtimeConn(t *testing.T) *grpc.ClientConn {
 	t.Helper()
-	path := filepath.Join(shortTempDir(t), "rt.sock")
+	path := filepath.Join(testutil.ShortTempDir(t, "eb-"), "rt.sock")
 	startBackend(t, path, &fakeRuntime{})
 	return dial(t, path)
 }
@@ -59,7 +61,7 @@ func waitConnState(t *testing.T, conn *grpc.ClientConn, want connectivity.State)
 // breaks the connection; the relay subscribes again each time and the client gets the new upstream's
 // events. An eviction (RESOURCE_EXHAUSTED) is not hidden: it ends the client's stream.
 func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	corePath, frontPath := filepath.Join(dir, "core.sock"), filepath.Join(dir, "front.sock")
 	up := startUpstream(t, corePath)
 	resubscribed := make(chan struct{}, 10)
@@ -111,7 +113,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 
 // TestRelayClosesUpstreamWithClient: when the client goes away, the upstream subscription ends too.
 func TestRelayClosesUpstreamWithClient(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + filepath.Join(dir, "core.sock")})
 	if err != nil {

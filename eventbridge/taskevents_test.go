@@ -254,7 +254,7 @@ func watchMissingSocket(te *TaskEvents) <-chan struct{} {
 }
 
 func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testutil.ShortTempDir(t, "eb-")
 	te, err := NewTaskEvents(TaskEventsConfig{Address: "unix://" + filepath.Join(dir, "missing.sock"), Observer: ObserverFunc(func(pleg.Observation) {})})
 	if err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func startFakeEvents(t *testing.T, path string, f *fakeEvents) *grpc.Server {
 // TestTaskEventsContainerdClient runs the real containerd client against a fake events service that
 // starts late, goes away and comes back.
 func TestTaskEventsContainerdClient(t *testing.T) {
-	path := filepath.Join(shortTempDir(t), "containerd.sock")
+	path := filepath.Join(testutil.ShortTempDir(t, "eb-"), "containerd.sock")
 	fe := &fakeEvents{filters: make(chan []string, 10), envs: make(chan *types.Envelope)}
 	hooks := newHookRecorder()
 	observed := make(chan pleg.Observation, 10)

@@ -27,17 +27,6 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
-// shortTemp is a temp dir with a short path (unix socket paths are limited to 108 bytes).
-func shortTemp(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pn-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // absentUpstreams are flags that point pleg-nri at containerd sockets that do not exist (it waits for
 // them) under dir, keep its state under dir, and disable the metrics server.
 func absentUpstreams(dir string) []string {
@@ -119,7 +108,7 @@ func snapshot(t *testing.T, root string) map[string]string {
 }
 
 func TestDaemonBadConfiguration(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testutil.ShortTempDir(t, "pn-")
 	write := func(name, data string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
@@ -199,7 +188,7 @@ func roDir(t *testing.T, parent string) string {
 // TestDaemonUnusableListenPaths: every unusable --listen path gives exit status 2 and an error naming
 // the flag and the path; nothing under the test directory is created, deleted or changed.
 func TestDaemonUnusableListenPaths(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testutil.ShortTempDir(t, "pn-")
 	mk := func(name string, fn func(p string) error) string {
 		p := filepath.Join(dir, name)
 		if err := fn(p); err != nil {
@@ -250,7 +239,7 @@ func TestDaemonUnusableListenPaths(t *testing.T) {
 		{"path longer than a socket address", filepath.Join(dir, strings.Repeat("x", 120)+".sock"), []string{"failed to listen"}},
 	}
 	before := snapshot(t, dir)
-	state := filepath.Join(shortTemp(t), "state") // made before the listen fails: outside dir
+	state := filepath.Join(testutil.ShortTempDir(t, "pn-"), "state") // made before the listen fails: outside dir
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := runToExit(t, append(absentUpstreams(dir), "--state-dir", state, "--listen", "unix://"+tc.path)...)
@@ -460,7 +449,7 @@ func hexAddr(t *testing.T, s string) string {
 func TestDaemonSocketAndListeners(t *testing.T) {
 	for _, mask := range []int{0o000, 0o077} {
 		t.Run(fmt.Sprintf("umask %03o", mask), func(t *testing.T) {
-			dir := shortTemp(t)
+			dir := testutil.ShortTempDir(t, "pn-")
 			sockDir := filepath.Join(dir, "run")
 			sock := filepath.Join(sockDir, "cri.sock")
 			metrics := freeLoopbackAddr(t)
@@ -550,7 +539,7 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 // TestDaemonNonLoopbackMetricsWarns: a metrics address that is not loopback is served, because it was
 // configured, with a warning saying so.
 func TestDaemonNonLoopbackMetricsWarns(t *testing.T) {
-	dir := shortTemp(t)
+	dir := testutil.ShortTempDir(t, "pn-")
 	sock := filepath.Join(dir, "run", "cri.sock")
 	args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--metrics-address", "0.0.0.0:0")
 	d := startDaemon(t, sock, 0o022, args...)
@@ -575,7 +564,7 @@ func freeLoopbackAddr(t *testing.T) string {
 // goroutine is left.
 func TestRunDaemonStopsCleanly(t *testing.T) {
 	t.Setenv("NRI_PLUGIN_SOCKET", "")
-	dir := shortTemp(t)
+	dir := testutil.ShortTempDir(t, "pn-")
 	cfg := DefaultConfig()
 	cfg.NRISocket = filepath.Join(dir, "absent-nri.sock")
 	cfg.ContainerdAddress = filepath.Join(dir, "absent-containerd.sock")

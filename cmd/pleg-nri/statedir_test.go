@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
@@ -19,7 +20,7 @@ func TestDaemonUnusableCheckpoint(t *testing.T) {
 	}
 	// A valid checkpoint of another runtime: what the daemon writes when it stops.
 	{
-		dir := shortTemp(t)
+		dir := testutil.ShortTempDir(t, "pn-")
 		sock := filepath.Join(dir, "run", "cri.sock")
 		args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--state-dir", other)
 		d := startDaemon(t, sock, 0o022, args...)
@@ -37,7 +38,7 @@ func TestDaemonUnusableCheckpoint(t *testing.T) {
 		"other runtime": foreign,
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := shortTemp(t)
+			dir := testutil.ShortTempDir(t, "pn-")
 			state := filepath.Join(dir, "state")
 			if err := os.MkdirAll(state, 0o700); err != nil {
 				t.Fatal(err)

@@ -1,5 +1,6 @@
 // Package testutil holds what the tests of every package share: one way to wait for a condition
-// (Eventually, Poll, PollEvery), one manual clock (Clock), and one look at a process (Alive, WaitGone).
+// (Eventually, Poll, PollEvery), one manual clock (Clock), one look at a process (Alive, WaitGone) and
+// one short temporary directory for unix sockets (ShortTempDir).
 // It is for tests and test harnesses only.
 package testutil
 
@@ -7,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -112,4 +114,16 @@ func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	c.now = t
 	c.mu.Unlock()
+}
+
+// ShortTempDir is a new directory under os.TempDir with a short path (a unix socket's path is limited
+// to 108 bytes, and t.TempDir's paths carry the test's name), removed when the test ends.
+func ShortTempDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }

@@ -2,10 +2,10 @@ package containerdit
 
 import (
 	"context"
-	"os"
 	"syscall"
 	"testing"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 )
 
@@ -24,11 +24,7 @@ type plegNRI struct {
 // it starts with none. extra flags come last, so they override the defaults.
 func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "plegnri-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.ShortTempDir(t, "plegnri-")
 	d, err := plegnri.Start(context.Background(), plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir, Extra: extra})
 	if err != nil {
 		t.Fatal(err)

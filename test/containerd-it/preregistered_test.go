@@ -15,6 +15,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
@@ -33,11 +34,7 @@ import (
 // along.
 func TestPreRegistered(t *testing.T) {
 	logOnFailure(t)
-	dir, err := os.MkdirTemp("", "plegnri-pre-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.ShortTempDir(t, "plegnri-pre-")
 	socket, metrics := filepath.Join(dir, "cri.sock"), freeLoopbackAddr(t)
 	conf := fmt.Sprintf("listen: unix://%s\nmetrics-address: %s\ncontainerd-address: %s\nruntime-endpoint: unix://%s\nnri-socket: %s\nstate-dir: %s\nlog-level: debug\n",
 		socket, metrics, env.Address, env.Address, env.NRISocket, filepath.Join(dir, "state"))

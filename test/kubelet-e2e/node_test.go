@@ -105,11 +105,7 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 
 	endpoint := "unix://" + env.Address
 	if s.PlegNRI {
-		dir, err := os.MkdirTemp("", "plegnri-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
+		dir := testutil.ShortTempDir(t, "plegnri-")
 		if s.Freshness == "" {
 			s.Freshness = os.Getenv(freshnessEnv)
 		}
