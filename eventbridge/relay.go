@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -65,25 +64,20 @@ const (
 
 // DialRelay returns a Relay whose upstream is cfg.Endpoint. Close it when done.
 func DialRelay(cfg RelayConfig) (*Relay, error) {
-	target, err := grpcTarget(cfg.Endpoint)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+	conn, err := DialCRI(cfg.Endpoint,
 		// A fixed, small stream window (no BDP growth): a client that stops reading holds back the
 		// relay's upstream stream after at most this much more than it would hold on the core itself,
 		// so that the core's queue fills and the core evicts it as before (RESOURCE_EXHAUSTED, passed
 		// on), rather than events piling up in the relay's buffers.
 		grpc.WithInitialWindowSize(relayStreamWindow),
 		grpc.WithInitialConnWindowSize(relayConnWindow),
+		// Faster reconnection than DialCRI's (a later option wins).
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: relayRetryMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: relayConnBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}))
 	if err != nil {
-		return nil, fmt.Errorf("failed to create event relay client for %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("event relay: %w", err)
 	}
 	return &Relay{conn: conn, observe: cfg.Observe, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax}, nil
 }

@@ -163,18 +163,21 @@ func runFront(ctx context.Context, args []string) error {
 		}
 	}
 
-	// Closing the listeners on a failure below: a socket taken over stays (the previous front, told
-	// nothing, serves on); one opened here is removed.
-	closeListeners := func() {
+	// Until the server serves on them, a failure closes the listeners: a socket taken over stays (the
+	// previous front, told nothing, serves on); one opened here is removed.
+	serving := false
+	defer func() {
+		if serving {
+			return
+		}
 		if cfg.Takeover {
 			eventbridge.KeepSocketFile(lis)
 			eventbridge.KeepSocketFile(ctl)
 		}
 		_, _ = lis.Close(), ctl.Close()
-	}
+	}()
 	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
 	if err != nil {
-		closeListeners()
 		return fmt.Errorf("--runtime-endpoint: %w", err)
 	}
 	defer backend.Close()
@@ -186,25 +189,22 @@ func runFront(ctx context.Context, args []string) error {
 		Resubscribed: em.resubscribed.Inc,
 	})
 	if err != nil {
-		closeListeners()
 		return err
 	}
 	defer relay.Close()
 	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
 		ReadFreshness: eventbridge.ReadFreshness(cfg.ReadFreshness)})
 	if err != nil {
-		closeListeners()
 		return fmt.Errorf("--read-freshness: %w", err)
 	}
 	srv, err := eventbridge.NewServer(cfg.Listen, proxy)
 	if err != nil {
-		closeListeners()
 		return fmt.Errorf("--listen: %w", err)
 	}
 	if err := srv.StartOn(ctx, lis); err != nil {
-		closeListeners()
 		return fmt.Errorf("--listen: %w", err)
 	}
+	serving = true
 	if predecessor != nil {
 		// The predecessor stops accepting once it reads this; until then both accept on the socket.
 		if _, err := predecessor.Write([]byte("serving\n")); err != nil {
