@@ -76,7 +76,8 @@ func (s *Server) StartOn(ctx context.Context, l net.Listener) error {
 		s.proxy.WatchUpstream(watchCtx)
 	}()
 	go func() {
-		if err := s.grpc.Serve(l); err != nil {
+		// ErrServerStopped: Stop came before Serve began, which is a stop like any other.
+		if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.errCh <- fmt.Errorf("CRI endpoint %s: %w", s.listen, err)
 			return
 		}
