@@ -15,6 +15,9 @@ const (
 	DefaultSocketPath = api.DefaultSocketPath
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = 5 * time.Second
+	// defaultSocketPoll caps the delay between two dials of a missing or refusing NRI socket: a failed
+	// dial of a unix socket costs no more than a stat.
+	defaultSocketPoll = 250 * time.Millisecond
 )
 
 // Config is everything a Plugin is built from: its settings, as the daemon's flags and config file give
@@ -30,6 +33,7 @@ type Config struct {
 	SocketPath string
 	// MinBackoff and MaxBackoff bound the delay between two connection attempts: it starts at MinBackoff,
 	// doubles on every failed attempt up to MaxBackoff, and goes back to MinBackoff after a registration.
+	// While the socket is missing or refuses connections, the delay is at most 250ms (see Plugin.Run).
 	MinBackoff, MaxBackoff time.Duration
 
 	// Observer receives the observations. Required.

@@ -47,6 +47,11 @@ type Plugin struct {
 	startTimeout time.Duration
 	// dialTimeout bounds one dial of the NRI socket.
 	dialTimeout time.Duration
+	// socketPoll caps the delay between two dials while the NRI socket is missing or refuses
+	// connections (see Run).
+	socketPoll time.Duration
+	// wait waits between connection attempts (sleep; tests record the delays).
+	wait func(context.Context, time.Duration)
 
 	// running is set by Run, which may be called once.
 	running atomic.Bool
@@ -66,13 +71,18 @@ func New(cfg Config) (*Plugin, error) {
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
 		dialTimeout:  5 * time.Second,
+		socketPoll:   defaultSocketPoll,
+		wait:         sleep,
 	}
 	return p, nil
 }
 
 // Run connects the plugin to the runtime and keeps it connected until ctx is cancelled, then disconnects and
 // returns nil. A missing socket, a refused connection, a failed registration or a closed connection are logged
-// and retried with backoff; Run returns an error only when it is called a second time.
+// and retried with backoff; Run returns an error only when it is called a second time. While the socket is
+// missing or refuses connections it is dialed again at least every defaultSocketPoll, however long the
+// runtime was away: containerd opens its NRI socket once its CRI state is recovered, so the plugin's
+// resynchronization (and the relist after it) follows a restarted containerd within that time.
 func (p *Plugin) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("plugin: Run called twice")
@@ -97,7 +107,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 				} else {
 					log.G(ctx).WithError(err).Debug("NRI socket still not available")
 				}
-				sleep(ctx, bo.delay())
+				p.wait(ctx, min(bo.delay(), p.socketPoll))
 				continue
 			}
 		}
@@ -112,7 +122,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		} else {
 			log.G(ctx).WithError(err).Warn("NRI registration failed, retrying")
 		}
-		sleep(ctx, bo.delay())
+		p.wait(ctx, bo.delay())
 	}
 	return nil
 }

@@ -656,3 +656,32 @@ func TestHookSurvivesObserverPanic(t *testing.T) {
 		t.Errorf("StopContainer = %v, %v", u, err)
 	}
 }
+
+// TestRunPollsMissingSocket: however long the NRI socket stays missing, Run dials it again at least
+// every socketPoll (containerd opens it once its CRI state is recovered: the resynchronization follows
+// a restarted containerd within that time), while the backoff itself still grows.
+func TestRunPollsMissingSocket(t *testing.T) {
+	p, err := New(Config{SocketPath: filepath.Join(t.TempDir(), "absent.sock"), Observer: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var delays []time.Duration
+	p.wait = func(_ context.Context, d time.Duration) {
+		delays = append(delays, d)
+		if len(delays) == 8 {
+			cancel()
+		}
+	}
+	if err := p.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{100, 200, 250, 250, 250, 250, 250, 250}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if !slices.Equal(delays, want) {
+		t.Errorf("delays between dials of a missing socket %v, want %v", delays, want)
+	}
+}
