@@ -72,6 +72,10 @@ func NewCRIClient(endpoint string, extra ...grpc.DialOption) (*CRIClient, error)
 	return &CRIClient{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}, nil
 }
 
+// ResetConnectBackoff makes a connection waiting out its reconnection backoff try again at once: call it
+// when the runtime is known to be back.
+func (c *CRIClient) ResetConnectBackoff() { c.conn.ResetConnectBackoff() }
+
 // Close closes the connection.
 func (c *CRIClient) Close() error {
 	if err := c.conn.Close(); err != nil {

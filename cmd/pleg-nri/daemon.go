@@ -57,7 +57,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
 	gate := newCoreGate()
 	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
-	settle := newSettler(func() { gate.core.TriggerRelist() }, settleDelays, time.After)
+	settle := newSettler(gate.relist, settleDelays, time.After)
 	nri, err := newPlugin(ctx, cfg, gate, settle, nriHooks{m, ready})
 	if err != nil {
 		return err
@@ -71,12 +71,12 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 	}
 
-	core, closeCore, err := newCore(ctx, cfg, coreHooks{newOOMMetrics(m, reg), ready})
+	core, cri, closeCore, err := newCore(ctx, cfg, coreHooks{newOOMMetrics(m, reg), ready})
 	if err != nil {
 		return err
 	}
 	defer closeCore()
-	gate.open(core)
+	gate.open(core, cri)
 	if !preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 	}
@@ -175,16 +175,27 @@ type coreGate struct {
 	// ready is closed once core is set.
 	ready chan struct{}
 	core  *pleg.PLEG
+	// cri is the core's CRI client.
+	cri *eventbridge.CRIClient
 }
 
 func newCoreGate() *coreGate {
 	return &coreGate{configured: make(chan []byte, 1), ready: make(chan struct{})}
 }
 
-// open sets the core and lets the callbacks waiting for it go on.
-func (g *coreGate) open(core *pleg.PLEG) {
-	g.core = core
+// open sets the core and its CRI client and lets the callbacks waiting for it go on.
+func (g *coreGate) open(core *pleg.PLEG, cri *eventbridge.CRIClient) {
+	g.core, g.cri = core, cri
 	close(g.ready)
+}
+
+// relist makes the core relist now. The settler calls it after containerd came back (NRI resynchronized,
+// or the task events subscription restored): the CRI connection is first told to reconnect at once,
+// since after an outage its backoff can hold calls failing for up to DialCRI's 2s after containerd
+// answers again, and the relists of the settle schedule would fail until then.
+func (g *coreGate) relist() {
+	g.cri.ResetConnectBackoff()
+	g.core.TriggerRelist()
 }
 
 // newPlugin builds the NRI plugin. Its callbacks wait for the core (gate). Configure hands the first
@@ -251,12 +262,12 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 	return cfg, true, nil
 }
 
-// newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with;
-// closeCore closes them.
-func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
+// newCore builds the core from cfg, with the CRI client (returned) and the OOM checker it reads
+// containerd with; closeCore closes them.
+func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, _ *eventbridge.CRIClient, closeCore func(), err error) {
 	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
 	if err != nil {
-		return nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+		return nil, nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -266,7 +277,7 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
 	oom, err := eventbridge.NewOOMChecker(cfg.ContainerdAddress, cfg.ContainerdNamespace)
 	if err != nil {
-		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
+		return nil, nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -278,7 +289,7 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	if cfg.StateDir != "" {
 		if err := checkStateDir(cfg.StateDir); err != nil {
-			return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
+			return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 		}
 		// The checkpoint belongs to one runtime: one of another endpoint is ignored.
 		pcfg.CheckpointPath, pcfg.CheckpointScope = filepath.Join(cfg.StateDir, "checkpoint"), cfg.RuntimeEndpoint
@@ -286,9 +297,9 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 		log.G(ctx).Warn("no state-dir: a restart of pleg-nri emits CREATED and STARTED again for every sandbox and container")
 	}
 	if core, err = pleg.New(pcfg); err != nil {
-		return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
+		return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 	}
-	return core, func() { _, _ = oom.Close(), cri.Close() }, nil
+	return core, cri, func() { _, _ = oom.Close(), cri.Close() }, nil
 }
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
