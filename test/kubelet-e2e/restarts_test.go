@@ -3,6 +3,7 @@ package kubelete2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -72,6 +73,8 @@ func TestRestartsKeepFastPath(t *testing.T) {
 	for i, step := range steps {
 		p := pods[i]
 		pid := n.waiterPID(p)
+		// Where the logs stand before the step: a step that is too slow logs what each wrote during it.
+		plegLog, kubeletLog, containerdLog := len(n.p.Log()), fileSize(n.k.LogPath), env.LogSize()
 		var back time.Time
 		switch {
 		case strings.HasPrefix(step, "pleg-nri"):
@@ -126,6 +129,9 @@ func TestRestartsKeepFastPath(t *testing.T) {
 		if lag > restartLagBound {
 			t.Errorf("%s: the kubelet restarted the container that exited in the gap %s after the restart, more than %s",
 				step, lag.Round(time.Millisecond), restartLagBound)
+			t.Logf("%s: back at %s; pleg-nri's log during the step:\n%s", step, back.UTC().Format(time.RFC3339Nano), n.p.Log()[plegLog:])
+			t.Logf("%s: containerd's log during the step:\n%s", step, env.LogSince(containerdLog))
+			t.Logf("%s: the kubelet's log during the step (pod %s):\n%s", step, p.Metadata.Name, grepSince(n.k.LogPath, kubeletLog, p.Metadata.UID, p.Metadata.Name))
 		}
 		m := n.plegMetrics()
 		t.Logf("step %d (%s): container restarted %s after the restart; %s", i+1, step, lag.Round(time.Millisecond), m)
@@ -178,4 +184,31 @@ func (n *node) crashes(name string) int32 {
 		return 0
 	}
 	return p.Status.ContainerStatuses[0].RestartCount
+}
+
+// fileSize is the size of the file at path, 0 when it cannot be read.
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// grepSince returns the lines of the file at path from offset on that contain one of what.
+func grepSince(path string, offset int64, what ...string) string {
+	data, err := os.ReadFile(path)
+	if err != nil || offset > int64(len(data)) {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data[offset:]), "\n") {
+		for _, w := range what {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
