@@ -126,7 +126,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		defer stopMetrics()
 	}
 	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
-		WithField("config", configPath).WithField("version", version).Info("pleg-nri is serving")
+		WithField("config", configPath).WithField("version", version).Info(servingLog)
 
 	<-ctx.Done() // stopped, or a component returned
 	// The event socket stops before the core (see coreCtx); on an early return, in its defer.
@@ -338,6 +338,9 @@ func serverFailure(srv *eventbridge.Server) func(context.Context) error {
 		}
 	}
 }
+
+// servingLog is logged once the daemon serves: every listener is open (the metrics server's too).
+const servingLog = "pleg-nri is serving"
 
 // serveMetrics serves /metrics (what g gathers), /healthz and /readyz (ready) on addr until stop is
 // called.

@@ -327,7 +327,9 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 			t.Fatalf("pleg-nri exited: %s", d.out.String())
 		default:
 		}
-		return answers(socket) && answers(filepath.Join(filepath.Dir(socket), coreSocketName)), nil
+		// The sockets answer before the metrics server listens: servingLog comes after both.
+		return answers(socket) && answers(filepath.Join(filepath.Dir(socket), coreSocketName)) &&
+			strings.Contains(d.out.String(), servingLog), nil
 	})
 	if err != nil {
 		t.Fatalf("%v: %s", err, d.out.String())
