@@ -22,7 +22,8 @@ package pleg
 // CheckpointInterval (and after a short settle delay, so a burst of events makes one write), again while
 // the watermark lags the events emitted, at once when a subscriber takes the startup replay (a
 // restart's repairs are then recorded without waiting), and once more when Run ends (a clean
-// shutdown). The NRI hooks and the event path never wait for it: the snapshot is taken under PLEG.mu
+// shutdown: from Stopping on, an event no subscriber takes is not received, so the next pleg-nri emits
+// it). The NRI hooks and the event path never wait for it: the snapshot is taken under PLEG.mu
 // (pointer copies of immutable statuses), the encoding and the write happen outside it. The write is
 // atomic and durable: a temporary file in the same directory, fsync, rename over the checkpoint, fsync
 // of the directory. Cost for 1000 containers in 250 pods (BenchmarkCheckpoint, a loaded 2-core VM):

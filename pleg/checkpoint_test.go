@@ -343,6 +343,45 @@ func TestCheckpointDeliveryWatermark(t *testing.T) {
 	}
 }
 
+// TestCheckpointStopping: once pleg-nri is stopping, an event its subscribers did not take is not
+// recorded as received: one still queued when the stream ended, and one emitted after it (an NRI
+// callback still in flight). The next pleg-nri emits both. (A fresh-clone make test lost a CREATED
+// emitted after the core's stream had ended on an upgrade: the checkpoint recorded it, with no subscriber
+// left to hold it back.)
+func TestCheckpointStopping(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint")
+	clock, cri := testutil.NewClock(), newFakeCRI()
+	h, _ := newProcess(t, cri, clock, path)
+	h.startPod("s1", "c1")
+	h.mustWriteCheckpoint()
+
+	h.p.Stopping()
+	clock.Advance(time.Millisecond)
+	cri.exitContainer("c1", 2, clock.Now())
+	h.observe(nriExit("c1", "s1", 2, clock.Now(), clock.Now()))
+	h.settle()
+	h.sub.Close() // the stream ends with STOPPED c1 queued
+	h.startPod("s2", "c2")
+	h.mustWriteCheckpoint()
+
+	c, err := ReadCheckpoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Phase{}
+	for _, o := range c.Objects {
+		got[o.ID] = o.Phase
+	}
+	if d := cmp.Diff(map[string]Phase{"s1": PhaseRunning, "c1": PhaseRunning}, got); d != "" {
+		t.Errorf("checkpoint written while stopping (-want +got):\n%s", d)
+	}
+	h2, _ := newProcess(t, cri, clock, path)
+	want := []string{"STOPPED c1", "CREATED s2", "STARTED s2", "CREATED c2", "STARTED c2"}
+	if d := cmp.Diff(sorted(want), sorted(summary(h2.restart()))); d != "" {
+		t.Errorf("events of the next pleg-nri (-want +got):\n%s", d)
+	}
+}
+
 // TestCheckpointUnusable: a checkpoint that cannot be used is set aside and ignored: pleg-nri starts as
 // without one (every object is new) and never fails.
 func TestCheckpointUnusable(t *testing.T) {

@@ -31,6 +31,13 @@ type fanout struct {
 
 	// seq numbers the events published; only publish (under PLEG.mu) writes it.
 	seq uint64
+	// stopping is set by holdUndelivered, when pleg-nri stops: from then on an event that no
+	// subscriber takes is not received (see delivered).
+	stopping atomic.Bool
+	// undelivered is, once stopping, the first event published that no subscriber took: published
+	// with none to queue it, or still queued when its subscriber closed; 0 while there is none. It is
+	// guarded by mu.
+	undelivered uint64
 	// replay keeps the events since the start for subscribers that come soon after (replay.go).
 	replay startupReplay
 }
@@ -147,8 +154,11 @@ func (f *fanout) publish(ctx context.Context, ev Event) {
 	if f.replay.open.Load() {
 		subs = f.replayPublish(ctx, ev)
 	}
+	queued := false
 	for _, s := range subs {
-		if s.push(ev) {
+		evicted := s.push(ev)
+		queued = queued || s.live()
+		if evicted {
 			f.metrics.SubscriberEvicted(s.id)
 			st := s.Stats()
 			log.G(ctx).WithField("subscriber", s.id).WithField("queue", f.limit).
@@ -158,6 +168,32 @@ func (f *fanout) publish(ctx context.Context, ev Event) {
 			f.remove(s)
 		}
 	}
+	if !queued && f.stopping.Load() {
+		f.noteUndelivered(ev.seq)
+	}
+}
+
+// holdUndelivered is called when pleg-nri stops, before its event streams end: from then on an event
+// that no subscriber takes (one published after the streams ended, by an NRI callback or a task event
+// still in flight, or one still queued when its stream ended) does not count as received, so the last
+// checkpoint does not record it and the next pleg-nri emits it. Without it, such an event counted as
+// received (no subscriber holds it back) and was lost across a SIGTERM or an upgrade.
+func (f *fanout) holdUndelivered() { f.stopping.Store(true) }
+
+// noteUndelivered records, once stopping, that the event seq was not taken by any subscriber.
+func (f *fanout) noteUndelivered(seq uint64) {
+	f.mu.Lock()
+	if f.undelivered == 0 || seq < f.undelivered {
+		f.undelivered = seq
+	}
+	f.mu.Unlock()
+}
+
+// live reports whether s still takes events: not closed, not evicted.
+func (s *Subscription) live() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err == nil && !s.closed
 }
 
 // push queues ev; it returns true when it evicted the subscriber.
@@ -355,8 +391,15 @@ func (s *Subscription) Close() {
 	}
 	s.closed = true
 	s.stats.Dropped += uint64(s.n) // none after an eviction: the queue was cleared then
+	var first uint64
+	if s.n > 0 {
+		first = s.buf[s.head].seq
+	}
 	s.clearLocked()
 	s.mu.Unlock()
+	if first > 0 && s.f.stopping.Load() {
+		s.f.noteUndelivered(first)
+	}
 	s.f.remove(s)
 	s.wake()
 }

@@ -258,6 +258,12 @@ func (p *PLEG) drainLocked(ctx context.Context) {
 // Subscribe returns a subscription that receives every event emitted from now on.
 func (p *PLEG) Subscribe() *Subscription { return p.fan.subscribe() }
 
+// Stopping is called when pleg-nri stops, before the event streams end and before Run's context is
+// done: from then on, an event that no subscriber takes (emitted after the streams ended, by an NRI
+// callback or a task event still in flight, or still queued when its stream ended) is not recorded in
+// the checkpoint as received, so the next pleg-nri emits it.
+func (p *PLEG) Stopping() { p.fan.holdUndelivered() }
+
 // TriggerRelist asks the relist loop of Run to relist at once (after a reconnect); it never blocks.
 func (p *PLEG) TriggerRelist() {
 	select {

@@ -139,8 +139,9 @@ func (f *fanout) replaySubscribe(ctx context.Context, s *Subscription) {
 
 // delivered returns the delivery watermark: the sequence number up to which every published event has
 // been received: taken by the Next of every subscriber (or coalesced away, or dropped with a subscriber
-// that is gone) and, while the startup replay is kept and no subscriber has taken it yet, by the replay's
-// first one. It runs under PLEG.mu, so no publish runs meanwhile.
+// that is gone, but not once pleg-nri is stopping: see holdUndelivered) and, while the startup replay is
+// kept and no subscriber has taken it yet, by the replay's first one. It runs under PLEG.mu, so no
+// publish runs meanwhile.
 func (f *fanout) delivered() uint64 {
 	w := f.seq
 	for _, s := range *f.subs.Load() {
@@ -154,6 +155,13 @@ func (f *fanout) delivered() uint64 {
 		f.mu.Lock()
 		if f.replay.open.Load() && !f.replay.taken && len(f.replay.events) > 0 {
 			w = min(w, f.replay.events[0].seq-1)
+		}
+		f.mu.Unlock()
+	}
+	if f.stopping.Load() {
+		f.mu.Lock()
+		if f.undelivered > 0 {
+			w = min(w, f.undelivered-1)
 		}
 		f.mu.Unlock()
 	}

@@ -109,7 +109,8 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	defer events.Close()
 
 	// The core runs until the event socket's streams have ended, so that its last checkpoint records
-	// every event the front received: after a SIGTERM the next core sends nothing twice.
+	// every event the front received, and only those: after a SIGTERM the next core sends nothing twice
+	// and loses nothing.
 	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCore()
 	comps.run(coreCtx, "core", core.Run)
@@ -317,7 +318,8 @@ func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, 
 	if err := srv.Start(ctx); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
-	return srv, sync.OnceFunc(func() { stopServer(ctx, srv, coreStopTimeout) }), nil
+	// The core first stops counting what its streams do not send as received (see pleg.PLEG.Stopping).
+	return srv, sync.OnceFunc(func() { core.Stopping(); stopServer(ctx, srv, coreStopTimeout) }), nil
 }
 
 // stopServer stops srv, letting the calls in flight finish for up to timeout, even once ctx is done.
