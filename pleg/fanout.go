@@ -154,10 +154,13 @@ func (f *fanout) publish(ctx context.Context, ev Event) {
 	if f.replay.open.Load() {
 		subs = f.replayPublish(ctx, ev)
 	}
-	queued := false
+	// Only a stopping pleg-nri asks whether a subscriber queued the event (a lock per subscriber).
+	stopping, queued := f.stopping.Load(), false
 	for _, s := range subs {
 		evicted := s.push(ev)
-		queued = queued || s.live()
+		if stopping && !queued {
+			queued = s.live()
+		}
 		if evicted {
 			f.metrics.SubscriberEvicted(s.id)
 			st := s.Stats()
@@ -168,7 +171,7 @@ func (f *fanout) publish(ctx context.Context, ev Event) {
 			f.remove(s)
 		}
 	}
-	if !queued && f.stopping.Load() {
+	if stopping && !queued {
 		f.noteUndelivered(ev.seq)
 	}
 }
