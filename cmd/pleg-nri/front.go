@@ -38,8 +38,6 @@ import (
 
 	"github.com/containerd/log"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
 )
@@ -183,9 +181,10 @@ func runFront(ctx context.Context, args []string) error {
 	defer backend.Close()
 	reg := prometheus.NewRegistry()
 	em := newEndpointMetrics(reg)
+	gate := newRuntimeGate(ctx, backend)
 	relay, err := eventbridge.DialRelay(eventbridge.RelayConfig{
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, coreSocketName),
-		Observe:      func([]byte) { awaitRuntime(ctx, backend, backendCatchUp) },
+		Observe:      func([]byte) { gate.wait(ctx, backendCatchUp) },
 		Resubscribed: em.resubscribed.Inc,
 	})
 	if err != nil {
@@ -236,43 +235,6 @@ func runFront(ctx context.Context, args []string) error {
 	}
 	log.G(ctx).Info("pleg-nri front stopped")
 	return nil
-}
-
-// backendCatchUp bounds how long an event waits for the front's connection to the runtime.
-const backendCatchUp = 2 * time.Second
-
-// awaitRuntime returns once conn is ready, or after max. It runs before each relayed event is sent on.
-//
-// An event means the core reached containerd; after a restart of containerd it can come before the
-// front's own connection has redialed (gRPC backs off up to 2 s between attempts). The kubelet acts on
-// the event at once (a STOPPED: it restarts the container), and a call that then fails with UNAVAILABLE
-// makes it back off that pod for 10 s. So the event waits until the connection is back: the wait asks
-// gRPC to redial at once, and is none at all in the common case (the connection is ready: one state
-// read).
-func awaitRuntime(ctx context.Context, conn *grpc.ClientConn, max time.Duration) {
-	if conn.GetState() == connectivity.Ready {
-		return
-	}
-	deadline := time.NewTimer(max)
-	defer deadline.Stop()
-	for {
-		switch conn.GetState() {
-		case connectivity.Ready, connectivity.Shutdown:
-			return
-		case connectivity.TransientFailure, connectivity.Idle:
-			// Redial now rather than at the end of gRPC's backoff (one attempt per poll at most).
-			conn.ResetConnectBackoff()
-			conn.Connect()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-deadline.C:
-			log.G(ctx).WithField("state", conn.GetState()).Debug("relaying an event while the runtime connection is not ready")
-			return
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 // redirectOutput makes path (appended to, 0600) the process's stdout and stderr.

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// initializingRuntime is a CRI server that, like containerd's CRI before it has recovered its state,
+// fails its first `unready` Version calls with UNAVAILABLE.
+type initializingRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	unready int64
+	calls   atomic.Int64
+}
+
+func (r *initializingRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	if r.calls.Add(1) <= r.unready {
+		return nil, status.Error(codes.Unavailable, "server is not initialized yet")
+	}
+	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+}
+
+// serveRuntime serves r on sock until the returned stop is called.
+func serveRuntime(t *testing.T, sock string, r *initializingRuntime) (stop func()) {
+	t.Helper()
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, r)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	return srv.Stop
+}
+
+// ready connects g's connection and returns once g has seen it ready: the connection's state does not
+// change during the waits that follow, so they make a known number of calls.
+func ready(t *testing.T, g *runtimeGate) {
+	t.Helper()
+	testutil.Eventually(t, time.Minute, "the gate sees the connection ready", func() bool {
+		g.conn.ResetConnectBackoff()
+		g.conn.Connect()
+		return connectivity.State(g.watched.Load()) == connectivity.Ready
+	})
+}
+
+// TestRuntimeGate: an event waits until the runtime answers, again after the runtime restarted, and
+// costs no call while the connection stays as checked.
+func TestRuntimeGate(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sock := filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
+	first := &initializingRuntime{unready: 3}
+	stop := serveRuntime(t, sock, first)
+	conn, err := eventbridge.DialCRI("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	g := newRuntimeGate(ctx, conn)
+	ready(t, g)
+
+	g.wait(ctx, time.Minute)
+	if got := first.calls.Load(); got != 4 || !g.serving() {
+		t.Fatalf("after the first wait: %d Version calls, serving %v; want 4 (3 refused, 1 answered), true", got, g.serving())
+	}
+	g.wait(ctx, time.Minute)
+	if got := first.calls.Load(); got != 4 {
+		t.Errorf("a wait on a checked connection made %d more Version calls, want none", got-4)
+	}
+
+	// The runtime restarts, and initializes again.
+	stop()
+	testutil.Eventually(t, time.Minute, "the gate notices the runtime went away", func() bool { return !g.serving() })
+	second := &initializingRuntime{unready: 2}
+	serveRuntime(t, sock, second)
+	ready(t, g)
+	g.wait(ctx, time.Minute)
+	if got := second.calls.Load(); got != 3 || !g.serving() {
+		t.Fatalf("after the restart: %d Version calls, serving %v; want 3 (2 refused, 1 answered), true", got, g.serving())
+	}
+}
+
+// TestRuntimeGateBound: an event waits for a runtime that never answers only until the bound.
+func TestRuntimeGateBound(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sock := filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
+	never := &initializingRuntime{unready: 1 << 62}
+	serveRuntime(t, sock, never)
+	conn, err := eventbridge.DialCRI("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	g := newRuntimeGate(ctx, conn)
+	ready(t, g)
+	done := make(chan struct{})
+	go func() {
+		g.wait(ctx, 200*time.Millisecond)
+		close(done)
+	}()
+	testutil.Receive(t, done, struct{}{}, time.Minute)
+	if never.calls.Load() == 0 || g.serving() {
+		t.Errorf("%d Version calls, serving %v; want some, false", never.calls.Load(), g.serving())
+	}
+	// The next events wait gateRetry at most: a wait with a bound of an hour returns.
+	for range 3 {
+		done := make(chan struct{})
+		go func() {
+			g.wait(ctx, time.Hour)
+			close(done)
+		}()
+		testutil.Receive(t, done, struct{}{}, time.Minute)
+	}
+}
