@@ -484,25 +484,32 @@ func TestSocketAbsentAtStart(t *testing.T) {
 	h.waitSynced()
 }
 
-func TestPreconnectedSocket(t *testing.T) {
-	rt := newFakeRuntime(t)
-	rt.Start()
-
-	// The runtime's end of a pre-connected socket: a connection accepted on its socket, passed as a bare fd.
+// preconnectedFD returns the runtime's end of a pre-connected socket: a connection accepted on rt's
+// socket, as a bare fd, as a runtime passes it to a plugin it launches.
+func preconnectedFD(t *testing.T, rt *fakeRuntime) int {
+	t.Helper()
 	c, err := net.Dial("unix", rt.Outer)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer c.Close()
 	f, err := c.(*net.UnixConn).File()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	fd, err := syscall.Dup(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
-	c.Close()
+	return fd
+}
+
+func TestPreconnectedSocket(t *testing.T) {
+	rt := newFakeRuntime(t)
+	rt.Start()
+
+	fd := preconnectedFD(t, rt)
 	// What a runtime sets for a plugin it launches.
 	t.Setenv(api.PluginSocketEnvVar, strconv.Itoa(fd))
 	t.Setenv(api.PluginNameEnvVar, "pleg-nri")
@@ -532,20 +539,7 @@ func TestPreconnectedSocket(t *testing.T) {
 func TestPreconnectedFallsBackToSocket(t *testing.T) {
 	rt := newFakeRuntime(t)
 	rt.Start()
-	c, err := net.Dial("unix", rt.Outer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := c.(*net.UnixConn).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := syscall.Dup(int(f.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	c.Close()
+	fd := preconnectedFD(t, rt)
 	t.Setenv(api.PluginSocketEnvVar, strconv.Itoa(fd))
 	h := startPlugin(t, rt.Outer, nil)
 	h.waitState(true)

@@ -58,21 +58,29 @@ func ready(t *testing.T, g *runtimeGate) {
 	})
 }
 
-// TestRuntimeGate: an event waits until the runtime answers, again after the runtime restarted, and
-// costs no call while the connection stays as checked.
-func TestRuntimeGate(t *testing.T) {
+// gateOn serves r on a new socket and returns a gate on a connection to it, seen ready, with the
+// socket and the server's stop. The gate and the connection end with the test.
+func gateOn(t *testing.T, r *initializingRuntime) (ctx context.Context, g *runtimeGate, sock string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sock := filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
-	first := &initializingRuntime{unready: 3}
-	stop := serveRuntime(t, sock, first)
+	t.Cleanup(cancel)
+	sock = filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
+	stop = serveRuntime(t, sock, r)
 	conn, err := eventbridge.DialCRI("unix://" + sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	g := newRuntimeGate(ctx, conn)
+	t.Cleanup(func() { conn.Close() })
+	g = newRuntimeGate(ctx, conn)
 	ready(t, g)
+	return ctx, g, sock, stop
+}
+
+// TestRuntimeGate: an event waits until the runtime answers, again after the runtime restarted, and
+// costs no call while the connection stays as checked.
+func TestRuntimeGate(t *testing.T) {
+	first := &initializingRuntime{unready: 3}
+	ctx, g, sock, stop := gateOn(t, first)
 
 	g.wait(ctx, time.Minute)
 	if got := first.calls.Load(); got != 4 || !g.serving() {
@@ -97,18 +105,8 @@ func TestRuntimeGate(t *testing.T) {
 
 // TestRuntimeGateBound: an event waits for a runtime that never answers only until the bound.
 func TestRuntimeGateBound(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sock := filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
 	never := &initializingRuntime{unready: 1 << 62}
-	serveRuntime(t, sock, never)
-	conn, err := eventbridge.DialCRI("unix://" + sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	g := newRuntimeGate(ctx, conn)
-	ready(t, g)
+	ctx, g, _, _ := gateOn(t, never)
 	done := make(chan struct{})
 	go func() {
 		g.wait(ctx, 200*time.Millisecond)
