@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -26,12 +25,14 @@ type EventSource interface {
 // EventStream is one subscriber's stream of events.
 type EventStream interface {
 	// Next returns the next event and the time its source saw the fact (for the latency metric; zero
-	// when unknown). It blocks until there is one, ctx is done (then it returns ctx's error and consumes
-	// no event: the proxy ends a Next to send a refresh event and calls it again), or the
-	// subscription ends: the error then says why and ends the client's stream, e.g. a gRPC status
-	// error with codes.ResourceExhausted when the subscriber was evicted for being too slow.
+	// when unknown). It blocks until there is one, ctx is done, or the subscription ends: the error then
+	// says why and ends the client's stream, e.g. a gRPC status error with codes.ResourceExhausted when
+	// the subscriber was evicted for being too slow. A Next ended by ctx may lose what the subscription
+	// had queued (a Relay ends its upstream stream): the proxy ends a Next only when the client's stream
+	// ends, and closes the subscription then.
 	Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error)
-	// Close ends the subscription. It is called exactly once, when the client's stream ends.
+	// Close ends the subscription, and a pending Next with it. It is called exactly once, when the
+	// client's stream ends.
 	Close()
 }
 
@@ -50,6 +51,12 @@ var errShuttingDown = status.Error(codes.Unavailable, "pleg-nri is shutting down
 // serveEvents answers GetContainerEvents from the event source: one subscription per stream, every event
 // sent, until the subscription ends (its error is the stream's status), the client goes away or the
 // proxy shuts down.
+//
+// One goroutine, the pump, calls the subscription's Next; this one sends what it hands over, and the
+// refresh events (see refresh.go), and watches the client and the proxy's shutdown. No refresh and no
+// shutdown ever ends a Next: a Next ended early can lose what its subscription had queued (a Relay's
+// upstream stream ends, and the new one starts from now), and a Next that waits on a source that is
+// gone (a Relay whose core does not come back) must not keep the stream, and the server's stop, waiting.
 func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
@@ -68,8 +75,17 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	stream := p.events.Subscribe()
 	p.metrics.EventStreamOpened()
 	logger.Info("event stream opened")
+	pumped := make(chan pumpedEvent)
+	pumpDone := make(chan struct{})
+	go func() {
+		defer close(pumpDone)
+		pump(ctx, stream, pumped)
+	}()
 	defer func() {
+		// The pump's Next ends with ctx and with Close.
+		cancel()
 		stream.Close()
+		<-pumpDone
 		code := status.Code(err)
 		p.metrics.EventStreamClosed(code)
 		entry := logger.WithField("code", code)
@@ -80,33 +96,64 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		}
 	}()
 
-	// next's context also ends when a refresh event is to be sent (see refresh.go); a Next ended by its
-	// context consumes no event.
-	var nextCtx interruptible
-	nextCtx.reset(ctx)
-	defer nextCtx.interrupt()
 	var refreshSeq uint64
 	var wake <-chan struct{}
 	if p.refresh != nil {
 		refreshSeq, wake = p.refresh.position()
 	}
-	// End Next when the proxy shuts down or a refresh event comes; this goroutine ends with ctx at the
-	// latest.
-	go func() {
-		for {
-			select {
-			case <-p.shutdown:
-				cancel()
-				return
-			case <-ctx.Done():
-				return
-			case <-wake:
-				nextCtx.interrupt()
-				_, wake = p.refresh.position()
-			}
+	var f frame
+	send := func(b []byte) error {
+		if p.fresh != nil {
+			// Before the send: a read the event causes must find the object tracked.
+			p.fresh.observe(b)
 		}
-	}()
+		f.data = b
+		return ss.SendMsg(&f)
+	}
+	for {
+		select {
+		case ev := <-pumped:
+			if ev.err != nil {
+				return p.eventStreamError(ss.Context(), ev.err)
+			}
+			if err := send(ev.b); err != nil {
+				return err
+			}
+			if !ev.sourceTime.IsZero() {
+				p.metrics.EventSent(p.now().Sub(ev.sourceTime))
+			} else {
+				p.metrics.EventSent(0)
+			}
+		case <-wake:
+			// The channel of the next refresh first, then the refreshes: one added in between is
+			// sent now and wakes this loop once more for nothing.
+			_, wake = p.refresh.position()
+			var refreshes [][]byte
+			refreshes, refreshSeq = p.refresh.since(refreshSeq)
+			for _, rb := range refreshes {
+				if err := send(rb); err != nil {
+					return err
+				}
+				p.metrics.EventSent(0)
+			}
+		case <-p.shutdown:
+			return errShuttingDown
+		case <-ctx.Done():
+			return p.eventStreamError(ss.Context(), ctx.Err())
+		}
+	}
+}
 
+// pumpedEvent is what the pump hands over: an event, encoded, or the error that ended the subscription.
+type pumpedEvent struct {
+	b          []byte
+	sourceTime time.Time
+	err        error
+}
+
+// pump hands the events of stream to out, one at a time, until Next fails (the error is handed over
+// too) or ctx ends.
+func pump(ctx context.Context, stream EventStream, out chan<- pumpedEvent) {
 	next := func(ctx context.Context) ([]byte, time.Time, error) {
 		ev, sourceTime, err := stream.Next(ctx)
 		if err != nil {
@@ -121,73 +168,17 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	if enc, ok := stream.(EncodedEventStream); ok {
 		next = enc.NextEncoded
 	}
-	var f frame
-	send := func(b []byte) error {
-		if p.fresh != nil {
-			// Before the send: a read the event causes must find the object tracked.
-			p.fresh.observe(b)
-		}
-		f.data = b
-		return ss.SendMsg(&f)
-	}
 	for {
-		nctx := nextCtx.get()
-		b, sourceTime, err := next(nctx)
-		if err != nil && ctx.Err() == nil && nctx.Err() != nil {
-			// A refresh event: a new context first (a later one cancels it), then the events.
-			nextCtx.reset(ctx)
-			var refreshes [][]byte
-			refreshes, refreshSeq = p.refresh.since(refreshSeq)
-			for _, rb := range refreshes {
-				if err := send(rb); err != nil {
-					return err
-				}
-				p.metrics.EventSent(0)
-			}
-			continue
+		b, sourceTime, err := next(ctx)
+		select {
+		case out <- pumpedEvent{b: b, sourceTime: sourceTime, err: err}:
+		case <-ctx.Done():
+			return
 		}
 		if err != nil {
-			return p.eventStreamError(ss.Context(), err)
-		}
-		if err := send(b); err != nil {
-			return err
-		}
-		if !sourceTime.IsZero() {
-			p.metrics.EventSent(p.now().Sub(sourceTime))
-		} else {
-			p.metrics.EventSent(0)
+			return
 		}
 	}
-}
-
-// interruptible is a context that another goroutine can end, and that can be made anew.
-type interruptible struct {
-	// mu guards ctx and cancel.
-	mu     sync.Mutex
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-// reset replaces the context with a new child of parent.
-func (i *interruptible) reset(parent context.Context) {
-	ctx, cancel := context.WithCancel(parent)
-	i.mu.Lock()
-	i.ctx, i.cancel = ctx, cancel
-	i.mu.Unlock()
-}
-
-// get returns the current context.
-func (i *interruptible) get() context.Context {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return i.ctx
-}
-
-// interrupt ends the current context.
-func (i *interruptible) interrupt() {
-	i.mu.Lock()
-	i.cancel()
-	i.mu.Unlock()
 }
 
 // eventStreamError turns the error that ended an event stream into the status the client gets: a gRPC

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,11 @@ func (m *recordingMetrics) UpstreamConnectionState(up bool) {
 	m.mu.Lock()
 	m.upstream = append(m.upstream, up)
 	m.mu.Unlock()
+}
+
+// streams returns the number of open event streams and the codes of the closed ones.
+func (m *recordingMetrics) streams() (open int, closed []codes.Code) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.open, slices.Clone(m.closed)
 }

@@ -30,7 +30,7 @@ import (
 type Relay struct {
 	conn *grpc.ClientConn
 	// observe, when set, sees each event's bytes before they are handed on.
-	observe func([]byte)
+	observe func(context.Context, []byte)
 	// retryMin and retryMax bound the delay between two subscriptions that ended without an event.
 	retryMin, retryMax time.Duration
 	// resubscribed counts the upstream subscriptions made again after one ended.
@@ -43,8 +43,9 @@ type RelayConfig struct {
 	// Endpoint is the upstream CRI endpoint whose event stream is relayed (see DialCRI). Required.
 	Endpoint string
 	// Observe, when set, is handed each event's encoding (a ContainerEventResponse; shared, never to be
-	// modified) before it is sent on. It must be fast.
-	Observe func(event []byte)
+	// modified) before it is sent on, with the context of the Next that returns it: it may wait (the
+	// front holds an event until the runtime serves), but no longer than that context lives.
+	Observe func(ctx context.Context, event []byte)
 	// Resubscribed, when set, is called each time a subscription subscribes again after its upstream
 	// stream ended (for a metric or a test).
 	Resubscribed func()
@@ -151,7 +152,7 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 			s.fails = 0
 			s.mu.Unlock()
 			if s.r.observe != nil {
-				s.r.observe(b)
+				s.r.observe(ctx, b)
 			}
 			return b, time.Time{}, nil
 		}
@@ -175,7 +176,8 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 }
 
 // upstream returns the current upstream stream, opening one if there is none. Opening waits for the
-// connection (WaitForReady): while the upstream is down it blocks, and gRPC redials with backoff.
+// connection (WaitForReady): while the upstream is down it blocks, and gRPC redials with backoff, until
+// ctx ends or the subscription is closed.
 func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 	s.mu.Lock()
 	if s.up != nil {
@@ -190,9 +192,15 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 		s.r.resubscribed()
 	}
 	for {
+		// The stream lives as long as the subscription; opening it, which waits for an upstream that
+		// may never come back, also ends with ctx.
 		upCtx, upCancel := context.WithCancel(s.ctx)
+		stopOpen := context.AfterFunc(ctx, upCancel)
 		up, err := s.r.conn.NewStream(upCtx, &grpc.StreamDesc{ServerStreams: true}, GetContainerEventsMethod,
 			grpc.ForceCodecV2(rawCodec{}), grpc.WaitForReady(true))
+		if !stopOpen() && err == nil {
+			err = ctx.Err()
+		}
 		if err == nil {
 			if err = up.SendMsg(getEventsRequest); err == nil {
 				err = up.CloseSend()
@@ -245,7 +253,8 @@ func (s *relayStream) dropUpstream() {
 }
 
 // abortUpstream ends the upstream stream because the caller of Next gave up: the RecvMsg blocked in it
-// returns. The next call subscribes again.
+// returns. What the upstream had queued for it is lost; the next call subscribes again (the proxy gives
+// up on a Next only when its client's stream ends).
 func (s *relayStream) abortUpstream() { s.dropUpstream() }
 
 // Close ends the subscription and its upstream stream.

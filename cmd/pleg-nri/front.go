@@ -183,8 +183,9 @@ func runFront(ctx context.Context, args []string) error {
 	em := newEndpointMetrics(reg)
 	gate := newRuntimeGate(ctx, backend)
 	relay, err := eventbridge.DialRelay(eventbridge.RelayConfig{
-		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, coreSocketName),
-		Observe:      func([]byte) { gate.wait(ctx, backendCatchUp) },
+		Endpoint: "unix://" + filepath.Join(cfg.RunDir, coreSocketName),
+		// The stream's context: a subscriber that leaves, or the stop, ends the wait.
+		Observe:      func(ctx context.Context, _ []byte) { gate.wait(ctx, backendCatchUp) },
 		Resubscribed: em.resubscribed.Inc,
 	})
 	if err != nil {

@@ -103,7 +103,8 @@ func TestOverlaidReads(t *testing.T) {
 // TestHeldReadRefresh (issue 11, item 7): with read-freshness hold, a read that waited its 5 s for
 // containerd and gave up answers containerd's RUNNING (which a kubelet 1.35/1.36 caches as newer than the
 // STOPPED it got); once containerd shows the exit, pleg-nri sends a refresh: a second STOPPED of the
-// container with a newer created_at, carrying containerd's own statuses.
+// container with a newer created_at, carrying containerd's own statuses, without ending the front's
+// stream from the core.
 func TestHeldReadRefresh(t *testing.T) {
 	gate := env.GateRuncDelete(t)
 	p := startPlegNRI(t, "--read-freshness", "hold")
@@ -156,5 +157,10 @@ func TestHeldReadRefresh(t *testing.T) {
 	}
 	if n := p.metric(t, "pleg_nri_refresh_events_total", `result="sent"`); n != 1 {
 		t.Errorf("pleg_nri_refresh_events_total{result=\"sent\"} = %g, want 1", n)
+	}
+	// The refresh went out beside the relayed events: the front's relay kept its stream from the core
+	// (a refresh that ended it lost what the core had queued, issue 26).
+	if n := p.metric(t, "pleg_nri_front_resubscriptions_total"); n != 0 {
+		t.Errorf("pleg_nri_front_resubscriptions_total = %g, want 0: the front subscribed to the core again", n)
 	}
 }
