@@ -46,6 +46,9 @@ FUZZTIME        ?= 10s
 # report its own -fuzztime deadline as a failure ("context deadline exceeded", no failing input) when
 # a worker is slow to stop on a loaded machine, go.dev/issue/75804, fixed in 1.27.
 FUZZ_TOOLCHAIN  ?= go1.27.1
+# Every download from a registry (the Go module proxy, Debian's archive) is tried again with backoff
+# (hack/retry.sh): the registries time out now and then.
+RETRY           := bash $(CURDIR)/hack/retry.sh
 
 ##@ Main
 
@@ -82,14 +85,14 @@ image: ## OCI image (static pleg-nri FROM scratch, the host files, busybox for t
 
 $(HELM):
 	@mkdir -p $(dir $@)
-	GOBIN=$(dir $@) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VER)
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
 
 $(PROMTOOL):
 	@mkdir -p $(dir $@)
-	GOBIN=$(dir $@) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VER)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VER)
 
 .PHONY: promtool
 promtool: $(PROMTOOL) ## Build promtool from the Go module proxy into the dependency cache (~5 min cold).
@@ -105,7 +108,12 @@ uninstall: ## Remove what make install put under PREFIX (the configuration and t
 ##@ Checks
 
 .PHONY: verify
-verify: fmt-check vet lint tidy-check generate-check ## gofmt, go vet, staticcheck, go mod tidy and the generated code.
+verify: deps-go fmt-check vet lint tidy-check generate-check ## gofmt, go vet, staticcheck, go mod tidy and the generated code.
+
+.PHONY: deps-go
+deps-go: ## Download the module's dependencies and the fuzzing toolchain (FUZZ_TOOLCHAIN), retried; every go command after it finds them.
+	$(RETRY) $(GO) mod download
+	$(RETRY) env GOTOOLCHAIN=$(FUZZ_TOOLCHAIN) $(GO) version
 
 .PHONY: fmt-check
 fmt-check: ## Fail if gofmt would change a file.
@@ -122,7 +130,7 @@ vet: ## go vet every package.
 
 $(STATICCHECK):
 	@mkdir -p $(dir $@)
-	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VER)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VER)
 
 .PHONY: lint
 lint: $(STATICCHECK) ## staticcheck every package.
@@ -132,13 +140,13 @@ lint: $(STATICCHECK) ## staticcheck every package.
 
 $(PROTOC_GEN_GO):
 	@mkdir -p $(dir $@)
-	GOBIN=$(dir $@) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VER)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VER)
 
 .PHONY: protoc
 protoc: ## Install protoc (Debian's protobuf-compiler) if it is missing.
 	@command -v protoc >/dev/null || { \
 	  test "$$(id -u)" = 0 || { echo "protoc is missing: apt-get install protobuf-compiler (as root)"; exit 1; }; \
-	  apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null; }
+	  $(RETRY) apt-get update -qq && $(RETRY) apt-get install -y -qq protobuf-compiler >/dev/null; }
 
 # gen-into DIR: the .pb.go of PROTOS, generated under DIR (same relative paths).
 define gen-into
@@ -160,11 +168,11 @@ generate-check: protoc $(PROTOC_GEN_GO) ## Fail if the committed .pb.go differ f
 ##@ Tests
 
 .PHONY: unit
-unit: ## Unit tests with -race and goroutine-leak checks.
+unit: deps-go ## Unit tests with -race and goroutine-leak checks.
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target of the unit packages for FUZZTIME each (default 10s), on Go FUZZ_TOOLCHAIN.
+fuzz: deps-go ## Run every fuzz target of the unit packages for FUZZTIME each (default 10s), on Go FUZZ_TOOLCHAIN.
 	@for pkg in $(UNIT_PKGS); do \
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for fn in $$(cat $$dir/*_test.go 2>/dev/null | sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p'); do \

@@ -19,7 +19,10 @@ busybox=$(ls "$cache"/busybox-static-*/busybox 2>/dev/null | head -1 || true)
 if [ -z "$busybox" ]; then
 	dl=$(mktemp -d)
 	chmod 0777 "$dl" # apt downloads as _apt
-	(cd "$dl" && { apt-get download busybox-static >&2 || { apt-get update -qq >&2 && apt-get download busybox-static >&2; }; })
+	# shellcheck source=../../hack/retry.sh
+	. "$root/hack/retry.sh"
+	(cd "$dl" && { apt-get download busybox-static >&2 || { retry apt-get update -qq >&2 && retry apt-get download busybox-static >&2; }; }) ||
+		{ echo "build.sh: ERROR: apt-get download busybox-static failed" >&2; exit 1; }
 	dpkg-deb -x "$dl"/busybox-static_*.deb "$dl/x"
 	mkdir -p "$cache/busybox-static-image"
 	install -m 0755 "$dl/x/bin/busybox" "$cache/busybox-static-image/busybox"

@@ -46,6 +46,8 @@ PACKAGES=(
 
 log() { echo "debian-base: $*" >&2; }
 die() { echo "debian-base: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../hack/retry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../hack/retry.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap chroots)"
 command -v docker >/dev/null || die "docker is not on PATH"
@@ -78,8 +80,8 @@ tarball=$CACHE/debian-base-$hash.tar
 if [ ! -f "$tarball" ]; then
 	if ! command -v debootstrap >/dev/null; then
 		log "apt-get install debootstrap"
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2 ||
+		DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
+		DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends debootstrap >&2 ||
 			die "apt-get install debootstrap failed"
 	fi
 	work=$(mktemp -d "$CACHE/debian-base.XXXXXX")
@@ -92,11 +94,18 @@ if [ ! -f "$tarball" ]; then
 		IFS=,
 		echo "${PACKAGES[*]}"
 	)
-	debootstrap --variant=minbase --merged-usr --include="$include" \
-		--cache-dir="$CACHE/debootstrap-debs" "$SUITE" "$rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1 || {
-		tail -n 30 "$work/debootstrap.log" >&2
-		die "debootstrap failed (log above)"
+	# A try that failed (a download that timed out, say) leaves a half-made root: the next starts anew,
+	# with the .debs already fetched kept in the cache directory.
+	bootstrap() {
+		umount -R "$rootfs/proc" "$rootfs/sys" 2>/dev/null || true
+		rm -rf "$rootfs" && mkdir -p "$rootfs" || return 1
+		debootstrap --variant=minbase --merged-usr --include="$include" \
+			--cache-dir="$CACHE/debootstrap-debs" "$SUITE" "$rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1 || {
+			tail -n 30 "$work/debootstrap.log" >&2
+			return 1
+		}
 	}
+	retry bootstrap || die "debootstrap failed (log above)"
 	log "debootstrap done in $((SECONDS - start))s"
 
 	# Trim systemd for a container, as kind's base image does: no udev, no gettys, no units the host

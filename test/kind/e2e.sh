@@ -12,6 +12,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
+# shellcheck source=../../hack/retry.sh
+. "$root/hack/retry.sh"
 KIND_VERSION=${KIND_VERSION:-v0.33.0}
 export PLEG_NRI_CACHE=$CACHE GOFLAGS=-buildvcs=false
 [ $# -gt 0 ] || set -- v1.37.2 v1.36.3
@@ -23,7 +25,7 @@ kind=$CACHE/kind-$KIND_VERSION/kind
 if [ ! -x "$kind" ]; then
 	log "building kind $KIND_VERSION"
 	rm -rf "$kind.tmp"
-	(cd "$CACHE" && GOBIN=$(dirname "$kind").tmp GOTOOLCHAIN=local go install "sigs.k8s.io/kind@$KIND_VERSION") ||
+	GOBIN=$(dirname "$kind").tmp GOTOOLCHAIN=local retry go -C "$CACHE" install "sigs.k8s.io/kind@$KIND_VERSION" ||
 		die "building kind failed"
 	mv "$(dirname "$kind").tmp" "$(dirname "$kind")"
 fi

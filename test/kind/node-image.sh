@@ -32,16 +32,19 @@ LABEL=org.pleg-nri.inputs-sha256
 
 log() { echo "node-image: $*" >&2; }
 die() { echo "node-image: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../hack/retry.sh
+. "$root/hack/retry.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root"
 command -v docker >/dev/null || die "docker is not on PATH"
 export GOFLAGS=-buildvcs=false
 
 # Everything the image is made of, built or found in the cache.
-base=$(bash "$root/test/images/debian-base.sh")
-bash "$root/test/containerd-it/hack/install-deps.sh" >/dev/null
-kubelet=$(KUBELET_VERSION=$K8S_VERSION bash "$root/test/kubelet-e2e/hack/build-kubelet.sh")
-k8s=$(K8S_VERSION=$K8S_VERSION bash "$here/hack/build-k8s.sh")
+# Each step stops the script with its own error (a failure inside a process substitution would not).
+base=$(bash "$root/test/images/debian-base.sh") || die "building the Debian base image failed"
+bash "$root/test/containerd-it/hack/install-deps.sh" >/dev/null || die "building containerd, runc, crictl and CNI failed"
+kubelet=$(KUBELET_VERSION=$K8S_VERSION bash "$root/test/kubelet-e2e/hack/build-kubelet.sh") || die "building the kubelet $K8S_VERSION failed"
+k8s=$(K8S_VERSION=$K8S_VERSION bash "$here/hack/build-k8s.sh") || die "building Kubernetes $K8S_VERSION failed"
 mapfile -t images < <("$k8s/kubeadm" config images list --kubernetes-version "$K8S_VERSION" 2>/dev/null)
 [ ${#images[@]} -ge 5 ] || die "kubeadm config images list gave: ${images[*]}"
 # No kube-proxy: the tests' kind config runs kubeProxyMode none.
@@ -55,14 +58,15 @@ for i in "${images[@]}"; do
 	esac
 done
 etcd_version=${etcd_version%-*} # 3.7.0-0 is etcd v3.7.0, image revision 0
-mapfile -t addons < <(bash "$here/hack/build-addons.sh" "$etcd_version" "$coredns_version")
-mapfile -t archives < <(cd "$root" && go run ./test/containerd-it/cmd/build-images)
+out=$(bash "$here/hack/build-addons.sh" "$etcd_version" "$coredns_version") || die "building etcd and CoreDNS failed"
+mapfile -t addons <<<"$out"
+out=$(cd "$root" && go run ./test/containerd-it/cmd/build-images) || die "building the test images failed"
+mapfile -t archives <<<"$out"
 pause_archive=$(printf '%s\n' "${archives[@]}" | grep '_pause_')
 busybox_archive=$(printf '%s\n' "${archives[@]}" | grep '_busybox_')
 [ "$pause_image" = "registry.k8s.io/pause:3.10.2" ] ||
 	die "kubeadm $K8S_VERSION wants $pause_image; the test pause image is registry.k8s.io/pause:3.10.2"
-kind_src=$(cd "$CACHE" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" |
-	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+kind_src=$(cd "$CACHE" && GOFLAGS=-mod=mod go_mod_dir "sigs.k8s.io/kind@$KIND_VERSION") || die "cannot download sigs.k8s.io/kind@$KIND_VERSION"
 [ -d "$kind_src/images/base/files" ] || die "no images/base/files in sigs.k8s.io/kind@$KIND_VERSION"
 
 bins=("$CACHE"/bin/{containerd,ctr,containerd-shim-runc-v2,runc,crictl} "$CACHE"/bin/cni/*

@@ -18,6 +18,8 @@ mkdir -p "$CACHE"
 
 log() { echo "install-deps: $*" >&2; }
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../../hack/retry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../hack/retry.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root (the integration tests run containerd and runc)"
 [ "$(uname -s)" = Linux ] || die "Linux only"
@@ -36,11 +38,11 @@ apt_install() {
 	[ ${#missing[@]} -eq 0 ] && return 0
 	if [ -z "$apt_updated" ]; then
 		log "apt-get update"
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
+		DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
 		apt_updated=1
 	fi
 	log "apt-get install ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+	DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
 		die "apt-get install ${missing[*]} failed"
 }
 
@@ -51,7 +53,8 @@ command -v flock >/dev/null || need_cmds+=(util-linux)
 command -v ps >/dev/null || need_cmds+=(procps)
 apt_install libseccomp-dev pkg-config "${need_cmds[@]}"
 
-# build NAME VERSION OUTDIR CMD...: runs CMD with GOBIN=OUTDIR.tmp, then renames it into place, so an
+# build NAME OUTDIR CMD...: runs CMD with GOBIN=OUTDIR.tmp (tried again on failure: go install downloads
+# and builds in one, and a retry resumes from the build cache), then renames it into place, so an
 # interrupted build never leaves a half-filled cache entry.
 build() {
 	local name=$1 out=$2
@@ -63,7 +66,7 @@ build() {
 	rm -rf "$out.tmp"
 	mkdir -p "$out.tmp"
 	local start=$SECONDS
-	(export GOBIN="$out.tmp" GOFLAGS=-buildvcs=false GOTOOLCHAIN=local; "$@") >&2 || die "building $name failed"
+	GOBIN="$out.tmp" GOFLAGS=-buildvcs=false GOTOOLCHAIN=local retry "$@" >&2 || die "building $name failed"
 	touch "$out.tmp/.done"
 	rm -rf "$out"
 	mv "$out.tmp" "$out"
@@ -95,7 +98,7 @@ bb_ver=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null || true)
 if [ -z "$bb_ver" ]; then
 	bb_ver=$(apt-cache policy busybox-static 2>/dev/null | sed -n 's/^ *Candidate: //p')
 	if [ -z "$bb_ver" ] || [ "$bb_ver" = "(none)" ]; then
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || die "apt-get update failed"
+		DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
 		bb_ver=$(apt-cache policy busybox-static | sed -n 's/^ *Candidate: //p')
 	fi
 fi
@@ -106,7 +109,7 @@ if [ ! -f "$bb_dir/.done" ]; then
 	rm -rf "$bb_dir.tmp"
 	mkdir -p "$bb_dir.tmp/x"
 	chmod 0777 "$bb_dir.tmp"  # apt downloads as _apt
-	(cd "$bb_dir.tmp" && apt-get download "busybox-static=$bb_ver" >&2) || die "apt-get download busybox-static failed"
+	(cd "$bb_dir.tmp" && retry apt-get download "busybox-static=$bb_ver" >&2) || die "apt-get download busybox-static failed"
 	dpkg-deb -x "$bb_dir.tmp"/busybox-static_*.deb "$bb_dir.tmp/x"
 	install -m 0755 "$bb_dir.tmp/x/bin/busybox" "$bb_dir.tmp/busybox"
 	rm -rf "$bb_dir.tmp/x" "$bb_dir.tmp"/*.deb

@@ -16,6 +16,8 @@ CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
 
 log() { echo "build-addons: $*" >&2; }
 die() { echo "build-addons: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../../hack/retry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../hack/retry.sh"
 command -v go >/dev/null || die "go is not on PATH"
 mkdir -p "$CACHE"
 exec 8>"$CACHE/.addons.lock"
@@ -28,12 +30,11 @@ if [ ! -f "$out/.done" ]; then
 	start=$SECONDS
 	rm -rf "$out.tmp"
 	mkdir -p "$out.tmp/src"
-	(
-		cd "$out.tmp/src"
-		printf 'module pleg-nri.test/etcd-build\n\ngo %s\n' "$(go env GOVERSION | sed 's/^go//')" >go.mod
-		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-		go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 >&2
-	) || die "building etcd $ETCD_VERSION failed"
+	printf 'module pleg-nri.test/etcd-build\n\ngo %s\n' "$(go env GOVERSION | sed 's/^go//')" >"$out.tmp/src/go.mod"
+	retry go -C "$out.tmp/src" get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 ||
+		die "go get go.etcd.io/etcd/server/v3@$ETCD_VERSION failed"
+	go -C "$out.tmp/src" build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 >&2 ||
+		die "building etcd $ETCD_VERSION failed"
 	"$out.tmp/etcd" --version >&2 || die "the built etcd does not run"
 	rm -rf "$out.tmp/src"
 	touch "$out.tmp/.done"
@@ -49,7 +50,8 @@ if [ ! -f "$out/.done" ]; then
 	start=$SECONDS
 	rm -rf "$out.tmp"
 	mkdir -p "$out.tmp"
-	(cd "$out.tmp" && GOBIN="$out.tmp" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" >&2) ||
+	# go install downloads and builds in one: a failed build is tried again too (from the build cache).
+	GOBIN="$out.tmp" retry go -C "$out.tmp" install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" >&2 ||
 		die "building coredns $COREDNS_VERSION failed"
 	"$out.tmp/coredns" -version >&2 || die "the built coredns does not run"
 	touch "$out.tmp/.done"

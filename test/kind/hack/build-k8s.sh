@@ -20,6 +20,8 @@ CMDS=(kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler)
 
 log() { echo "build-k8s: $*" >&2; }
 die() { echo "build-k8s: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../../hack/retry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../hack/retry.sh"
 
 [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.37.2, not $K8S_VERSION"
 minor=${BASH_REMATCH[1]}
@@ -40,8 +42,7 @@ log "building ${CMDS[*]} $K8S_VERSION into $out (takes many minutes)"
 start=$SECONDS
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"
-src=$(cd "$out.tmp/src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-[ -n "$src" ] && [ -f "$src/go.mod" ] || die "go mod download k8s.io/kubernetes@$K8S_VERSION failed"
+src=$(cd "$out.tmp/src" && go_mod_dir "k8s.io/kubernetes@$K8S_VERSION") || die "cannot download k8s.io/kubernetes@$K8S_VERSION"
 staging=$(sed -n 's|^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.io/[a-z0-9-]*$|\1|p' "$src/go.mod")
 [ -n "$staging" ] || die "found no staging replacements in $src/go.mod"
 {
@@ -58,15 +59,16 @@ staging=$(sed -n 's|^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.i
 
 pkgs=()
 for c in "${CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-(
-	cd "$out.tmp/src"
-	for p in "${pkgs[@]}"; do go get "$p@$K8S_VERSION" >&2; done
-	pkg=k8s.io/component-base/version
-	CGO_ENABLED=0 go build -trimpath -o "$out.tmp/" -ldflags "-s -w \
-		-X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
-		-X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
-		"${pkgs[@]}" >&2
-) || die "building ${CMDS[*]} $K8S_VERSION failed"
+# Each step on its own, each with its own error (set -e does not apply inside a `( ... ) || die`).
+for p in "${pkgs[@]}"; do
+	retry go -C "$out.tmp/src" get "$p@$K8S_VERSION" >&2 || die "go get $p@$K8S_VERSION failed"
+done
+pkg=k8s.io/component-base/version
+# go get downloaded every module the build needs: a failure here is the build's own.
+CGO_ENABLED=0 go -C "$out.tmp/src" build -trimpath -o "$out.tmp/" -ldflags "-s -w \
+	-X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
+	-X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
+	"${pkgs[@]}" >&2 || die "building ${CMDS[*]} $K8S_VERSION failed"
 for c in "${CMDS[@]}"; do
 	[ -x "$out.tmp/$c" ] || die "$c was not built"
 done

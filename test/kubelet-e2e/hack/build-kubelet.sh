@@ -23,6 +23,8 @@ out="$CACHE/kubelet-$KUBELET_VERSION"
 
 log() { echo "build-kubelet: $*" >&2; }
 die() { echo "build-kubelet: ERROR: $*" >&2; exit 1; }
+# shellcheck source=../../../hack/retry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../hack/retry.sh"
 
 [[ $KUBELET_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "KUBELET_VERSION must look like v1.36.3, not $KUBELET_VERSION"
 staging_version="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
@@ -44,8 +46,7 @@ start=$SECONDS
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"
 # From the scratch directory: outside any module, so no go.mod or go.sum of the caller is touched.
-src=$(cd "$out.tmp/src" && go mod download -json "k8s.io/kubernetes@$KUBELET_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-[ -n "$src" ] && [ -f "$src/go.mod" ] || die "go mod download k8s.io/kubernetes@$KUBELET_VERSION failed"
+src=$(cd "$out.tmp/src" && go_mod_dir "k8s.io/kubernetes@$KUBELET_VERSION") || die "cannot download k8s.io/kubernetes@$KUBELET_VERSION"
 grep -q '^[[:space:]]*EventedPLEG[[:space:]]*featuregate.Feature' "$src/pkg/features/kube_features.go" ||
 	die "k8s.io/kubernetes $KUBELET_VERSION has no EventedPLEG feature gate"
 
@@ -64,15 +65,15 @@ staging=$(sed -n 's|^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.i
 	echo ")"
 } >"$out.tmp/src/go.mod"
 
-(
-	cd "$out.tmp/src"
-	go get "k8s.io/kubernetes/cmd/kubelet@$KUBELET_VERSION" >&2
-	pkg=k8s.io/component-base/version
-	CGO_ENABLED=0 go build -trimpath -o "$out.tmp/kubelet" -ldflags "-s -w \
-		-X $pkg.gitVersion=$KUBELET_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=${BASH_REMATCH[1]} \
-		-X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
-		k8s.io/kubernetes/cmd/kubelet >&2
-) || die "building kubelet $KUBELET_VERSION failed"
+# Each step with its own error (set -e does not apply inside a `( ... ) || die`). go get downloads
+# every module the build needs: a failure of the build is the build's own.
+retry go -C "$out.tmp/src" get "k8s.io/kubernetes/cmd/kubelet@$KUBELET_VERSION" >&2 ||
+	die "go get k8s.io/kubernetes/cmd/kubelet@$KUBELET_VERSION failed"
+pkg=k8s.io/component-base/version
+CGO_ENABLED=0 go -C "$out.tmp/src" build -trimpath -o "$out.tmp/kubelet" -ldflags "-s -w \
+	-X $pkg.gitVersion=$KUBELET_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=${BASH_REMATCH[1]} \
+	-X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
+	k8s.io/kubernetes/cmd/kubelet >&2 || die "building kubelet $KUBELET_VERSION failed"
 "$out.tmp/kubelet" --version >&2 || die "the built kubelet does not run"
 rm -rf "$out.tmp/src"
 touch "$out.tmp/.done"
