@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+
+	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 )
 
 // maxCheckpointSize bounds what is read: 100k containers with large statuses stay far below it.
@@ -26,37 +27,7 @@ func readCheckpointFile(path string) ([]byte, error) {
 	return data, nil
 }
 
-// writeFileAtomic replaces path with data durably: a temporary file beside it, fsync, rename, fsync of
-// the directory. A crash at any point leaves either the old file or the new one, never a mix.
-func writeFileAtomic(path string, data []byte) (err error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+// writeCheckpointFile replaces the checkpoint at path with data durably (0600).
+func writeCheckpointFile(path string, data []byte) error {
+	return atomicfile.WriteFile(path, data, 0o600)
 }

@@ -765,7 +765,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 	b.Run("write", func(b *testing.B) {
 		path := filepath.Join(b.TempDir(), "checkpoint")
 		for b.Loop() {
-			if err := writeFileAtomic(path, data); err != nil {
+			if err := writeCheckpointFile(path, data); err != nil {
 				b.Fatal(err)
 			}
 		}

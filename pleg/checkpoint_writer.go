@@ -15,7 +15,7 @@ const checkpointSettle = 20 * time.Millisecond
 // ckptWriter is the state of the checkpoint writer; only the goroutine that writes (checkpointLoop,
 // then Run's final write) uses it.
 type ckptWriter struct {
-	// write replaces the file durably; nil is writeFileAtomic (tests that write thousands of
+	// write replaces the file durably; nil is writeCheckpointFile (tests that write thousands of
 	// checkpoints skip the fsyncs).
 	write     func(path string, data []byte) error
 	cache     statusCache
@@ -45,7 +45,7 @@ func (p *PLEG) writeCheckpoint(ctx context.Context) (behind bool) {
 	if err == nil {
 		write := w.write
 		if write == nil {
-			write = writeFileAtomic
+			write = writeCheckpointFile
 		}
 		err = write(p.cfg.CheckpointPath, data)
 	}

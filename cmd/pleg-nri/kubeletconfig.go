@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"regexp"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 )
 
 // kubeletEdit is what `pleg-nri kubelet-config` changes in a kubelet's settings.
@@ -89,36 +90,6 @@ func editKubeadmFlags(data []byte, endpoint string) ([]byte, bool) {
 	return out, !bytes.Equal(out, data)
 }
 
-// writeAtomic replaces path with data (a temporary file in the same directory, then a rename),
-// keeping its mode.
-func writeAtomic(path string, data []byte) error {
-	mode := os.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".pleg-nri-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
 // runKubeletConfig is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's flags
 // file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints "changed"
 // or "unchanged", so that a caller restarts the kubelet only when needed. The Helm chart's node script
@@ -146,13 +117,13 @@ func runKubeletConfig(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s: %w", *config, err)
 	}
 	if changed {
-		if err := writeAtomic(*config, out); err != nil {
+		if err := atomicfile.WriteFile(*config, out, 0o644); err != nil {
 			return fmt.Errorf("failed to write %s: %w", *config, err)
 		}
 	}
 	if fdata, err := os.ReadFile(*flags); err == nil {
 		if fout, fchanged := editKubeadmFlags(fdata, e.endpoint); fchanged {
-			if err := writeAtomic(*flags, fout); err != nil {
+			if err := atomicfile.WriteFile(*flags, fout, 0o644); err != nil {
 				return fmt.Errorf("failed to write %s: %w", *flags, err)
 			}
 			changed = true

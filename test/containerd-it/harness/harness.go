@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -217,7 +218,7 @@ func (e *Env) save() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(e.Dir, "env.json"), data)
+	return atomicfile.WriteFile(filepath.Join(e.Dir, "env.json"), data, 0o644)
 }
 
 func (e *Env) logf(format string, args ...any) {

@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 )
 
 // The images every test can use. None comes from a registry: they are built offline by BuildImages and
@@ -100,7 +102,7 @@ func BuildImages(ctx context.Context, cache string) ([]string, error) {
 		sum := sha256.Sum256(archive)
 		path := filepath.Join(dir, sanitize(img.name)+"-"+hex.EncodeToString(sum[:6])+".tar")
 		if _, err := os.Stat(path); err != nil {
-			if err := writeFileAtomic(path, archive); err != nil {
+			if err := atomicfile.WriteFile(path, archive, 0o644); err != nil {
 				return nil, err
 			}
 		}
@@ -279,12 +281,4 @@ func file(name string, mode int64, data string) tarFile {
 
 func sanitize(s string) string {
 	return strings.NewReplacer("/", "_", ":", "_").Replace(s)
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -1,0 +1,44 @@
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestWriteFile: a new file gets perm, a replaced one keeps its mode, and nothing else is left in the
+// directory; a write that fails (its directory is gone) leaves nothing.
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check := func(want string, mode os.FileMode) {
+		t.Helper()
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != want {
+			t.Fatalf("content %q (%v), want %q", got, err, want)
+		}
+		fi, _ := os.Stat(path)
+		if fi.Mode().Perm() != mode {
+			t.Errorf("mode %s, want %s", fi.Mode().Perm(), mode)
+		}
+		entries, _ := os.ReadDir(dir)
+		if len(entries) != 1 {
+			t.Errorf("directory holds %d entries, want only the file", len(entries))
+		}
+	}
+	check("one", 0o600)
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(path, []byte("two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check("two", 0o640)
+	if err := WriteFile(filepath.Join(dir, "gone", "f"), []byte("x"), 0o600); err == nil {
+		t.Error("a write into a missing directory succeeded")
+	}
+	check("two", 0o640)
+}
