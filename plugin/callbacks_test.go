@@ -181,7 +181,7 @@ func TestEveryCallbackReturnsNothing(t *testing.T) {
 				o    Observer
 			}{{"counting observer", &counter{}}, {"panicking observer", panicker{}}} {
 				configured := 0
-				p, err := New(Config{Observer: obs.o, Configure: func([]byte) error {
+				p, err := New(Config{Observer: obs.o, Configure: func(context.Context, []byte) error {
 					configured++
 					return fmt.Errorf("invalid configuration %d", configured)
 				}, OnSynchronized: func() {}})
@@ -215,7 +215,7 @@ func FuzzCallbacks(f *testing.F) {
 		if panics {
 			o = panicker{}
 		}
-		p, err := New(Config{Observer: o, Configure: func([]byte) error { return fmt.Errorf("bad: %q", text) }})
+		p, err := New(Config{Observer: o, Configure: func(context.Context, []byte) error { return fmt.Errorf("bad: %q", text) }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -46,8 +47,10 @@ type Config struct {
 	OnConnectionState func(up bool)
 	// Configure applies the configuration a runtime hands to a pre-registered plugin (its
 	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
-	// configuration ignored: the plugin stays registered with the configuration it had.
-	Configure func(config []byte) error
+	// configuration ignored: the plugin stays registered with the configuration it had. It may wait (the
+	// daemon holds the registration until its core is built from the configuration), but no longer than
+	// ctx lives: ctx ends configureMargin before the runtime gives up on the request.
+	Configure func(ctx context.Context, config []byte) error
 	// Metrics records the plugin's work; nil records nothing.
 	Metrics Metrics
 	// Clock stamps observations (SourceTime) and times the callbacks; nil is time.Now.

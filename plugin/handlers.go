@@ -27,15 +27,35 @@ var (
 
 // Configure applies the configuration the runtime hands to a pre-registered plugin. It never fails: an invalid
 // configuration is logged and ignored. The plugin subscribes to every request it handles.
+//
+// The runtime waits for the answer only for its request timeout (NRI's default: 2 s; ctx carries it as
+// its deadline), and drops a plugin that does not answer in time: Config.Configure gets a context that
+// ends configureMargin before that.
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (stub.EventMask, error) {
 	entry := log.G(ctx).WithField("runtime", runtime+"/"+version)
 	entry.Info("NRI plugin configured by the runtime")
 	if config != "" && p.cfg.Configure != nil {
-		if err := p.cfg.Configure([]byte(config)); err != nil {
+		ctx, cancel := configureContext(ctx, time.Now())
+		defer cancel()
+		if err := p.cfg.Configure(ctx, []byte(config)); err != nil {
 			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
 		}
 	}
 	return 0, nil
+}
+
+// configureMargin is how long before the runtime's deadline for Configure the plugin answers at the
+// latest.
+const configureMargin = 250 * time.Millisecond
+
+// configureContext returns ctx ending configureMargin before its deadline; without a deadline (a runtime
+// that sets none), NRI's default request timeout from now stands for it.
+func configureContext(ctx context.Context, now time.Time) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = now.Add(api.DefaultPluginRequestTimeout)
+	}
+	return context.WithDeadline(ctx, deadline.Add(-configureMargin))
 }
 
 // Synchronize observes every sandbox and container the runtime reports, then calls the OnSynchronized hook.

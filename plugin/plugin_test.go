@@ -553,7 +553,7 @@ func TestPreconnectedFallsBackToSocket(t *testing.T) {
 
 func TestConfigure(t *testing.T) {
 	var got []string
-	p, err := New(Config{Observer: &recorder{}, Configure: func(b []byte) error {
+	p, err := New(Config{Observer: &recorder{}, Configure: func(_ context.Context, b []byte) error {
 		got = append(got, string(b))
 		if string(b) == "bad" {
 			return errors.New("unknown key \"bad\"")
@@ -571,6 +571,37 @@ func TestConfigure(t *testing.T) {
 	}
 	if want := []string{"relist_period: 5s", "bad"}; !slices.Equal(got, want) {
 		t.Errorf("configure got %q, want %q", got, want)
+	}
+}
+
+// TestConfigureWithinRequestTimeout (issue 26): a Configure handler that waits (the daemon's, for its
+// core) gets a context that ends configureMargin before the runtime's deadline, or before NRI's default
+// request timeout when the runtime set none, so that the plugin answers before the runtime drops it.
+func TestConfigureWithinRequestTimeout(t *testing.T) {
+	var deadlines []time.Time
+	p, err := New(Config{Observer: &recorder{}, Configure: func(ctx context.Context, _ []byte) error {
+		dl, _ := ctx.Deadline()
+		deadlines = append(deadlines, dl)
+		<-ctx.Done() // waits for a core that does not come
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtimeDeadline := time.Now().Add(300 * time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), runtimeDeadline)
+	defer cancel()
+	if _, err := p.Configure(ctx, "relist-period: 5s", "containerd", "v2.4.2"); err != nil {
+		t.Fatal(err)
+	}
+	if want := runtimeDeadline.Add(-configureMargin); len(deadlines) != 1 || !deadlines[0].Equal(want) {
+		t.Errorf("the handler's deadline %v, want %v (the runtime's less %s)", deadlines, want, configureMargin)
+	}
+	now := time.Unix(1000, 0)
+	noDeadline, cancel := configureContext(context.Background(), now)
+	defer cancel()
+	if dl, _ := noDeadline.Deadline(); !dl.Equal(now.Add(api.DefaultPluginRequestTimeout - configureMargin)) {
+		t.Errorf("without a runtime deadline: %v, want NRI's default request timeout less %s from now", dl, configureMargin)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -201,7 +200,7 @@ func (g *coreGate) relist() {
 
 // newPlugin builds the NRI plugin. Its callbacks wait for the core (gate). Configure hands the first
 // configuration to the daemon (gate.configured) and holds registration until the core is built from it,
-// for up to preRegisteredConfigWait; a later one only gets a warning when it changes keys that need a
+// within the runtime's request timeout; a later one only gets a warning when it changes keys that need a
 // restart.
 func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler, m plugin.Metrics) (*plugin.Plugin, error) {
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
@@ -214,17 +213,19 @@ func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler,
 			<-gate.ready
 			settle.Kick()
 		},
-		Configure: func(data []byte) error {
+		Configure: func(ctx context.Context, data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
 			if err != nil {
 				return err
 			}
 			select {
 			case gate.configured <- data:
-				// The first configuration: hold registration until the core is built from it.
+				// The first configuration: hold registration until the core is built from it, as long
+				// as the runtime waits for the answer (ctx).
 				select {
 				case <-gate.ready:
-				case <-time.After(preRegisteredConfigWait):
+				case <-ctx.Done():
+					log.G(ctx).Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
 				}
 			default:
 				if changed := changedKeys(cfg, newCfg); len(changed) > 0 {
@@ -264,7 +265,7 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 }
 
 // newCore builds the core from cfg, with the CRI client (returned) and the OOM checker it reads
-// containerd with; closeCore closes them.
+// containerd with, after it locked the state directory; closeCore closes them and unlocks it.
 func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, _ *eventbridge.CRIClient, closeCore func(), err error) {
 	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
 	if err != nil {
@@ -288,10 +289,16 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
+	unlock := func() {}
 	if cfg.StateDir != "" {
-		if err := checkStateDir(cfg.StateDir); err != nil {
+		if unlock, err = lockStateDir(ctx, cfg.StateDir, stateLockWait); err != nil {
 			return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 		}
+		defer func() {
+			if err != nil {
+				unlock()
+			}
+		}()
 		// The checkpoint belongs to one runtime: one of another endpoint is ignored.
 		pcfg.CheckpointPath, pcfg.CheckpointScope = filepath.Join(cfg.StateDir, "checkpoint"), cfg.RuntimeEndpoint
 	} else {
@@ -300,7 +307,8 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 	if core, err = pleg.New(pcfg); err != nil {
 		return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 	}
-	return core, cri, func() { _, _ = oom.Close(), cri.Close() }, nil
+	// The lock goes last: after the core's last checkpoint (core.Run has returned).
+	return core, cri, func() { _, _ = oom.Close(), cri.Close(); unlock() }, nil
 }
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
@@ -375,24 +383,6 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}, nil
-}
-
-// checkStateDir makes the state directory (0700) if needed and checks it is a writable directory.
-func checkStateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("cannot create %s: %w", dir, err)
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
-		return fmt.Errorf("%s is not writable: %w", dir, err)
-	}
-	return nil
 }
 
 // changedKeys lists the keys whose values differ between a and b.

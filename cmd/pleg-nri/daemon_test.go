@@ -303,6 +303,15 @@ func (b *syncBuffer) String() string {
 // and the core's event socket beside it answer.
 func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon {
 	t.Helper()
+	d := spawnDaemon(t, socket, mask, args...)
+	d.waitServing(t, socket)
+	return d
+}
+
+// spawnDaemon starts pleg-nri with args under umask mask; it and its front are stopped when the test
+// ends.
+func spawnDaemon(t *testing.T, socket string, mask int, args ...string) *daemon {
+	t.Helper()
 	// The socket and directory modes must not depend on the umask pleg-nri is started with.
 	cmd := exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf("umask %03o && exec \"$0\" \"$@\"", mask), daemonBinary(t)}, args...)...)
 	d := &daemon{cmd: cmd, out: newSyncBuffer(), done: make(chan struct{})}
@@ -321,6 +330,12 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 			t.Logf("pleg-nri output:\n%s", d.out.String())
 		}
 	})
+	return d
+}
+
+// waitServing waits until the daemon serves socket (the front's) and the core's event socket beside it.
+func (d *daemon) waitServing(t *testing.T, socket string) {
+	t.Helper()
 	err := testutil.Poll(context.Background(), 30*time.Second, "pleg-nri to serve "+socket, func() (bool, error) {
 		select {
 		case <-d.done:
@@ -334,7 +349,6 @@ func startDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 	if err != nil {
 		t.Fatalf("%v: %s", err, d.out.String())
 	}
-	return d
 }
 
 // answers says whether a server accepts connections on the unix socket path.

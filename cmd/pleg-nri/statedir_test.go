@@ -1,10 +1,16 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -68,4 +74,47 @@ func TestDaemonUnusableCheckpoint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDaemonStateDirLock (issue 26): two cores never share a state directory. A second daemon on the
+// state-dir of a running one waits stateLockWait for it, then exits naming it; one started while the
+// holder is still there goes on once the holder lets go (a restart whose predecessor is still stopping).
+func TestDaemonStateDirLock(t *testing.T) {
+	state := filepath.Join(testutil.ShortTempDir(t, "pn-"), "state")
+	dir1 := testutil.ShortTempDir(t, "pn-")
+	sock1 := filepath.Join(dir1, "run", "cri.sock")
+	first := startDaemon(t, sock1, 0o022, append(absentUpstreams(dir1), "--listen", "unix://"+sock1, "--state-dir", state)...)
+
+	t.Run("second core", func(t *testing.T) {
+		dir2 := testutil.ShortTempDir(t, "pn-")
+		code, out := runToExit(t, append(absentUpstreams(dir2), "--listen", "unix://"+filepath.Join(dir2, "run", "cri.sock"), "--state-dir", state)...)
+		if code != 2 {
+			t.Errorf("exit status %d, want 2; output:\n%s", code, out)
+		}
+		want := fmt.Sprintf("in use by another pleg-nri core (pid %d)", first.cmd.Process.Pid)
+		if line := lastLine(out); !strings.Contains(line, `config key "state-dir"`) || !strings.Contains(line, want) {
+			t.Errorf("last line %q does not say config key \"state-dir\" ... %s", line, want)
+		}
+		if _, err := os.Stat(filepath.Join(dir2, "run")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the second core created its socket directory: %v", err)
+		}
+	})
+
+	t.Run("successor", func(t *testing.T) {
+		dir2 := testutil.ShortTempDir(t, "pn-")
+		sock2 := filepath.Join(dir2, "run", "cri.sock")
+		second := spawnDaemon(t, sock2, 0o022, append(absentUpstreams(dir2), "--listen", "unix://"+sock2, "--state-dir", state)...)
+		if err := testutil.Poll(context.Background(), 20*time.Second, "the successor to wait for the lock", func() (bool, error) {
+			return strings.Contains(second.out.String(), "the state directory is locked by another pleg-nri core"), nil
+		}); err != nil {
+			t.Fatalf("%v:\n%s", err, second.out.String())
+		}
+		if code := first.stop(t); code != 0 {
+			t.Errorf("the first core's exit status %d, want 0", code)
+		}
+		second.waitServing(t, sock2)
+		if got, _ := os.ReadFile(filepath.Join(state, stateLockName)); strings.TrimSpace(string(got)) != strconv.Itoa(second.cmd.Process.Pid) {
+			t.Errorf("the lock file says %q, want the successor's pid %d", got, second.cmd.Process.Pid)
+		}
+	})
 }
