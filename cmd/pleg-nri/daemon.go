@@ -56,7 +56,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
 	gate := newCoreGate()
 	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
-	settle := newSettler(gate.relist, settleDelays, time.After)
+	settle := newSettler(gate.relist, settleDelays)
 	nri, err := newPlugin(ctx, cfg, gate, settle, nriHooks{m, ready})
 	if err != nil {
 		return err

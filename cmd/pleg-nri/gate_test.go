@@ -103,26 +103,39 @@ func TestRuntimeGate(t *testing.T) {
 	}
 }
 
-// TestRuntimeGateBound: an event waits for a runtime that never answers only until the bound.
+// TestRuntimeGateBound: an event waits for a runtime that never answers until the bound, and not
+// much longer (the slack is for a loaded machine, far below the next bound checked); once a wait ran
+// out, the next events wait gateRetry, not their bound.
 func TestRuntimeGateBound(t *testing.T) {
+	const bound, slack = 200 * time.Millisecond, 2 * time.Second
 	never := &initializingRuntime{unready: 1 << 62}
 	ctx, g, _, _ := gateOn(t, never)
-	done := make(chan struct{})
-	go func() {
-		g.wait(ctx, 200*time.Millisecond)
-		close(done)
-	}()
-	testutil.Receive(t, done, struct{}{}, time.Minute)
+	waited := func(max time.Duration) time.Duration {
+		t.Helper()
+		done := make(chan time.Duration)
+		go func() {
+			start := time.Now()
+			g.wait(ctx, max)
+			done <- time.Since(start)
+		}()
+		select {
+		case d := <-done:
+			return d
+		case <-time.After(time.Minute):
+			t.Fatalf("an event still waits after a minute (bound %s)", max)
+			return 0
+		}
+	}
+	if d := waited(bound); d < bound || d > bound+slack {
+		t.Errorf("the first event waited %s, want its bound %s (at most %s more)", d, bound, slack)
+	}
 	if never.calls.Load() == 0 || g.serving() {
 		t.Errorf("%d Version calls, serving %v; want some, false", never.calls.Load(), g.serving())
 	}
-	// The next events wait gateRetry at most: a wait with a bound of an hour returns.
+	// The next events wait gateRetry, however long their bound.
 	for range 3 {
-		done := make(chan struct{})
-		go func() {
-			g.wait(ctx, time.Hour)
-			close(done)
-		}()
-		testutil.Receive(t, done, struct{}{}, time.Minute)
+		if d := waited(time.Hour); d < gateRetry || d > gateRetry+slack {
+			t.Errorf("a later event waited %s, want gateRetry %s (at most %s more)", d, gateRetry, slack)
+		}
 	}
 }

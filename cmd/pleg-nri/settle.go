@@ -22,13 +22,11 @@ var settleDelays = []time.Duration{250 * time.Millisecond, 500 * time.Millisecon
 type settler struct {
 	relist func()
 	delays []time.Duration
-	// after is the clock's timer (time.After in production).
-	after func(time.Duration) <-chan time.Time
-	kick  chan struct{}
+	kick   chan struct{}
 }
 
-func newSettler(relist func(), delays []time.Duration, after func(time.Duration) <-chan time.Time) *settler {
-	return &settler{relist: relist, delays: delays, after: after, kick: make(chan struct{}, 1)}
+func newSettler(relist func(), delays []time.Duration) *settler {
+	return &settler{relist: relist, delays: delays, kick: make(chan struct{}, 1)}
 }
 
 // Kick relists at once and schedules the settle relists.
@@ -50,13 +48,16 @@ func (s *settler) run(ctx context.Context) error {
 		}
 	schedule:
 		for i, prev := 0, time.Duration(0); i < len(s.delays); i++ {
+			t := time.NewTimer(s.delays[i] - prev)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return nil
 			case <-s.kick:
+				t.Stop()
 				i, prev = -1, 0
 				continue schedule
-			case <-s.after(s.delays[i] - prev):
+			case <-t.C:
 				s.relist()
 			}
 			prev = s.delays[i]

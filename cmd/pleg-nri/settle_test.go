@@ -2,58 +2,43 @@ package main
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
-// TestSettler: a kick relists at once and then at each delay; a kick during the schedule starts it over.
+// TestSettler: a kick relists at once and then at each delay after it; a kick during the schedule
+// relists at once and starts the schedule over. In a synctest bubble, so the times are exact.
 func TestSettler(t *testing.T) {
-	relists := make(chan struct{}, 100)
-	timers := make(chan chan time.Time, 100)
-	after := func(time.Duration) <-chan time.Time {
-		c := make(chan time.Time, 1)
-		timers <- c
-		return c
-	}
-	s := newSettler(func() { relists <- struct{}{} }, []time.Duration{time.Second, 2 * time.Second}, after)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- s.run(ctx) }()
-	expect := func(n int) {
-		t.Helper()
-		for range n {
-			testutil.Receive(t, relists, struct{}{}, 5*time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var mu sync.Mutex // guards relists: Kick relists on the caller's goroutine, the schedule on run's
+		var relists []time.Duration
+		s := newSettler(func() {
+			mu.Lock()
+			relists = append(relists, time.Since(start))
+			mu.Unlock()
+		}, []time.Duration{time.Second, 2 * time.Second})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- s.run(ctx) }()
+
+		s.Kick()
+		time.Sleep(1500 * time.Millisecond)
+		s.Kick() // during the schedule: at once, then +1 s and +2 s from here
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		ms := time.Millisecond
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []time.Duration{0, 1000 * ms, 1500 * ms, 2500 * ms, 3500 * ms}; !slices.Equal(relists, want) {
+			t.Errorf("relists at %v, want %v", relists, want)
 		}
-		select {
-		case <-relists:
-			t.Fatal("one relist too many")
-		default:
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
-	}
-	fire := func() {
-		t.Helper()
-		select {
-		case c := <-timers:
-			c <- time.Now()
-		case <-time.After(5 * time.Second):
-			t.Fatal("no timer")
-		}
-	}
-	s.Kick()
-	expect(1) // at once
-	fire()
-	expect(1) // +1s
-	s.Kick()  // again: at once, then the schedule from the start
-	expect(1)
-	<-timers // the +2s timer of the first schedule, abandoned
-	fire()
-	expect(1)
-	fire()
-	expect(1)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	})
 }
