@@ -9,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"sync"
 	"time"
 
 	"github.com/containerd/log"
+	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -45,7 +45,6 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	setProcs(ctx)
 	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -127,8 +126,16 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
 		WithField("config", configPath).WithField("version", version).Info(servingLog)
+	// A host service of Type=notify is started (and the kubelet ordered after it may start) now. A
+	// pre-registered plugin inherits containerd's NOTIFY_SOCKET, which is containerd's unit's, not its own.
+	if !preRegistered {
+		notifySystemd(ctx, sdnotify.SdNotifyReady)
+	}
 
 	<-ctx.Done() // stopped, or a component returned
+	if !preRegistered {
+		notifySystemd(ctx, sdnotify.SdNotifyStopping)
+	}
 	// The event socket stops before the core (see coreCtx); on an early return, in its defer.
 	stopSocket()
 	stopCore()
@@ -436,20 +443,10 @@ var (
 	_ eventbridge.EncodedEventStream = eventStream{}
 )
 
-// setProcs runs the daemon on one P unless the GOMAXPROCS environment variable says otherwise.
-//
-// pleg-nri's work is a chain of short hand-offs between goroutines (an NRI callback wakes the core, the
-// core wakes each subscriber's stream, the proxy's calls cross three goroutines each way), with little
-// CPU in each. With more than one P, every hand-off to a parked goroutine also wakes an idle OS thread
-// to run it, and that cross-CPU wake-up is most of the cost: 15-18 µs per wake-up measured on the
-// project's 2-CPU VMs, against under 1 µs when the woken goroutine simply runs next on the same P. Run
-// side by side (`make bench`, 4 alternating runs), one P cut the NRI callback time at p99 from about
-// 230 µs to about 87 µs and the proxy's added latency at p50 by about a quarter. A node's pleg-nri
-// needs far less than a CPU (a relist of 1,000 containers is about 0.6 ms).
-func setProcs(ctx context.Context) {
-	if v := os.Getenv("GOMAXPROCS"); v != "" {
-		log.G(ctx).WithField("GOMAXPROCS", runtime.GOMAXPROCS(0)).Info("GOMAXPROCS set by the environment")
-		return
+// notifySystemd tells systemd the daemon's state (READY=1, STOPPING=1) when it runs as a unit of
+// Type=notify (NOTIFY_SOCKET is set); elsewhere it does nothing.
+func notifySystemd(ctx context.Context, state string) {
+	if _, err := sdnotify.SdNotify(false, state); err != nil {
+		log.G(ctx).WithError(err).WithField("state", state).Warn("failed to notify systemd")
 	}
-	runtime.GOMAXPROCS(1)
 }

@@ -618,3 +618,60 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 		t.Errorf("socket left after the front stopped: %v", err)
 	}
 }
+
+// TestDaemonNotifiesSystemd (issue 26): under a unit of Type=notify (NOTIFY_SOCKET set), the daemon says
+// READY=1 once it serves and STOPPING=1 when it stops, and the front it spawns does not get the notify
+// socket (the unit's state is the daemon's to tell).
+func TestDaemonNotifiesSystemd(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "pn-")
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify.sock"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notify.Close()
+	got := make(chan string, 10)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := notify.Read(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify.sock"))
+	sock := filepath.Join(dir, "run", "cri.sock")
+	d := spawnDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock)...)
+	next := func(want string) {
+		t.Helper()
+		select {
+		case msg := <-got:
+			if msg != want {
+				t.Errorf("systemd was told %q, want %q", msg, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("systemd was not told %s:\n%s", want, d.out.String())
+		}
+	}
+	next("READY=1")
+	// READY=1 means serving: the kubelet's endpoint answers.
+	if !answers(sock) {
+		t.Errorf("READY=1 before %s answers", sock)
+	}
+	front, err := queryFront(filepath.Join(dir, "run"), "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", front.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(env), "NOTIFY_SOCKET=") {
+		t.Errorf("the front (pid %d) has NOTIFY_SOCKET in its environment", front.PID)
+	}
+	if code := d.stop(t); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+	next("STOPPING=1")
+}

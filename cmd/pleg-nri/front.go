@@ -140,7 +140,6 @@ func runFront(ctx context.Context, args []string) error {
 	// A front outlives whatever started it, and its stderr (the journal, a pipe) may go away meanwhile:
 	// a write to a broken pipe must not kill it.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	setProcs(ctx)
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("process", "front"))
 
 	// The listeners: the kubelet's and the control socket, opened here or taken over.
@@ -473,8 +472,9 @@ func spawnFront(ctx context.Context, fc frontConfig, preRegistered bool) error {
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	for _, kv := range os.Environ() {
-		// Not the NRI plugin's variables: the front is no plugin.
-		if !strings.HasPrefix(kv, "NRI_") {
+		// Not the NRI plugin's variables: the front is no plugin; nor systemd's notify socket: the unit's
+		// state is the daemon's to tell.
+		if !strings.HasPrefix(kv, "NRI_") && !strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

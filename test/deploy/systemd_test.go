@@ -201,7 +201,7 @@ func TestSystemdUnits(t *testing.T) {
 	}
 
 	// Starting the kubelet starts containerd, then pleg-nri, and the kubelet only once pleg-nri is
-	// started, i.e. its socket exists (ExecStartPost).
+	// started, i.e. it told systemd READY=1 (Type=notify) once it served.
 	start := time.Now()
 	n.exec("systemctl", "start", "kubelet.service")
 	t.Logf("systemctl start kubelet.service (containerd, pleg-nri first): %s", time.Since(start).Round(time.Millisecond))
