@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/log"
 	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -47,7 +46,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	defer cancel()
 	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	processCollectors(reg, "core")
 	m, ready := newMetrics(reg), &readiness{}
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else

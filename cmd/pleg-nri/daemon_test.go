@@ -494,7 +494,7 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			}
 			body, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
-			for _, name := range []string{"pleg_nri_subscribers ", "pleg_nri_event_streams ", "pleg_nri_front_runtime_connected "} {
+			for _, name := range []string{"pleg_nri_subscribers ", "pleg_nri_event_streams ", `pleg_nri_upstream_connected{upstream="front_cri"} `, `go_goroutines{process="front"} `, `go_goroutines{process="core"} `} {
 				if !strings.Contains(string(body), "\n"+name) {
 					t.Errorf("/metrics has no %s", name)
 				}

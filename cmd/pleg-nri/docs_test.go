@@ -37,7 +37,16 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 			t.Errorf("docs/operations.md does not describe the metric %s", base)
 		}
 	}
-	for _, n := range regexp.MustCompile(`\bpleg_nri_[a-z0-9_]+`).FindAllString(doc, -1) {
+	// Every name the guide gives exists, but the old names of its renames table.
+	current := doc
+	if i := strings.Index(doc, "### Metric names changed"); i >= 0 {
+		end := strings.Index(doc[i:], "\n## ")
+		if end < 0 {
+			t.Fatal("the renames section has no end")
+		}
+		current = doc[:i] + doc[i+end:]
+	}
+	for _, n := range regexp.MustCompile(`\bpleg_nri_[a-z0-9_]+`).FindAllString(current, -1) {
 		if !names[n] {
 			t.Errorf("docs/operations.md names the metric %s, which does not exist", n)
 		}

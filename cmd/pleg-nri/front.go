@@ -180,6 +180,7 @@ func runFront(ctx context.Context, args []string) error {
 	defer backend.Close()
 	reg := prometheus.NewRegistry()
 	em := newEndpointMetrics(reg)
+	processCollectors(reg, "front")
 	gate := newRuntimeGate(ctx, backend)
 	relay, err := eventbridge.DialRelay(eventbridge.RelayConfig{
 		Endpoint: "unix://" + filepath.Join(cfg.RunDir, coreSocketName),

@@ -22,7 +22,8 @@ import (
 
 // endpointMetrics are the metrics of the kubelet's CRI endpoint, kept by the front, which serves it.
 // The front has no metrics server: the core's /metrics asks the front for them on its control socket
-// (frontGatherer), so that one scrape shows both, under the names they had before the front.
+// (frontGatherer), so that one scrape shows both, under the names they had before the front; the Go
+// and process metrics of each carry a process label (core, front).
 type endpointMetrics struct {
 	forwarded     *prometheus.HistogramVec
 	streams       prometheus.Gauge
@@ -31,11 +32,13 @@ type endpointMetrics struct {
 	overlaidReads *prometheus.CounterVec
 	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
-	runtimeUp     prometheus.Gauge
+	// runtimeUp is pleg_nri_upstream_connected{upstream="front_cri"}.
+	runtimeUp prometheus.Gauge
 }
 
 func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
 	const ns = metricsNamespace
+	upstream := newUpstreamGauge()
 	m := &endpointMetrics{
 		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
 			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
@@ -52,10 +55,9 @@ func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
 			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
 		resubscribed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "front_resubscriptions_total",
 			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
-		runtimeUp: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "front_runtime_connected",
-			Help: "1 while the front's connection to the runtime, for the forwarded calls, is up."}),
+		runtimeUp: upstream.WithLabelValues("front_cri"),
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed, m.runtimeUp)
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed, upstream)
 	return m
 }
 
@@ -149,7 +151,7 @@ func (g frontGatherer) Gather() ([]*dto.MetricFamily, error) {
 	sort.Strings(names)
 	out := make([]*dto.MetricFamily, 0, len(names))
 	for _, n := range names {
-		if strings.HasPrefix(n, "pleg_nri_") {
+		if strings.HasPrefix(n, "pleg_nri_") || strings.HasPrefix(n, "go_") || strings.HasPrefix(n, "process_") {
 			out = append(out, fams[n])
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge"
@@ -22,7 +23,7 @@ type metrics struct {
 	corrected      *prometheus.CounterVec
 	dropped        *prometheus.CounterVec
 	emitLatency    *prometheus.HistogramVec
-	sendLatency    *prometheus.HistogramVec
+	sendLatency    prometheus.Histogram
 	statusCalls    *prometheus.HistogramVec
 	statusMismatch *prometheus.CounterVec
 	subscribers    prometheus.Gauge
@@ -67,8 +68,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Objects forgotten without any event, by kind and reason."}, []string{"kind", "reason"}),
 		emitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_emit_latency_seconds",
 			Help: "Time from the input's observation to the event's emission, by event type and source.", Buckets: latencyBuckets}, []string{"type", "source"}),
-		sendLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_send_latency_seconds",
-			Help: "Time from the input's observation to the event's send to a subscriber.", Buckets: latencyBuckets}, []string{"source"}),
+		sendLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "event_send_latency_seconds",
+			Help: "Time from the input's observation to the event's send to a subscriber.", Buckets: latencyBuckets}),
 		statusCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "status_call_duration_seconds",
 			Help: "CRI status calls made to containerd, by kind, purpose and result.", Buckets: latencyBuckets}, []string{"kind", "verify", "result"}),
 		statusMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "status_mismatches_total",
@@ -85,15 +86,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Relists, by result.", Buckets: latencyBuckets}, []string{"result"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_total",
 			Help: "Events emitted because a relist found what the event inputs missed."}, []string{"kind", "type"}),
-		hookDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "nri_hook_duration_seconds",
+		hookDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "hook_duration_seconds",
 			Help:    "Time the NRI plugin took to handle a callback.",
 			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2}}, []string{"callback"}),
-		hookObs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nri_observations_total",
+		hookObs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hook_observations_total",
 			Help: "Observations made from NRI callbacks."}, []string{"callback"}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_reconnects_total",
 			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
-		upstream: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "upstream_connected",
-			Help: "1 while the upstream connection is up (nri, events, cri)."}, []string{"upstream"}),
+		upstream: newUpstreamGauge(),
 		ckptRestore: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_restores_total",
 			Help: "Checkpoints read at startup, by result (restored, absent, unusable)."}, []string{"result"}),
 		ckptRestored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_restored_objects",
@@ -231,7 +231,7 @@ type coreProxyMetrics struct {
 }
 
 func (p coreProxyMetrics) EventSent(latency time.Duration) {
-	p.sendLatency.WithLabelValues("all").Observe(latency.Seconds())
+	p.sendLatency.Observe(latency.Seconds())
 }
 
 func (p coreProxyMetrics) UpstreamConnectionState(up bool) { p.metrics.UpstreamConnectionState(up) }
@@ -253,6 +253,21 @@ func (m *metrics) setUpstream(name string, st *upstreamState, up bool) {
 	}
 	st.up.Store(up)
 	setGauge(m.upstream.WithLabelValues(name), up)
+}
+
+// newUpstreamGauge is pleg_nri_upstream_connected, which the core (nri, events, cri) and the front
+// (front_cri) both keep: one scrape merges the two, so both declare it alike.
+func newUpstreamGauge() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricsNamespace, Name: "upstream_connected",
+		Help: "1 while the upstream connection is up: the core's to containerd's NRI (nri), task events (events) and CRI (cri); the front's to containerd's CRI, for the kubelet's forwarded calls (front_cri)."},
+		[]string{"upstream"})
+}
+
+// processCollectors are the Go runtime's and the process's metrics, labelled with the process (core or
+// front): one scrape shows both processes'.
+func processCollectors(reg prometheus.Registerer, process string) {
+	prometheus.WrapRegistererWith(prometheus.Labels{"process": process}, reg).MustRegister(
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }
 
 // setGauge sets a gauge that is 1 while up and 0 otherwise.

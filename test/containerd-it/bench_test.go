@@ -199,7 +199,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	if err != nil {
 		b.Fatalf("metrics: %v", err)
 	}
-	hook, err := benchreport.ParseHistogram(bytes.NewReader(text), "pleg_nri_nri_hook_duration_seconds", "callback",
+	hook, err := benchreport.ParseHistogram(bytes.NewReader(text), "pleg_nri_hook_duration_seconds", "callback",
 		func(labels string) bool { return strings.Contains(labels, `callback="Synchronize"`) })
 	if err != nil {
 		b.Fatal(err)
@@ -213,7 +213,7 @@ func BenchmarkExitLatency(b *testing.B) {
 	}
 	for name, by := range map[string]string{
 		"pleg_nri_event_emit_latency_seconds":   "source",
-		"pleg_nri_event_send_latency_seconds":   "source",
+		"pleg_nri_event_send_latency_seconds":   "",
 		"pleg_nri_status_call_duration_seconds": "kind",
 		"pleg_nri_oom_check_duration_seconds":   "result",
 	} {

@@ -145,7 +145,7 @@ func Markdown(r *Results, svgName string) string {
 	}
 	if h := r.Hook; h != nil {
 		w("## NRI callback handling\n\n")
-		w("Read from pleg-nri's `pleg_nri_nri_hook_duration_seconds` histogram after the exit workload, summed over\n")
+		w("Read from pleg-nri's `pleg_nri_hook_duration_seconds` histogram after the exit workload, summed over\n")
 		w("the lifecycle callbacks (Synchronize, once per connection with the whole state, is left out); the\n")
 		w("quantiles are interpolated inside the buckets (1, 2.5, 5, 10, 25, 50, 100, 250 µs, ...), like\n")
 		w("Prometheus' `histogram_quantile`, so they are estimates; the share of callbacks at or under 50 µs is exact.\n")

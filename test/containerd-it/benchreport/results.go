@@ -100,7 +100,7 @@ func (e *ExitLatency) Latencies(plegNRI bool) (ms []float64, missed int) {
 	return ms, missed
 }
 
-// Hook is pleg-nri's pleg_nri_nri_hook_duration_seconds histogram as scraped after the exit workload.
+// Hook is pleg-nri's pleg_nri_hook_duration_seconds histogram as scraped after the exit workload.
 type Hook struct {
 	// Buckets are cumulative, summed over the lifecycle callbacks (Synchronize excluded: it carries the
 	// whole state once per connection).
@@ -292,7 +292,11 @@ func ParseHistogram(r io.Reader, name, byLabel string, skip func(labels string) 
 			}
 			byLE[bound] += v
 		case name + "_count":
-			h.ByCallback[label(labels, byLabel)] += v
+			by := "all" // a histogram without labels: byLabel is ""
+			if byLabel != "" {
+				by = label(labels, byLabel)
+			}
+			h.ByCallback[by] += v
 			if !skipped {
 				h.Count += v
 			}

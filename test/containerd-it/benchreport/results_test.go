@@ -23,25 +23,25 @@ func TestQuantile(t *testing.T) {
 	}
 }
 
-const metrics = `# HELP pleg_nri_nri_hook_duration_seconds Time the NRI plugin took to handle a callback.
-# TYPE pleg_nri_nri_hook_duration_seconds histogram
-pleg_nri_nri_hook_duration_seconds_bucket{callback="StopContainer",le="1e-05"} 10
-pleg_nri_nri_hook_duration_seconds_bucket{callback="StopContainer",le="2.5e-05"} 90
-pleg_nri_nri_hook_duration_seconds_bucket{callback="StopContainer",le="5e-05"} 100
-pleg_nri_nri_hook_duration_seconds_bucket{callback="StopContainer",le="+Inf"} 100
-pleg_nri_nri_hook_duration_seconds_sum{callback="StopContainer"} 0.0015
-pleg_nri_nri_hook_duration_seconds_count{callback="StopContainer"} 100
-pleg_nri_nri_hook_duration_seconds_bucket{callback="Synchronize",le="1e-05"} 0
-pleg_nri_nri_hook_duration_seconds_bucket{callback="Synchronize",le="2.5e-05"} 0
-pleg_nri_nri_hook_duration_seconds_bucket{callback="Synchronize",le="5e-05"} 0
-pleg_nri_nri_hook_duration_seconds_bucket{callback="Synchronize",le="+Inf"} 1
-pleg_nri_nri_hook_duration_seconds_sum{callback="Synchronize"} 0.3
-pleg_nri_nri_hook_duration_seconds_count{callback="Synchronize"} 1
+const metrics = `# HELP pleg_nri_hook_duration_seconds Time the NRI plugin took to handle a callback.
+# TYPE pleg_nri_hook_duration_seconds histogram
+pleg_nri_hook_duration_seconds_bucket{callback="StopContainer",le="1e-05"} 10
+pleg_nri_hook_duration_seconds_bucket{callback="StopContainer",le="2.5e-05"} 90
+pleg_nri_hook_duration_seconds_bucket{callback="StopContainer",le="5e-05"} 100
+pleg_nri_hook_duration_seconds_bucket{callback="StopContainer",le="+Inf"} 100
+pleg_nri_hook_duration_seconds_sum{callback="StopContainer"} 0.0015
+pleg_nri_hook_duration_seconds_count{callback="StopContainer"} 100
+pleg_nri_hook_duration_seconds_bucket{callback="Synchronize",le="1e-05"} 0
+pleg_nri_hook_duration_seconds_bucket{callback="Synchronize",le="2.5e-05"} 0
+pleg_nri_hook_duration_seconds_bucket{callback="Synchronize",le="5e-05"} 0
+pleg_nri_hook_duration_seconds_bucket{callback="Synchronize",le="+Inf"} 1
+pleg_nri_hook_duration_seconds_sum{callback="Synchronize"} 0.3
+pleg_nri_hook_duration_seconds_count{callback="Synchronize"} 1
 pleg_nri_other_bucket{le="+Inf"} 7
 `
 
 func TestParseHistogram(t *testing.T) {
-	h, err := ParseHistogram(strings.NewReader(metrics), "pleg_nri_nri_hook_duration_seconds", "callback",
+	h, err := ParseHistogram(strings.NewReader(metrics), "pleg_nri_hook_duration_seconds", "callback",
 		func(l string) bool { return strings.Contains(l, `callback="Synchronize"`) })
 	if err != nil {
 		t.Fatal(err)
