@@ -265,8 +265,8 @@ bench-kubelet: deps ## A real kubelet (KUBELET_VERSION, default v1.37.2)'s crash
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
 .PHONY: bench-node
-bench-node: deps ## What 100 pods cost the node per PLEG setup, idle and with churn (KUBELET_VERSION; ~25 min); writes docs/kubelet-node-cost-<version>.{md,json}.
-	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md \
+bench-node: deps ## What 100 pods cost the node per PLEG setup, idle, with churn and without the kubelet, and what containerd serves and spends its CPU on (KUBELET_VERSION; ~30 min); writes docs/kubelet-node-cost-<version>.{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeCost -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
 
 .PHONY: it-up

@@ -96,7 +96,7 @@ func runTests(m *testing.M) (code int) {
 	fmt.Fprintf(os.Stderr, "kubelet-e2e: kubelet %s %s (%s): %s\n", kubeletVersion, kubeletBinary,
 		time.Since(start).Round(time.Millisecond), eventMeaning())
 
-	env, err = harness.New(ctx, harness.Options{Log: os.Stderr})
+	env, err = harness.New(ctx, harness.Options{Log: os.Stderr, Profile: os.Getenv(containerdProfileEnv) != ""})
 	if err != nil {
 		return fail("cannot set up the containerd environment: %v", err)
 	}

@@ -1,6 +1,7 @@
 package kubelete2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,16 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
 // The node-cost workload (make bench-node): nodePods host-network pods of one sleeping busybox
 // container, measured while idle for nodeIdle, then for nodeChurn while one pod is replaced (manifest
-// removed, a new one written) every nodeChurnEvery. Both durations can be changed for a quicker look
-// (PLEG_NRI_NODE_BENCH_IDLE, PLEG_NRI_NODE_BENCH_CHURN: Go durations).
+// removed, a new one written) every nodeChurnEvery, then with the kubelet stopped (its pods running on)
+// for nodeNoKubelet. Both first durations can be changed for a quicker look (PLEG_NRI_NODE_BENCH_IDLE,
+// PLEG_NRI_NODE_BENCH_CHURN: Go durations). With PLEG_NRI_CONTAINERD_PROFILE set, each phase also records
+// the CRI calls containerd served by method, and the idle and no-kubelet phases a CPU profile of
+// containerd (up to nodeProfileMax of it).
 const (
 	nodePods       = 100
 	nodeChurnEvery = 5 * time.Second
+	nodeNoKubelet  = time.Minute
+	nodeProfileMax = time.Minute
 	// nodeReportEnv names the markdown file BenchmarkNodeCost writes; the JSON goes beside it.
 	nodeReportEnv = "PLEG_NRI_NODE_BENCH_MD"
 )
@@ -54,6 +61,11 @@ type costSample struct {
 	Relists float64 `json:"kubelet_relists"`
 	// Load is the load average at the phase's end.
 	Load string `json:"load_at_end"`
+	// ContainerdMethods are the gRPC calls containerd served per second, by method, with their
+	// handling time per second (PLEG_NRI_CONTAINERD_PROFILE).
+	ContainerdMethods map[string]harness.MethodCount `json:"containerd_calls_per_second,omitempty"`
+	// Profile is containerd's CPU profile of the phase (PLEG_NRI_CONTAINERD_PROFILE; idle and no kubelet).
+	Profile *harness.ProfileSummary `json:"containerd_profile,omitempty"`
 }
 
 // BenchmarkNodeCost measures, for each setup, what nodePods pods cost the node: CPU of the kubelet,
@@ -70,7 +82,7 @@ func BenchmarkNodeCost(b *testing.B) {
 		})
 	}
 	path := os.Getenv(nodeReportEnv)
-	if path == "" || len(samples) != 2*len(allSetups) {
+	if path == "" || len(samples) != 3*len(allSetups) {
 		return
 	}
 	if err := os.WriteFile(path, []byte(nodeMarkdown(samples, idle, churn)), 0o644); err != nil {
@@ -113,9 +125,9 @@ func runNodeCost(b *testing.B, s setup, idle, churn time.Duration) []costSample 
 	time.Sleep(20 * time.Second)
 
 	b.StartTimer()
-	idleSample := n.measure(s, "idle", func() { time.Sleep(idle) })
+	idleSample := n.measure(s, "idle", idle, func() { time.Sleep(idle) })
 	next := nodePods
-	churnSample := n.measure(s, "churn", func() {
+	churnSample := n.measure(s, "churn", 0, func() {
 		end := time.Now().Add(churn)
 		for k := 0; time.Now().Before(end); k++ {
 			if err := n.k.RemovePod(pod(k % nodePods).Name); err != nil {
@@ -128,15 +140,52 @@ func runNodeCost(b *testing.B, s setup, idle, churn time.Duration) []costSample 
 			time.Sleep(nodeChurnEvery)
 		}
 	})
+	// The same node without a kubelet: what containerd (and pleg-nri) cost on their own.
+	n.k.Stop()
+	time.Sleep(10 * time.Second)
+	aloneSample := n.measure(s, "no kubelet", nodeNoKubelet, func() { time.Sleep(nodeNoKubelet) })
 	b.StopTimer()
-	b.Logf("%s: %+v", s.Name, idleSample)
-	b.Logf("%s: %+v", s.Name, churnSample)
-	return []costSample{idleSample, churnSample}
+	for _, sample := range []costSample{idleSample, churnSample, aloneSample} {
+		b.Logf("%s %s: kubelet %.2f, containerd %.2f CPU s/min", s.Name, sample.Phase, sample.KubeletCPU, sample.ContainerdCPU)
+	}
+	return []costSample{idleSample, churnSample, aloneSample}
 }
 
-// measure runs work and returns what the node's processes spent meanwhile.
-func (n *node) measure(s setup, phase string, work func()) costSample {
-	k0, c0, r0 := processCPU(n.k.PID), processCPU(env.PID), n.metric(metricRelistCount)
+// measure runs work and returns what the node's processes spent meanwhile; with containerd's profiling
+// on, it profiles containerd for the first profileFor of it (0: no profile).
+func (n *node) measure(s setup, phase string, profileFor time.Duration, work func()) costSample {
+	kubeletUp := n.k.Running()
+	relists := func() float64 {
+		if !kubeletUp {
+			return 0
+		}
+		return n.metric(metricRelistCount)
+	}
+	k0, c0, r0 := processCPU(n.k.PID), processCPU(env.PID), relists()
+	var methods0 map[string]harness.MethodCount
+	if env.MetricsAddress != "" {
+		var err error
+		if methods0, err = env.ContainerdMethods(); err != nil {
+			n.t.Fatalf("containerd's metrics: %v", err)
+		}
+	}
+	var profile chan *harness.ProfileSummary
+	if env.DebugAddress != "" && profileFor > 0 {
+		profile = make(chan *harness.ProfileSummary, 1)
+		path := fmt.Sprintf("%s/containerd-%s-%s.pprof", profileDir(n.t), strings.ReplaceAll(s.Name, " ", "_"), strings.ReplaceAll(phase, " ", "_"))
+		go func() {
+			if err := env.ProfileCPU(context.Background(), min(profileFor, nodeProfileMax), path); err != nil {
+				n.t.Errorf("containerd's profile: %v", err)
+				profile <- nil
+				return
+			}
+			sum, err := harness.SummarizeProfile(path)
+			if err != nil {
+				n.t.Errorf("containerd's profile: %v", err)
+			}
+			profile <- sum
+		}()
+	}
 	var p0, calls0 float64
 	if n.p != nil {
 		p0 = processCPU(n.p.PID)
@@ -148,7 +197,17 @@ func (n *node) measure(s setup, phase string, work func()) costSample {
 	perMin := func(x float64) float64 { return x / secs * 60 }
 	out := costSample{Setup: s.Name, Phase: phase, Seconds: secs,
 		KubeletCPU: perMin(processCPU(n.k.PID) - k0), ContainerdCPU: perMin(processCPU(env.PID) - c0),
-		Relists: n.metric(metricRelistCount) - r0, Load: loadAvg()}
+		Relists: relists() - r0, Load: loadAvg()}
+	if methods0 != nil {
+		methods1, err := env.ContainerdMethods()
+		if err != nil {
+			n.t.Fatalf("containerd's metrics: %v", err)
+		}
+		out.ContainerdMethods = harness.MethodRates(methods0, methods1, time.Duration(secs*float64(time.Second)))
+	}
+	if profile != nil {
+		out.Profile = <-profile
+	}
 	if n.p != nil {
 		cpu := perMin(processCPU(n.p.PID) - p0)
 		rss := processRSSMiB(n.p.PID)
@@ -198,5 +257,65 @@ func nodeMarkdown(samples []costSample, idle, churn time.Duration) string {
 		p("| %s | %s | %.2f | %.2f | %s | %.2f | %s | %s | %g | %s |", s.Setup, s.Phase, s.KubeletCPU, s.ContainerdCPU, pcpu, total,
 			rss, calls, s.Relists, s.Load)
 	}
+	containerdSections(p, samples)
 	return b.String()
 }
+
+// containerdSections writes, for the samples with containerd's profiling on, the calls containerd
+// served by method and where its CPU went.
+func containerdSections(p func(string, ...any), samples []costSample) {
+	profiled := false
+	for _, s := range samples {
+		profiled = profiled || s.ContainerdMethods != nil
+	}
+	if !profiled {
+		return
+	}
+	p("")
+	p("## What containerd serves, and where its CPU goes")
+	p("")
+	p("From containerd's own gRPC counters (`grpc_server_handled_total`, `grpc_server_handling_seconds` on its")
+	p("`/v1/metrics`: every client's calls, the kubelet's and pleg-nri's) and a CPU profile of containerd from its")
+	p("debug socket (up to %s of the idle and the no-kubelet phases; the CPU of each CRI method is the cumulative", nodeProfileMax)
+	p("time under containerd's CRI handler, `instrumentedService.<Method>`, so it leaves out gRPC's own transport and")
+	p("encoding). `make bench-node` runs with `%s=1`; the profiles stay in %s.", containerdProfileEnv, profileDir(failer{}))
+	for _, s := range samples {
+		if s.ContainerdMethods == nil {
+			continue
+		}
+		p("")
+		p("### %s, %s", s.Setup, s.Phase)
+		p("")
+		if s.Profile != nil {
+			p("Profile: %.1f s of CPU in %.0f s (%.2f CPU s/min; /proc says %.2f for the whole phase).", s.Profile.CPUSeconds, s.Profile.Seconds,
+				s.Profile.CPUSeconds/s.Profile.Seconds*60, s.ContainerdCPU)
+			p("")
+		}
+		p("| method | calls/s | handling ms per call | containerd CPU ms/s in the handler | share of containerd's CPU |")
+		p("| --- | ---: | ---: | ---: | ---: |")
+		calls := map[string]float64{}
+		for k, c := range s.ContainerdMethods {
+			calls[k] = c.Calls
+		}
+		for _, k := range sortedKeys(calls) {
+			c := s.ContainerdMethods[k]
+			cpu, share := "-", "-"
+			if s.Profile != nil && s.Profile.CPUSeconds > 0 {
+				v := s.Profile.ByMethod[k]
+				cpu, share = fmt.Sprintf("%.2f", v/s.Profile.Seconds*1000), fmt.Sprintf("%.1f%%", v/s.Profile.CPUSeconds*100)
+			}
+			p("| %s | %.2f | %.3f | %s | %s |", k, c.Calls, c.Seconds/c.Calls*1000, cpu, share)
+		}
+		if s.Profile != nil {
+			p("")
+			p("Most CPU of their own: %s.", strings.Join(s.Profile.Flat, "; "))
+			p("")
+			p("Most CPU under them: %s.", strings.Join(s.Profile.Cum, "; "))
+		}
+	}
+}
+
+// failer is a Fatal that panics, for profileDir outside a test.
+type failer struct{}
+
+func (failer) Fatal(args ...any) { panic(fmt.Sprint(args...)) }

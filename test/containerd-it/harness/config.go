@@ -32,6 +32,12 @@ disabled_plugins = [
 
 [debug]
   level = "{{.LogLevel}}"
+{{- if .DebugAddress}}
+  address = "{{.DebugAddress}}"
+
+[metrics]
+  address = "{{.MetricsAddress}}"
+{{- end}}
 
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
@@ -67,6 +73,11 @@ disabled_plugins = [
   [plugins."io.containerd.grpc.v1.cri"]
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
+
+{{- if .DebugAddress}}
+  [plugins."io.containerd.metrics.v1.grpc-prometheus"]
+    grpc_histogram = true
+{{- end}}
 
   [plugins."io.containerd.nri.v1.nri"]
     disable = false
@@ -104,18 +115,20 @@ var cniConfig = template.Must(template.New("cni").Parse(`{
 func (e *Env) writeConfigs() error {
 	var b strings.Builder
 	if err := containerdConfig.Execute(&b, map[string]string{
-		"Dir":           e.Dir,
-		"Address":       e.Address,
-		"LogLevel":      e.opts.LogLevel,
-		"ShimSocketDir": e.ShimSocketDir,
-		"Snapshotter":   e.Snapshotter,
-		"PauseImage":    PauseImage,
-		"Runc":          e.RuncPath(),
-		"CNIBinDir":     e.cniBinDir(),
-		"CNIConfDir":    e.CNIConfDir,
-		"NRISocket":     e.NRISocket,
-		"NRIPluginDir":  e.NRIPluginDir,
-		"NRIConfDir":    e.NRIConfDir,
+		"Dir":            e.Dir,
+		"Address":        e.Address,
+		"LogLevel":       e.opts.LogLevel,
+		"ShimSocketDir":  e.ShimSocketDir,
+		"Snapshotter":    e.Snapshotter,
+		"PauseImage":     PauseImage,
+		"Runc":           e.RuncPath(),
+		"CNIBinDir":      e.cniBinDir(),
+		"CNIConfDir":     e.CNIConfDir,
+		"NRISocket":      e.NRISocket,
+		"NRIPluginDir":   e.NRIPluginDir,
+		"NRIConfDir":     e.NRIConfDir,
+		"DebugAddress":   e.DebugAddress,
+		"MetricsAddress": e.MetricsAddress,
 	}); err != nil {
 		return err
 	}

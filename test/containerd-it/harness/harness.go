@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +49,9 @@ type Options struct {
 	Log io.Writer
 	// Containerd says where containerd runs: Native (default) or Docker (see ContainerdFromEnv).
 	Containerd string
+	// Profile opens containerd's debug socket (pprof, DebugAddress) and its metrics endpoint with the
+	// gRPC server's per-method counts and handling times (MetricsAddress); native containerd only.
+	Profile bool
 }
 
 // Env is one isolated containerd and everything it owns. The exported fields are saved in Dir/env.json,
@@ -81,6 +85,9 @@ type Env struct {
 	Owner int
 	// PID is containerd's pid while it runs (on this machine, also when it runs in a container).
 	PID int
+	// DebugAddress (a unix socket serving /debug/pprof) and MetricsAddress (host:port serving
+	// /v1/metrics) are set when Options.Profile is.
+	DebugAddress, MetricsAddress string
 	// Container is the Docker container containerd runs in, and Image its image; both empty when
 	// containerd runs natively.
 	Container, Image string
@@ -164,6 +171,16 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 	}
 	if image != "" {
 		e.Container = dirPrefix + id
+	}
+	if opts.Profile {
+		if image != "" {
+			return nil, errors.New("Options.Profile is for native containerd only")
+		}
+		addr, err := freeLoopbackPort()
+		if err != nil {
+			return nil, err
+		}
+		e.DebugAddress, e.MetricsAddress = filepath.Join(dir, "debug.sock"), addr
 	}
 	if !opts.Persistent {
 		e.Owner = os.Getpid()
@@ -530,4 +547,14 @@ func pickSnapshotter(dir string) string {
 	}
 	_ = syscall.Unmount(paths[3], 0)
 	return "overlayfs"
+}
+
+// freeLoopbackPort returns a loopback address with a port that was free a moment ago.
+func freeLoopbackPort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
