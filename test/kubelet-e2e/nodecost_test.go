@@ -106,7 +106,7 @@ func BenchmarkNodeCost(b *testing.B) {
 
 func runNodeCost(b *testing.B, s setup, idle, churn time.Duration) []costSample {
 	b.StopTimer()
-	n := startNode(b, s, nodeOptions{quiet: true})
+	n := startNode(b, s, nodeOptions{quiet: true, noDupWatch: true})
 	pod := func(i int) kubelet.Pod {
 		return kubelet.Pod{Name: fmt.Sprintf("idle%03d", i), HostNetwork: true,
 			Containers: []kubelet.Container{{Name: "sleep", Script: "exec sleep 36000"}}}
