@@ -566,12 +566,11 @@ func TestDaemonNonLoopbackMetricsWarns(t *testing.T) {
 
 func freeLoopbackAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := testutil.FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // TestRunDaemonStopsCleanly runs the daemon in the test process, with its upstreams absent, until its

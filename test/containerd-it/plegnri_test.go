@@ -77,7 +77,7 @@ func (p *plegNRI) metric(t testing.TB, name string, filters ...string) float64 {
 
 func freeLoopbackAddr(t testing.TB) string {
 	t.Helper()
-	addr, err := plegnri.FreeLoopbackAddr()
+	addr, err := testutil.FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

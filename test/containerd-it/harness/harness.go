@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -176,7 +175,7 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 		if image != "" {
 			return nil, errors.New("Options.Profile is for native containerd only")
 		}
-		addr, err := freeLoopbackPort()
+		addr, err := testutil.FreeLoopbackAddr()
 		if err != nil {
 			return nil, err
 		}
@@ -547,14 +546,4 @@ func pickSnapshotter(dir string) string {
 	}
 	_ = syscall.Unmount(paths[3], 0)
 	return "overlayfs"
-}
-
-// freeLoopbackPort returns a loopback address with a port that was free a moment ago.
-func freeLoopbackPort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }

@@ -67,7 +67,7 @@ type Daemon struct {
 // Start starts pleg-nri and waits until it is ready (NRI registered, events subscribed, one relist
 // done: /readyz answers 200).
 func Start(ctx context.Context, opts Options) (*Daemon, error) {
-	addr, err := FreeLoopbackAddr()
+	addr, err := testutil.FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -331,14 +331,4 @@ lines:
 		}
 	}
 	return sum, sc.Err()
-}
-
-// FreeLoopbackAddr returns a 127.0.0.1 address with a port nobody listens on right now.
-func FreeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
