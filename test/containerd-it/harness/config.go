@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/template"
 )
@@ -91,7 +92,8 @@ disabled_plugins = [
 
 // cniConfig is a bridge network on a private /24 with no gateway on the host: pods get an address (so
 // sandbox statuses carry IPs) but nothing is routed, masqueraded or forwarded, and no host setting
-// changes.
+// changes. With Options.HostReachable the bridge is the pods' gateway (the host and the pods reach
+// each other; still nothing masqueraded).
 var cniConfig = template.Must(template.New("cni").Parse(`{
   "cniVersion": "1.0.0",
   "name": "{{.NetName}}",
@@ -99,7 +101,7 @@ var cniConfig = template.Must(template.New("cni").Parse(`{
     {
       "type": "bridge",
       "bridge": "{{.Bridge}}",
-      "isGateway": false,
+      "isGateway": {{.IsGateway}},
       "ipMasq": false,
       "hairpinMode": false,
       "ipam": {
@@ -138,6 +140,7 @@ func (e *Env) writeConfigs() error {
 	b.Reset()
 	if err := cniConfig.Execute(&b, map[string]string{
 		"NetName": e.NetName, "Bridge": e.Bridge, "Subnet": e.Subnet,
+		"IsGateway": strconv.FormatBool(e.opts.HostReachable),
 	}); err != nil {
 		return err
 	}

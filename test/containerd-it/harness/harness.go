@@ -51,6 +51,10 @@ type Options struct {
 	// Profile opens containerd's debug socket (pprof, DebugAddress) and its metrics endpoint with the
 	// gRPC server's per-method counts and handling times (MetricsAddress); native containerd only.
 	Profile bool
+	// HostReachable gives the pods' bridge the subnet's gateway address, so the host reaches the pods
+	// (the kubelet's HTTP probes, a test talking to a pod) and the pods reach the host. Off, nothing is
+	// routed between them.
+	HostReachable bool
 }
 
 // Env is one isolated containerd and everything it owns. The exported fields are saved in Dir/env.json,
@@ -90,6 +94,8 @@ type Env struct {
 	// Container is the Docker container containerd runs in, and Image its image; both empty when
 	// containerd runs natively.
 	Container, Image string
+	// Forward says the environment added forwardRule to iptables (Options.HostReachable).
+	Forward bool
 
 	opts Options
 	// proc is the containerd this process started (nil when it does not run, or runs in Docker).
@@ -199,7 +205,14 @@ func New(ctx context.Context, opts Options) (*Env, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	if opts.HostReachable {
+		if err := e.addForwardRule(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	if err := e.save(); err != nil {
+		e.removeForwardRule()
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -398,6 +411,15 @@ func (e *Env) importImages(ctx context.Context) error {
 	archives, err := BuildImages(ctx, e.Cache)
 	if err != nil {
 		return err
+	}
+	return e.Import(ctx, archives...)
+}
+
+// Import imports OCI archives (WriteImages') into containerd's k8s.io namespace, where the CRI finds
+// them, under the names their indexes carry. Native containerd only.
+func (e *Env) Import(ctx context.Context, archives ...string) error {
+	if e.Container != "" {
+		return errors.New("Env.Import: containerd runs in Docker")
 	}
 	for _, a := range archives {
 		out, err := exec.CommandContext(ctx, filepath.Join(e.BinDir, "ctr"), "--address", e.Address,

@@ -46,8 +46,8 @@ func TestCgroupUnder(t *testing.T) {
 // TestOCIArchive checks that an image archive is reproducible and is an OCI layout whose index names
 // the image the way containerd's importer reads it.
 func TestOCIArchive(t *testing.T) {
-	img := image{name: "example.com/x:tag", files: []tarFile{dir("bin"), file("bin/x", 0o755, "#!/bin/sh\n")},
-		cmd: []string{"/bin/x"}}
+	img := Image{Name: "example.com/x:tag", Files: []File{dir("bin"), file("bin/x", 0o755, "#!/bin/sh\n")},
+		Cmd: []string{"/bin/x"}}
 	a, err := ociArchive(img)
 	if err != nil {
 		t.Fatal(err)
@@ -81,8 +81,8 @@ func TestOCIArchive(t *testing.T) {
 	if err := json.Unmarshal(files["index.json"], &index); err != nil {
 		t.Fatalf("index.json: %v", err)
 	}
-	if len(index.Manifests) != 1 || index.Manifests[0].Annotations["io.containerd.image.name"] != img.name {
-		t.Fatalf("index = %+v, want one manifest named %s", index, img.name)
+	if len(index.Manifests) != 1 || index.Manifests[0].Annotations["io.containerd.image.name"] != img.Name {
+		t.Fatalf("index = %+v, want one manifest named %s", index, img.Name)
 	}
 	if _, ok := files["blobs/sha256/"+index.Manifests[0].Digest[len("sha256:"):]]; !ok {
 		t.Errorf("manifest blob %s missing", index.Manifests[0].Digest)

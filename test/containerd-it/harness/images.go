@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,22 +30,38 @@ const (
 	BusyboxImage = "docker.io/library/busybox:plegit"
 )
 
-// image is one single-layer image to build.
-type image struct {
-	name       string
-	files      []tarFile
-	entrypoint []string
-	cmd        []string
+// Image is one single-layer image to build, named as containerd will know it.
+type Image struct {
+	Name string
+	// Base is a tar of a root filesystem (a Debian one, say) the layer starts with; Files come after
+	// it, so they replace its entries of the same name.
+	Base       string
+	Files      []File
+	Entrypoint []string
+	Cmd        []string
+	// Env is the image config's environment (default PATH=/usr/sbin:/usr/bin:/sbin:/bin).
+	Env []string
+	// User and WorkingDir are the image config's (empty: root, /).
+	User, WorkingDir string
+	// StopSignal is the image config's (empty: SIGTERM, the runtime's default).
+	StopSignal string
 }
 
-// tarFile is one entry of a layer.
-type tarFile struct {
-	name     string
-	mode     int64
-	typ      byte
-	data     []byte
-	linkname string
+// File is one entry of a layer: a directory (Dir), a regular file (Reg) or a symlink (Symlink).
+type File struct {
+	Name string
+	Mode int64
+	Type byte
+	Data []byte
+	Link string
 }
+
+// The entry types of a File.
+const (
+	Dir     = tar.TypeDir
+	Reg     = tar.TypeReg
+	Symlink = tar.TypeSymlink
+)
 
 // fixedTime keeps layers byte-identical between builds, so their digests (and the cache key) are stable.
 var fixedTime = time.Unix(0, 0).UTC()
@@ -52,10 +69,41 @@ var fixedTime = time.Unix(0, 0).UTC()
 // BuildImages builds the pause and busybox images as OCI archives under cache/images and returns their
 // paths. A build is reused when its inputs have not changed.
 func BuildImages(ctx context.Context, cache string) ([]string, error) {
+	pause, err := PauseFiles(ctx, cache)
+	if err != nil {
+		return nil, err
+	}
+	bb, err := BusyboxFiles(ctx, cache)
+	if err != nil {
+		return nil, err
+	}
+	return WriteImages(cache, []Image{
+		{Name: PauseImage, Files: pause, Entrypoint: []string{"/pause"}},
+		{Name: BusyboxImage, Files: bb, Cmd: []string{"sh"}},
+	})
+}
+
+// BaseFiles are the directories and account files every test image has.
+func BaseFiles() []File {
+	return []File{
+		dir("etc"), dir("proc"), dir("sys"), dir("dev"), dir("tmp"), dir("run"), dir("var"), dir("root"),
+		file("etc/passwd", 0o644, "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
+		file("etc/group", 0o644, "root:x:0:\nnogroup:x:65534:\n"),
+	}
+}
+
+// PauseFiles are the pause image's files: BaseFiles and /pause.
+func PauseFiles(ctx context.Context, cache string) ([]File, error) {
 	pause, err := buildPause(ctx, cache)
 	if err != nil {
 		return nil, err
 	}
+	return append(BaseFiles(), File{Name: "pause", Mode: 0o755, Type: Reg, Data: pause}), nil
+}
+
+// BusyboxFiles are the busybox image's files: BaseFiles, Debian's static busybox as /bin/busybox and a
+// link to it for each of its applets (/bin/sh, /usr/bin/env, ...).
+func BusyboxFiles(ctx context.Context, cache string) ([]File, error) {
 	bbPath, err := filepath.EvalSymlinks(filepath.Join(cache, "bin", "busybox"))
 	if err != nil {
 		return nil, fmt.Errorf("busybox is not installed in %s (run install-deps.sh): %w", cache, err)
@@ -68,27 +116,20 @@ func BuildImages(ctx context.Context, cache string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	base := []tarFile{
-		dir("etc"), dir("proc"), dir("sys"), dir("dev"), dir("tmp"), dir("run"), dir("var"), dir("root"),
-		file("etc/passwd", 0o644, "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
-		file("etc/group", 0o644, "root:x:0:\nnogroup:x:65534:\n"),
-	}
-	bb := append([]tarFile{}, base...)
-	bb = append(bb, dir("bin"), dir("sbin"), dir("usr"), dir("usr/bin"), dir("usr/sbin"),
-		tarFile{name: "bin/busybox", mode: 0o755, typ: tar.TypeReg, data: busybox})
+	bb := append(BaseFiles(), dir("bin"), dir("sbin"), dir("usr"), dir("usr/bin"), dir("usr/sbin"),
+		File{Name: "bin/busybox", Mode: 0o755, Type: Reg, Data: busybox})
 	for _, a := range applets {
 		if a == "bin/busybox" {
 			continue
 		}
-		bb = append(bb, tarFile{name: a, mode: 0o777, typ: tar.TypeSymlink, linkname: "/bin/busybox"})
+		bb = append(bb, File{Name: a, Mode: 0o777, Type: Symlink, Link: "/bin/busybox"})
 	}
+	return bb, nil
+}
 
-	images := []image{
-		{name: PauseImage, files: append(append([]tarFile{}, base...),
-			tarFile{name: "pause", mode: 0o755, typ: tar.TypeReg, data: pause}), entrypoint: []string{"/pause"}},
-		{name: BusyboxImage, files: bb, cmd: []string{"sh"}},
-	}
+// WriteImages writes each image as an OCI archive under cache/images, named by the image and a hash of
+// its content (an archive already there is kept), and returns their paths in order.
+func WriteImages(cache string, images []Image) ([]string, error) {
 	dir := filepath.Join(cache, "images")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -97,10 +138,10 @@ func BuildImages(ctx context.Context, cache string) ([]string, error) {
 	for _, img := range images {
 		archive, err := ociArchive(img)
 		if err != nil {
-			return nil, fmt.Errorf("failed to build image %s: %w", img.name, err)
+			return nil, fmt.Errorf("failed to build image %s: %w", img.Name, err)
 		}
 		sum := sha256.Sum256(archive)
-		path := filepath.Join(dir, sanitize(img.name)+"-"+hex.EncodeToString(sum[:6])+".tar")
+		path := filepath.Join(dir, sanitize(img.Name)+"-"+hex.EncodeToString(sum[:6])+".tar")
 		if _, err := os.Stat(path); err != nil {
 			if err := atomicfile.WriteFile(path, archive, 0o644); err != nil {
 				return nil, err
@@ -155,19 +196,24 @@ func busyboxApplets(ctx context.Context, busybox string) ([]string, error) {
 
 // ociArchive renders img as an OCI image layout in a tar stream, the format `ctr images import` reads.
 // The index carries containerd's image name annotation, so the import creates the image under that name.
-func ociArchive(img image) ([]byte, error) {
+func ociArchive(img Image) ([]byte, error) {
 	var layerTar bytes.Buffer
 	tw := tar.NewWriter(&layerTar)
-	for _, f := range img.files {
-		hdr := &tar.Header{Name: f.name, Mode: f.mode, Typeflag: f.typ, Linkname: f.linkname,
-			Size: int64(len(f.data)), ModTime: fixedTime, Format: tar.FormatPAX}
-		if f.typ == tar.TypeDir {
+	if img.Base != "" {
+		if err := copyTar(tw, img.Base); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range img.Files {
+		hdr := &tar.Header{Name: f.Name, Mode: f.Mode, Typeflag: f.Type, Linkname: f.Link,
+			Size: int64(len(f.Data)), ModTime: fixedTime, Format: tar.FormatPAX}
+		if f.Type == tar.TypeDir {
 			hdr.Name += "/"
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, err
 		}
-		if _, err := tw.Write(f.data); err != nil {
+		if _, err := tw.Write(f.Data); err != nil {
 			return nil, err
 		}
 	}
@@ -184,16 +230,30 @@ func ociArchive(img image) ([]byte, error) {
 		return nil, err
 	}
 
+	env := img.Env
+	if env == nil {
+		env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	}
+	imgConfig := map[string]any{
+		"Env":        env,
+		"Entrypoint": img.Entrypoint,
+		"Cmd":        img.Cmd,
+	}
+	if img.User != "" {
+		imgConfig["User"] = img.User
+	}
+	if img.WorkingDir != "" {
+		imgConfig["WorkingDir"] = img.WorkingDir
+	}
+	if img.StopSignal != "" {
+		imgConfig["StopSignal"] = img.StopSignal
+	}
 	config, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"created":      fixedTime.Format(time.RFC3339),
-		"config": map[string]any{
-			"Env":        []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Entrypoint": img.entrypoint,
-			"Cmd":        img.cmd,
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+		"config":       imgConfig,
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 	})
 	if err != nil {
 		return nil, err
@@ -208,9 +268,9 @@ func ociArchive(img image) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	tag := img.name[strings.LastIndex(img.name, ":")+1:]
+	tag := img.Name[strings.LastIndex(img.Name, ":")+1:]
 	manifestDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest, map[string]string{
-		"io.containerd.image.name":          img.name,
+		"io.containerd.image.name":          img.Name,
 		"org.opencontainers.image.ref.name": tag,
 	})
 	manifestDesc["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": "linux"}
@@ -256,6 +316,31 @@ func ociArchive(img image) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
+// copyTar copies every entry of the tar at path into tw.
+func copyTar(tw *tar.Writer, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("%s: %s: %w", path, hdr.Name, err)
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return fmt.Errorf("%s: %s: %w", path, hdr.Name, err)
+		}
+	}
+}
+
 func digest(b []byte) string {
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:])
@@ -273,10 +358,10 @@ func descriptor(mediaType string, b []byte, annotations map[string]string) map[s
 	return d
 }
 
-func dir(name string) tarFile { return tarFile{name: name, mode: 0o755, typ: tar.TypeDir} }
+func dir(name string) File { return File{Name: name, Mode: 0o755, Type: Dir} }
 
-func file(name string, mode int64, data string) tarFile {
-	return tarFile{name: name, mode: mode, typ: tar.TypeReg, data: []byte(data)}
+func file(name string, mode int64, data string) File {
+	return File{Name: name, Mode: mode, Type: Reg, Data: []byte(data)}
 }
 
 func sanitize(s string) string {

@@ -30,7 +30,7 @@ const cniStateDir = "/var/lib/cni"
 func (e *Env) Teardown(ctx context.Context) error {
 	var errs []error
 	if e.Running() {
-		if err := e.removeAllPods(ctx); err != nil {
+		if err := e.RemoveAllPods(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("removing pods through the CRI: %w", err))
 		}
 	}
@@ -53,8 +53,8 @@ func (e *Env) Teardown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// removeAllPods stops and removes every pod sandbox through the CRI, as a kubelet would.
-func (e *Env) removeAllPods(ctx context.Context) error {
+// RemoveAllPods stops and removes every pod sandbox through the CRI, as a kubelet would.
+func (e *Env) RemoveAllPods(ctx context.Context) error {
 	conn, err := e.Dial(ctx)
 	if err != nil {
 		return err
@@ -209,11 +209,42 @@ func RemoveCgroups(path string) {
 }
 
 func (e *Env) removeNetwork() {
+	e.removeForwardRule()
 	if linkExists(e.Bridge) {
 		_ = exec.Command("ip", "link", "delete", e.Bridge).Run()
 	}
 	for _, p := range e.cniState() {
 		_ = os.RemoveAll(p)
+	}
+}
+
+// forwardRule lets the pods of the environment's bridge reach each other: Docker sets the FORWARD
+// policy to DROP, and with br_netfilter traffic between two ports of a bridge goes through FORWARD.
+func (e *Env) forwardRule() []string {
+	return []string{"-i", e.Bridge, "-o", e.Bridge, "-j", "ACCEPT"}
+}
+
+func (e *Env) addForwardRule() error {
+	out, err := exec.Command("iptables", append([]string{"-w", "-I", "FORWARD"}, e.forwardRule()...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("iptables -I FORWARD %s: %w: %s", strings.Join(e.forwardRule(), " "), err, out)
+	}
+	e.Forward = true
+	return nil
+}
+
+func (e *Env) hasForwardRule() bool {
+	return exec.Command("iptables", append([]string{"-w", "-C", "FORWARD"}, e.forwardRule()...)...).Run() == nil
+}
+
+func (e *Env) removeForwardRule() {
+	if !e.Forward {
+		return
+	}
+	for e.hasForwardRule() {
+		if exec.Command("iptables", append([]string{"-w", "-D", "FORWARD"}, e.forwardRule()...)...).Run() != nil {
+			return
+		}
 	}
 }
 
@@ -257,6 +288,9 @@ func (e *Env) Leftovers() []string {
 	}
 	if linkExists(e.Bridge) {
 		out = append(out, "network device "+e.Bridge)
+	}
+	if e.Forward && e.hasForwardRule() {
+		out = append(out, "iptables rule FORWARD "+strings.Join(e.forwardRule(), " "))
 	}
 	for _, p := range e.cniState() {
 		out = append(out, "CNI state "+p)
