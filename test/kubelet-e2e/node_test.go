@@ -247,10 +247,10 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// metric reads one of the kubelet's metrics.
-func (n *node) metric(name string) float64 {
+// metric reads one of the kubelet's metrics: the sum of its samples whose line has every filter.
+func (n *node) metric(name string, filters ...string) float64 {
 	n.t.Helper()
-	v, err := n.k.Metric(name)
+	v, err := n.k.Metric(name, filters...)
 	if err != nil {
 		n.t.Fatalf("kubelet metric %s: %v", name, err)
 	}
