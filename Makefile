@@ -38,6 +38,8 @@ KUBELET_ALL_VERSIONS  ?= v1.37.2 v1.36.3 v1.35.4
 KUBELET_VERSION ?= v1.37.2
 # The deployment artifacts under systemd and helm (make test-deploy).
 DEPLOY_PKG       := ./test/deploy/
+# Upstream's node e2e suite (test/e2e_node of k8s.io/kubernetes) on the harness (make e2e-node).
+E2E_NODE_PKG     := ./test/e2e-node/
 UNIT_PKGS        = $(shell $(GO) list ./... | grep -v -x -F -e github.com/pleg-nri/pleg-nri/test/containerd-it -e github.com/pleg-nri/pleg-nri/test/kubelet-e2e -e github.com/pleg-nri/pleg-nri/test/deploy)
 IT_TIMEOUT      ?= 30m
 K8S_VERSIONS    ?= v1.37.2 v1.36.3
@@ -268,6 +270,28 @@ bench-kubelet: deps ## A real kubelet (KUBELET_VERSION, default v1.37.2)'s crash
 bench-node: deps ## What 100 pods cost the node per PLEG setup, idle, with churn and without the kubelet, and what containerd serves and spends its CPU on (KUBELET_VERSION; ~30 min); writes docs/kubelet-node-cost-<version>.{md,json}.
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeCost -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
+
+# make e2e-node: the selection of upstream's pull-kubernetes-node-containerd-evented-pleg-e2e job
+# (test-infra), plus [Alpha]: the job enables no alpha gate but EventedPLEG.
+E2E_NODE_FOCUS ?= \[NodeConformance\]|\[Feature:.+\]|\[Feature\]
+E2E_NODE_SKIP  ?= \[Flaky\]|\[Slow\]|\[Serial\]|\[Alpha\]
+# make e2e-node-quick: pod lifecycle, container restarts, probes, lifecycle hooks, termination, mirror
+# pods, the container log path, and the specs reported failing upstream with the gate on
+# (../shared/docs/background.md), from the job's selection.
+E2E_NODE_QUICK_FOCUS ?= \[sig-node\] (Pods |Pod Extended|Container Lifecycle Hook|Probing container|Container Runtime blackbox test on terminated|ContainerLogPath|MirrorPod|Kubelet when scheduling)|should not hang in termination if terminated during initialization|restart them while in preStop
+E2E_NODE_PROCS ?= 4
+# PLEG: the setups to run, comma-separated (default all: generic,containerd,pleg-nri).
+PLEG ?=
+
+.PHONY: e2e-node
+e2e-node: deps-runtime ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection, per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=job E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
+
+.PHONY: e2e-node-quick
+e2e-node-quick: deps-runtime ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path), per PLEG setup.
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+	  FOCUS='$(E2E_NODE_QUICK_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 3h $(E2E_NODE_PKG)
 
 .PHONY: it-up
 it-up: deps-runtime ## Start the harness's containerd by hand and print its sockets as shell exports.

@@ -1,0 +1,216 @@
+package e2enode
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+)
+
+// suiteImage is one image the suite names, and what became of it here.
+type suiteImage struct {
+	Name string `json:"name"`
+	// Built says it was built offline and imported under Name; else Why says why not.
+	Built bool   `json:"built"`
+	Why   string `json:"why,omitempty"`
+}
+
+// suiteImages asks the suite for every image it uses (e2e_node.test --list-images: the names at this
+// version, registries and tags as upstream's tests ask for them).
+func suiteImages(ctx context.Context) ([]string, error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(suiteDir, "e2e_node.test"), "--list-images").Output()
+	if err != nil {
+		return nil, fmt.Errorf("e2e_node.test --list-images: %w", err)
+	}
+	var names []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "I") && strings.Contains(l, "/") {
+			names = append(names, l)
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("e2e_node.test --list-images listed no image:\n%s", out)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// buildSuiteImages builds, from the module proxy and Debian's packages only, every image of names this
+// project knows how to make the way upstream does, imports them into env's containerd, and returns
+// every name with what became of it.
+//
+//   - agnhost (every tag the suite names): upstream's agnhost program built from
+//     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
+//     tools upstream's alpine image installs (agnhostPackages), with the entrypoint, the agnhost-2
+//     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds;
+//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image;
+//   - nginx (every tag): Debian bookworm's nginx-light on a minbase root (upstream: the official
+//     nginx alpine image), serving its welcome page on port 80, logging to the container's stdout and
+//     stderr, stopped with SIGQUIT, as upstream's;
+//   - pause: the harness's pause image under the suite's name.
+//
+// An image pinned by digest cannot be rebuilt (its content would differ): it is listed, not built.
+func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error) {
+	bb, err := harness.BusyboxFiles(ctx, env.Cache)
+	if err != nil {
+		return nil, err
+	}
+	pause, err := harness.PauseFiles(ctx, env.Cache)
+	if err != nil {
+		return nil, err
+	}
+	var agnhost []harness.File
+	var nginxBase, agnhostBase string
+	var images []harness.Image
+	var out []suiteImage
+	for _, name := range names {
+		repo, tag, ok := splitTag(name)
+		switch {
+		case !ok:
+			out = append(out, suiteImage{Name: name, Why: "pinned by digest: no rebuild has that digest"})
+		case repo == e2eImages+"agnhost":
+			if agnhost == nil {
+				if agnhostBase, err = script(ctx, "e2e-node/hack/build-rootfs.sh", append([]string{"agnhost"}, agnhostPackages...)...); err != nil {
+					return nil, err
+				}
+				if agnhost, err = agnhostImage(agnhostBase); err != nil {
+					return nil, err
+				}
+			}
+			images = append(images, harness.Image{Name: name, Base: agnhostBase, Files: agnhost,
+				Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
+			images = append(images, harness.Image{Name: name, Files: bb, Cmd: []string{"sh"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"nginx":
+			if nginxBase == "" {
+				if nginxBase, err = script(ctx, "e2e-node/hack/build-rootfs.sh", "nginx", "nginx-light"); err != nil {
+					return nil, err
+				}
+			}
+			images = append(images, harness.Image{Name: name, Base: nginxBase, Files: []harness.File{
+				{Name: "var/log/nginx/access.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stdout"},
+				{Name: "var/log/nginx/error.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stderr"},
+			}, Cmd: []string{"nginx", "-g", "daemon off;"}, StopSignal: "SIGQUIT"})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == "registry.k8s.io/pause":
+			images = append(images, harness.Image{Name: name, Files: pause, Entrypoint: []string{"/pause"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		default:
+			out = append(out, suiteImage{Name: name, Why: "no offline build yet"})
+		}
+	}
+	archives, err := harness.WriteImages(env.Cache, images)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.Import(ctx, archives...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// e2eImages is the registry and path of upstream's test images. The suite also names agnhost in a
+// private registry (gcr.io/k8s-authenticated-test) and images in an invalid one: the tests that use them
+// expect the pull to fail, so they are never built.
+const e2eImages = "registry.k8s.io/e2e-test-images/"
+
+// splitTag splits "registry/repo:tag"; ok is false for a name pinned by digest.
+func splitTag(name string) (repo, tag string, ok bool) {
+	if strings.Contains(name, "@") {
+		return "", "", false
+	}
+	i := strings.LastIndex(name, ":")
+	if i < 0 || strings.Contains(name[i:], "/") {
+		return name, "latest", true
+	}
+	return name[:i], name[i+1:], true
+}
+
+// agnhostPackages are the Debian packages of the agnhost image's root: the tools upstream's alpine
+// image installs that tests call (curl, nc, dig and nslookup, ip and ss, ping, socat, ps, bash).
+var agnhostPackages = []string{"curl", "netcat-openbsd", "iproute2", "iputils-ping", "dnsutils", "socat", "procps", "bash"}
+
+// agnhostImage is the agnhost image's layer: a Debian root with agnhostPackages (base), the agnhost
+// program, its agnhost-2 link, /uploads, porter's key pair, and the user and group upstream's
+// Dockerfile adds.
+func agnhostImage(base string) ([]harness.File, error) {
+	bin, err := os.ReadFile(filepath.Join(suiteDir, "agnhost"))
+	if err != nil {
+		return nil, err
+	}
+	src, err := moduleDir()
+	if err != nil {
+		return nil, err
+	}
+	passwd, err := readTarFile(base, "etc/passwd")
+	if err != nil {
+		return nil, err
+	}
+	group, err := readTarFile(base, "etc/group")
+	if err != nil {
+		return nil, err
+	}
+	files := []harness.File{
+		// Upstream's Dockerfile adds user-defined-in-image (1000) in group-defined-in-image (50000).
+		{Name: "etc/passwd", Mode: 0o644, Type: harness.Reg,
+			Data: append(passwd, "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"...)},
+		{Name: "etc/group", Mode: 0o644, Type: harness.Reg,
+			Data: append(group, "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"...)},
+		{Name: "home/user-defined-in-image", Mode: 0o755, Type: harness.Dir},
+		{Name: "agnhost", Mode: 0o755, Type: harness.Reg, Data: bin},
+		{Name: "agnhost-2", Mode: 0o777, Type: harness.Symlink, Link: "agnhost"},
+		{Name: "uploads", Mode: 0o755, Type: harness.Dir},
+	}
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		data, err := os.ReadFile(filepath.Join(src, "test", "images", "agnhost", "porter", f))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, harness.File{Name: f, Mode: 0o644, Type: harness.Reg, Data: data})
+	}
+	return files, nil
+}
+
+// readTarFile returns the content of the regular file name (no leading "./" or "/") in a tar.
+func readTarFile(path, name string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil, fmt.Errorf("%s has no %s", path, name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if strings.TrimPrefix(strings.TrimPrefix(hdr.Name, "./"), "/") == name && hdr.Typeflag == tar.TypeReg {
+			return io.ReadAll(tr)
+		}
+	}
+}
+
+// moduleDir is k8s.io/kubernetes at the suite's version in the module cache (the build downloaded it).
+func moduleDir() (string, error) {
+	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "k8s.io", "kubernetes@"+version)
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("k8s.io/kubernetes@%s is not in the module cache: %w", version, err)
+	}
+	return dir, nil
+}

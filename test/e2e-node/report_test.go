@@ -1,0 +1,415 @@
+package e2enode
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
+)
+
+// selection is which specs a run ran.
+type selection struct {
+	Name  string `json:"name"`
+	Focus string `json:"focus"`
+	Skip  string `json:"skip"`
+}
+
+// testResult is one spec of a run, as ginkgo's JUnit report gives it.
+type testResult struct {
+	Name string `json:"name"`
+	// Status is ginkgo's: passed, failed, skipped, pending, panicked, interrupted, timedout, aborted.
+	Status  string  `json:"status"`
+	Seconds float64 `json:"seconds"`
+	Failure string  `json:"failure,omitempty"`
+}
+
+// suiteRun is one setup's run of a selection.
+type suiteRun struct {
+	Setup       string       `json:"setup"`
+	Selection   selection    `json:"selection"`
+	Procs       int          `json:"procs"`
+	Started     string       `json:"started"`
+	WallSeconds float64      `json:"wall_seconds"`
+	Commit      string       `json:"commit"`
+	Images      []suiteImage `json:"images,omitempty"`
+	Tests       []testResult `json:"tests"`
+}
+
+type counts struct{ Passed, Failed, Skipped int }
+
+func (r suiteRun) counts() counts {
+	var c counts
+	for _, t := range r.Tests {
+		switch t.Status {
+		case "passed":
+			c.Passed++
+		case "skipped", "pending":
+			c.Skipped++
+		default:
+			c.Failed++
+		}
+	}
+	return c
+}
+
+// junit is the part of ginkgo's JUnit report read here.
+type junit struct {
+	Suites []struct {
+		Cases []struct {
+			Name    string  `xml:"name,attr"`
+			Status  string  `xml:"status,attr"`
+			Time    float64 `xml:"time,attr"`
+			Failure *struct {
+				Message string `xml:"message,attr"`
+				Text    string `xml:",chardata"`
+			} `xml:"failure"`
+			Skipped *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"skipped"`
+			Error *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"error"`
+		} `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+// readJUnit reads the specs a run selected from a ginkgo JUnit report: the "[It]" entries but those
+// the focus and skip left out (skipped with the bare message "skipped"; a spec that skips itself says
+// why, and is kept). Suite setup and teardown nodes that failed count as failed specs of their own.
+func readJUnit(path string) ([]testResult, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var j junit
+	if err := xml.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var out []testResult
+	for _, s := range j.Suites {
+		for _, c := range s.Cases {
+			if !strings.HasPrefix(c.Name, "[It] ") && c.Status == "passed" {
+				continue
+			}
+			if c.Status == "skipped" && c.Skipped != nil && c.Skipped.Message == "skipped" {
+				continue
+			}
+			r := testResult{Name: specName(c.Name), Status: c.Status, Seconds: c.Time}
+			switch {
+			case c.Failure != nil:
+				r.Failure = firstLine(c.Failure.Message)
+			case c.Error != nil:
+				r.Failure = firstLine(c.Error.Message)
+			case c.Skipped != nil:
+				r.Failure = firstLine(c.Skipped.Message)
+			}
+			if r.Status == "" {
+				r.Status = "passed"
+				if r.Failure != "" {
+					r.Status = "failed"
+				}
+			}
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New(path + ": no spec in the report")
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out, nil
+}
+
+// specName is a JUnit test case's name without ginkgo's "[It] " and the list of labels it appends
+// ("... [NodeConformance] [sig-node, NodeConformance]"), each of which the name already carries.
+func specName(junitName string) string {
+	name := strings.TrimPrefix(junitName, "[It] ")
+	i := strings.LastIndex(name, " [")
+	if i < 0 || !strings.HasSuffix(name, "]") {
+		return name
+	}
+	for _, label := range strings.Split(name[i+2:len(name)-1], ", ") {
+		if !strings.Contains(name[:i], "["+label+"]") && !strings.Contains(name[:i], label) {
+			return name
+		}
+	}
+	return name[:i]
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
+}
+
+// results is docs/e2e-node-<version>.json: the latest run of each setup and selection.
+type results struct {
+	Version string     `json:"version"`
+	Runs    []suiteRun `json:"runs"`
+}
+
+func docsPath(version, ext string) string {
+	_, self, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(self), "..", "..", "docs", "e2e-node-"+version+ext)
+}
+
+func loadResults(version string) (results, error) {
+	r := results{Version: version}
+	data, err := os.ReadFile(docsPath(version, ".json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(data, &r)
+}
+
+// saveRun keeps run in the version's results, in place of an earlier run of the same setup and
+// selection (runs of other setups and selections stay: the report is built from every session's).
+func saveRun(version string, run suiteRun) error {
+	r, err := loadResults(version)
+	if err != nil {
+		return err
+	}
+	kept := r.Runs[:0]
+	for _, old := range r.Runs {
+		if old.Setup != run.Setup || old.Selection.Name != run.Selection.Name {
+			kept = append(kept, old)
+		}
+	}
+	r.Runs = append(kept, run)
+	sort.SliceStable(r.Runs, func(a, b int) bool {
+		if r.Runs[a].Selection.Name != r.Runs[b].Selection.Name {
+			return r.Runs[a].Selection.Name < r.Runs[b].Selection.Name
+		}
+		return setupIndex(r.Runs[a].Setup) < setupIndex(r.Runs[b].Setup)
+	})
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(docsPath(version, ".json"), append(data, '\n'), 0o644)
+}
+
+func setupIndex(name string) int {
+	for i, s := range setups {
+		if s.Name == name {
+			return i
+		}
+	}
+	return len(setups)
+}
+
+// terminationTest matches the specs that time a pod's termination (the kubelet's 5 s cache wait on
+// 1.35/1.36 shows there).
+var terminationTest = regexp.MustCompile(`(?i)terminat|graceful|delete`)
+
+// writeReport renders docs/e2e-node-<version>.md from the version's results.
+func writeReport(version string) error {
+	r, err := loadResults(version)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Upstream's node e2e suite on kubelet %s, per PLEG setup\n\n", version)
+	b.WriteString("Generated by `make e2e-node` (test/e2e-node) from `docs/e2e-node-" + version + ".json`; each\n" +
+		"selection's latest run per setup. generic: GenericPLEG on containerd; containerd: EventedPLEG on\n" +
+		"containerd's own stream; pleg-nri: EventedPLEG on pleg-nri's endpoint. Same containerd, same kubelet\n" +
+		"binary, same machine, one setup after the other.\n")
+	bySel := map[string][]suiteRun{}
+	var sels []string
+	for _, run := range r.Runs {
+		if _, ok := bySel[run.Selection.Name]; !ok {
+			sels = append(sels, run.Selection.Name)
+		}
+		bySel[run.Selection.Name] = append(bySel[run.Selection.Name], run)
+	}
+	for _, sel := range sels {
+		runs := bySel[sel]
+		fmt.Fprintf(&b, "\n## Selection %q\n\n", sel)
+		fmt.Fprintf(&b, "focus `%s`, skip `%s`\n\n", runs[0].Selection.Focus, runs[0].Selection.Skip)
+		b.WriteString("| setup | passed | failed | skipped | wall time | procs | run started | commit |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, run := range runs {
+			c := run.counts()
+			fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s | %s |\n", run.Setup, c.Passed, c.Failed, c.Skipped,
+				(time.Duration(run.WallSeconds) * time.Second).String(), run.Procs, run.Started, run.Commit)
+		}
+		writeDifferences(&b, runs)
+		writeFailures(&b, runs)
+		writeTerminations(&b, runs)
+	}
+	return atomicfile.WriteFile(docsPath(version, ".md"), []byte(b.String()), 0o644)
+}
+
+// outcome maps a spec's name to its result in a run.
+func outcome(run suiteRun) map[string]testResult {
+	m := make(map[string]testResult, len(run.Tests))
+	for _, t := range run.Tests {
+		m[t.Name] = t
+	}
+	return m
+}
+
+func allNames(runs []suiteRun) []string {
+	seen := map[string]bool{}
+	var names []string
+	for _, run := range runs {
+		for _, t := range run.Tests {
+			if !seen[t.Name] {
+				seen[t.Name] = true
+				names = append(names, t.Name)
+			}
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+func writeDifferences(b *strings.Builder, runs []suiteRun) {
+	b.WriteString("\n### Specs whose outcome differs between setups\n\n")
+	outs := make([]map[string]testResult, len(runs))
+	for i, run := range runs {
+		outs[i] = outcome(run)
+	}
+	n := 0
+	for _, name := range allNames(runs) {
+		differ := false
+		for i := range runs {
+			if outs[i][name].Status != outs[0][name].Status {
+				differ = true
+			}
+		}
+		if !differ {
+			continue
+		}
+		n++
+		fmt.Fprintf(b, "- `%s`\n", name)
+		for i, run := range runs {
+			t, ok := outs[i][name]
+			switch {
+			case !ok:
+				fmt.Fprintf(b, "  - %s: not in the run\n", run.Setup)
+			case t.Failure != "":
+				fmt.Fprintf(b, "  - %s: %s (%.1f s): %s\n", run.Setup, t.Status, t.Seconds, t.Failure)
+			default:
+				fmt.Fprintf(b, "  - %s: %s (%.1f s)\n", run.Setup, t.Status, t.Seconds)
+			}
+		}
+	}
+	if n == 0 {
+		b.WriteString("None.\n")
+	}
+}
+
+func writeFailures(b *strings.Builder, runs []suiteRun) {
+	b.WriteString("\n### Specs that failed in every setup (the node's, not the event source's)\n\n")
+	outs := make([]map[string]testResult, len(runs))
+	for i, run := range runs {
+		outs[i] = outcome(run)
+	}
+	n := 0
+	for _, name := range allNames(runs) {
+		all := true
+		for i := range runs {
+			s := outs[i][name].Status
+			if s == "passed" || s == "skipped" || s == "pending" || s == "" {
+				all = false
+			}
+		}
+		if all {
+			n++
+			fmt.Fprintf(b, "- `%s`: %s\n", name, outs[0][name].Failure)
+		}
+	}
+	if n == 0 {
+		b.WriteString("None.\n")
+	}
+}
+
+func writeTerminations(b *strings.Builder, runs []suiteRun) {
+	b.WriteString("\n### Durations of the specs that terminate pods (seconds, passed runs only)\n\n")
+	b.WriteString("| spec |")
+	for _, run := range runs {
+		fmt.Fprintf(b, " %s |", run.Setup)
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" --- |", len(runs)) + "\n")
+	outs := make([]map[string]testResult, len(runs))
+	for i, run := range runs {
+		outs[i] = outcome(run)
+	}
+	sums := make([]float64, len(runs))
+	counted := 0
+	for _, name := range allNames(runs) {
+		if !terminationTest.MatchString(name) {
+			continue
+		}
+		all := true
+		for i := range runs {
+			if outs[i][name].Status != "passed" {
+				all = false
+			}
+		}
+		if !all {
+			continue
+		}
+		counted++
+		fmt.Fprintf(b, "| %s |", name)
+		for i := range runs {
+			fmt.Fprintf(b, " %.1f |", outs[i][name].Seconds)
+			sums[i] += outs[i][name].Seconds
+		}
+		b.WriteString("\n")
+	}
+	if counted > 0 {
+		b.WriteString("| **sum** |")
+		for i := range runs {
+			fmt.Fprintf(b, " **%.1f** |", sums[i])
+		}
+		b.WriteString("\n")
+	}
+}
+
+// checkAgainstGeneric fails the test for each spec that passed with GenericPLEG in this run and did not
+// pass with an evented setup.
+func checkAgainstGeneric(t *testing.T, runs []suiteRun) {
+	var generic *suiteRun
+	for i := range runs {
+		if runs[i].Setup == "generic" {
+			generic = &runs[i]
+		}
+	}
+	if generic == nil {
+		t.Log("no GenericPLEG run in this run: nothing to compare against (the report compares with earlier runs)")
+		return
+	}
+	base := outcome(*generic)
+	for _, run := range runs {
+		if run.Setup == "generic" {
+			continue
+		}
+		got := outcome(run)
+		for name, g := range base {
+			if g.Status != "passed" {
+				continue
+			}
+			if r := got[name]; r.Status != "passed" {
+				t.Errorf("%s: %q passed with GenericPLEG, %s here: %s", run.Setup, name, r.Status, r.Failure)
+			}
+		}
+	}
+}
