@@ -3,11 +3,14 @@ package e2enode
 import (
 	"archive/tar"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -50,7 +53,8 @@ func suiteImages(ctx context.Context) ([]string, error) {
 //     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
 //     tools upstream's alpine image installs (agnhostPackages), with the entrypoint, the agnhost-2
 //     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds;
-//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image;
+//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image, and
+//     a stand-in for the one applet the tests call that Debian's build leaves out, nmeter (./nmeter);
 //   - nginx (every tag): Debian bookworm's nginx-light on a minbase root (upstream: the official
 //     nginx alpine image), serving its welcome page on port 80, logging to the container's stdout and
 //     stderr, stopped with SIGQUIT, as upstream's;
@@ -68,6 +72,7 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 	}
 	var agnhost []harness.File
 	var nginxBase, agnhostBase string
+	var nmeter []byte
 	var images []harness.Image
 	var out []suiteImage
 	for _, name := range names {
@@ -88,7 +93,13 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 				Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}})
 			out = append(out, suiteImage{Name: name, Built: true})
 		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
-			images = append(images, harness.Image{Name: name, Files: bb, Cmd: []string{"sh"}})
+			if nmeter == nil {
+				if nmeter, err = buildNmeter(ctx, env.Cache); err != nil {
+					return nil, err
+				}
+			}
+			files := append(append([]harness.File{}, bb...), harness.File{Name: "bin/nmeter", Mode: 0o755, Type: harness.Reg, Data: nmeter})
+			images = append(images, harness.Image{Name: name, Files: files, Cmd: []string{"sh"}})
 			out = append(out, suiteImage{Name: name, Built: true})
 		case repo == e2eImages+"nginx":
 			if nginxBase == "" {
@@ -200,6 +211,31 @@ func readTarFile(path, name string) ([]byte, error) {
 			return io.ReadAll(tr)
 		}
 	}
+}
+
+// buildNmeter compiles ./nmeter as a static binary into the cache, keyed by its source and Go version.
+func buildNmeter(ctx context.Context, cache string) ([]byte, error) {
+	_, self, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(self), "nmeter")
+	code, err := os.ReadFile(filepath.Join(src, "main.go"))
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(append(code, runtime.Version()...))
+	bin := filepath.Join(cache, "e2e-nmeter-"+hex.EncodeToString(sum[:6]), "nmeter")
+	if data, err := os.ReadFile(bin); err == nil {
+		return data, nil
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin+".tmp", ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building nmeter: %w: %s", err, out)
+	}
+	if err := os.Rename(bin+".tmp", bin); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(bin)
 }
 
 // moduleDir is k8s.io/kubernetes at the suite's version in the module cache (the build downloaded it).

@@ -1,0 +1,68 @@
+// Command nmeter stands in for busybox's nmeter applet in the node e2e suite's busybox image: Debian's
+// busybox builds leave the applet out, and upstream's tests take timestamps with it
+// (test/e2e_node/container_lifecycle_pod_construction.go: `date -u +%FT$(nmeter -d0 '%3t' | head -n1)Z`).
+//
+// It implements the part the tests use: -d MSEC (the delay between lines, default 1000) and a format
+// whose %[N]t prints the time of day, UTC as `date -u` does here (the container's TZ is unset), with N
+// decimal digits of the second (0-6), and %% a percent sign; other text is printed as it is. Like
+// busybox's nmeter it prints lines until its output is closed.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	delay := flag.Int("d", 1000, "milliseconds between lines")
+	flag.Parse()
+	if flag.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: nmeter [-d MSEC] FORMAT")
+		os.Exit(1)
+	}
+	format := flag.Arg(0)
+	for {
+		if _, err := fmt.Println(render(format, time.Now().UTC())); err != nil {
+			os.Exit(0) // the reader is gone (head -n1)
+		}
+		time.Sleep(time.Duration(*delay) * time.Millisecond)
+	}
+}
+
+// render expands format at t.
+func render(format string, t time.Time) string {
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		if format[i] != '%' || i+1 == len(format) {
+			b.WriteByte(format[i])
+			continue
+		}
+		j := i + 1
+		digits := 0
+		if format[j] >= '0' && format[j] <= '9' {
+			digits = int(format[j] - '0')
+			j++
+		}
+		switch {
+		case j < len(format) && format[j] == 't':
+			b.WriteString(t.Format("15:04:05"))
+			if digits > 6 {
+				digits = 6
+			}
+			if digits > 0 {
+				frac := fmt.Sprintf("%09d", t.Nanosecond())
+				b.WriteString("." + frac[:digits])
+			}
+			i = j
+		case j < len(format) && format[j] == '%':
+			b.WriteByte('%')
+			i = j
+		default:
+			b.WriteByte('%')
+		}
+	}
+	return b.String()
+}
