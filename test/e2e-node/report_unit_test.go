@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -54,5 +55,65 @@ func TestReadJUnit(t *testing.T) {
 	r := suiteRun{Tests: got}
 	if c := r.counts(); c != (counts{Passed: 1, Failed: 2, Skipped: 1}) {
 		t.Errorf("counts = %+v", c)
+	}
+}
+
+// TestReport: runs are kept per setup and selection (a new run replaces only its own), the report names
+// every spec whose outcome differs with its failure, the specs failed everywhere, and the termination
+// durations; genericRegressions names for a spec that passed with GenericPLEG only.
+func TestReport(t *testing.T) {
+	docsDir = t.TempDir()
+	sel := selection{Name: "quick", Focus: "x", Skip: "y"}
+	run := func(setup string, tests ...testResult) suiteRun {
+		return suiteRun{Setup: setup, Selection: sel, Procs: 4, WallSeconds: 60, Tests: tests}
+	}
+	pass := func(name string, s float64) testResult { return testResult{Name: name, Status: "passed", Seconds: s} }
+	fail := func(name, why string) testResult { return testResult{Name: name, Status: "failed", Failure: why} }
+	old := run("pleg-nri", fail("a", "old"))
+	runs := []suiteRun{
+		run("generic", pass("a", 1), pass("should delete pod gracefully", 12), fail("c", "no image")),
+		run("containerd", fail("a", "timed out"), pass("should delete pod gracefully", 17), fail("c", "no image")),
+		run("pleg-nri", pass("a", 1), pass("should delete pod gracefully", 11), fail("c", "no image")),
+	}
+	for _, r := range append([]suiteRun{old}, runs...) {
+		if err := saveRun("v1.2.3", r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := saveRun("v1.2.3", run("generic", pass("z", 1))); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadResults("v1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Runs) != 3 || got.Runs[0].Setup != "generic" || got.Runs[0].Tests[0].Name != "z" || got.Runs[2].Tests[0].Status != "passed" {
+		t.Fatalf("kept runs: %+v", got.Runs)
+	}
+	got.Runs[0] = runs[0]
+	for _, r := range got.Runs {
+		if err := saveRun("v1.2.3", r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeReport("v1.2.3"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(docsPath("v1.2.3", ".md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| generic | 2 | 1 | 0 |",
+		"- `a`\n  - generic: passed (1.0 s)\n  - containerd: failed (0.0 s): timed out\n  - pleg-nri: passed (1.0 s)\n",
+		"- `c`: no image",
+		"| should delete pod gracefully | 12.0 | 17.0 | 11.0 |",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if got := genericRegressions(runs); len(got) != 1 || !strings.HasPrefix(got[0], `containerd: "a" passed with GenericPLEG, failed here: timed out`) {
+		t.Errorf("genericRegressions = %q, want the one spec that failed with containerd's stream only", got)
 	}
 }
