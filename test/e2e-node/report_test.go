@@ -357,6 +357,7 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 		outs[i] = outcome(run)
 	}
 	sums := make([]float64, len(runs))
+	durations := make([][]float64, len(runs))
 	counted := 0
 	for _, name := range allNames(runs) {
 		if !terminationTest.MatchString(name) {
@@ -376,6 +377,7 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 		for i := range runs {
 			fmt.Fprintf(b, " %.1f |", outs[i][name].Seconds)
 			sums[i] += outs[i][name].Seconds
+			durations[i] = append(durations[i], outs[i][name].Seconds)
 		}
 		b.WriteString("\n")
 	}
@@ -383,6 +385,10 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 		b.WriteString("| **sum** |")
 		for i := range runs {
 			fmt.Fprintf(b, " **%.1f** |", sums[i])
+		}
+		b.WriteString("\n| **p50** |")
+		for i := range runs {
+			fmt.Fprintf(b, " **%.1f** |", median(durations[i]))
 		}
 		b.WriteString("\n")
 	}
@@ -417,4 +423,16 @@ func genericRegressions(runs []suiteRun) []string {
 		}
 	}
 	return out
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -193,7 +193,7 @@ func runSetup(t *testing.T, ctx context.Context, s setup, sel selection, procs i
 		t.Fatalf("setup %s: the suite left no results (%v; ginkgo: %v); see %s", s.Name, err, runErr, logFile.Name())
 	}
 	r := suiteRun{Setup: s.Name, Selection: sel, Procs: procs, Started: start.UTC().Format(time.RFC3339),
-		WallSeconds: wall.Seconds(), Tests: tests, Commit: commit()}
+		WallSeconds: wall.Seconds(), Tests: tests, Commit: treeCommit}
 	c := r.counts()
 	t.Logf("setup %s: %d passed, %d failed, %d skipped in %s (ginkgo: %v)", s.Name, c.Passed, c.Failed, c.Skipped,
 		wall.Round(time.Second), runErr)
@@ -343,7 +343,10 @@ func envOr(name, def string) string {
 	return def
 }
 
-// commit is this tree's commit (with -dirty), for the report.
+// treeCommit is the tree's commit when the run started (pleg-nri is built from it then), for the report.
+var treeCommit = commit()
+
+// commit is this tree's commit (with -dirty).
 func commit() string {
 	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
 	if err != nil {
