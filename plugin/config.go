@@ -51,11 +51,6 @@ type Config struct {
 	// daemon holds the registration until its core is built from the configuration), but no longer than
 	// ctx lives: ctx ends configureMargin before the runtime gives up on the request.
 	Configure func(ctx context.Context, config []byte) error
-	// SkipStopContainer, when it returns true, leaves NRI's StopContainer out of the plugin's
-	// subscription (asked at every Configure, after Configure above has run). containerd calls its NRI
-	// plugins under one lock, once for every container that stops, and a CRI StopContainer returns only
-	// after that call; containerd's /tasks/exit brings the same exits. nil subscribes.
-	SkipStopContainer func() bool
 	// Metrics records the plugin's work; nil records nothing.
 	Metrics Metrics
 	// Clock stamps observations (SourceTime) and times the callbacks; nil is time.Now.

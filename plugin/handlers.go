@@ -41,22 +41,7 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
 		}
 	}
-	return p.subscription(), nil
-}
-
-// handledEvents are the NRI requests the plugin has a handler for (the interfaces above).
-var handledEvents = api.MustParseEventMask("runpodsandbox", "stoppodsandbox", "removepodsandbox",
-	"postcreatecontainer", "poststartcontainer", "stopcontainer", "removecontainer", "postupdatecontainer")
-
-// subscription is the plugin's answer to Configure: 0 (the stub then subscribes to every request the
-// plugin handles), or those without StopContainer when Config.SkipStopContainer says so.
-func (p *Plugin) subscription() stub.EventMask {
-	if p.cfg.SkipStopContainer == nil || !p.cfg.SkipStopContainer() {
-		return 0
-	}
-	m := handledEvents
-	m.Clear(api.Event_STOP_CONTAINER)
-	return m
+	return 0, nil
 }
 
 // configureMargin is how long before the runtime's deadline for Configure the plugin answers at the

@@ -17,7 +17,6 @@ import (
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
-	"github.com/containerd/nri/pkg/stub"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.uber.org/goleak"
@@ -710,71 +709,4 @@ func TestRunPollsMissingSocket(t *testing.T) {
 	if !slices.Equal(delays, want) {
 		t.Errorf("delays between dials of a missing socket %v, want %v", delays, want)
 	}
-}
-
-// TestSubscription: with SkipStopContainer the plugin subscribes to every request it handles but
-// StopContainer; without, it leaves the choice to the stub (0: every request it handles).
-// handledEvents must be exactly what the stub finds the plugin handles.
-func TestSubscription(t *testing.T) {
-	skip := false
-	p, err := New(Config{Observer: &recorder{}, SkipStopContainer: func() bool { return skip }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mask, err := p.Configure(context.Background(), "", "containerd", "v2.4.2"); mask != 0 || err != nil {
-		t.Errorf("Configure = %v, %v; want 0, nil", mask, err)
-	}
-	skip = true
-	mask, err := p.Configure(context.Background(), "", "containerd", "v2.4.2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := handledEvents
-	want.Clear(api.Event_STOP_CONTAINER)
-	if mask != want || mask.IsSet(api.Event_STOP_CONTAINER) || !mask.IsSet(api.Event_REMOVE_CONTAINER) {
-		t.Errorf("Configure with SkipStopContainer = %s, want %s", mask.PrettyString(), want.PrettyString())
-	}
-	// The stub refuses a subscription to a request the plugin has no handler for: handledEvents may
-	// name none, and must name every one (else SkipStopContainer would drop more than StopContainer).
-	for e := api.Event_RUN_POD_SANDBOX; e < api.Event_LAST; e++ {
-		if handledEvents.IsSet(e) != handles(p, e) {
-			t.Errorf("handledEvents and the plugin's handlers disagree on %s", e)
-		}
-	}
-}
-
-// handles says whether p has the stub's handler for event e.
-func handles(p *Plugin, e api.Event) bool {
-	var ok bool
-	switch e {
-	case api.Event_RUN_POD_SANDBOX:
-		_, ok = any(p).(stub.RunPodInterface)
-	case api.Event_UPDATE_POD_SANDBOX:
-		_, ok = any(p).(stub.UpdatePodInterface)
-	case api.Event_POST_UPDATE_POD_SANDBOX:
-		_, ok = any(p).(stub.PostUpdatePodInterface)
-	case api.Event_STOP_POD_SANDBOX:
-		_, ok = any(p).(stub.StopPodInterface)
-	case api.Event_REMOVE_POD_SANDBOX:
-		_, ok = any(p).(stub.RemovePodInterface)
-	case api.Event_CREATE_CONTAINER:
-		_, ok = any(p).(stub.CreateContainerInterface)
-	case api.Event_POST_CREATE_CONTAINER:
-		_, ok = any(p).(stub.PostCreateContainerInterface)
-	case api.Event_START_CONTAINER:
-		_, ok = any(p).(stub.StartContainerInterface)
-	case api.Event_POST_START_CONTAINER:
-		_, ok = any(p).(stub.PostStartContainerInterface)
-	case api.Event_UPDATE_CONTAINER:
-		_, ok = any(p).(stub.UpdateContainerInterface)
-	case api.Event_POST_UPDATE_CONTAINER:
-		_, ok = any(p).(stub.PostUpdateContainerInterface)
-	case api.Event_STOP_CONTAINER:
-		_, ok = any(p).(stub.StopContainerInterface)
-	case api.Event_REMOVE_CONTAINER:
-		_, ok = any(p).(stub.RemoveContainerInterface)
-	case api.Event_VALIDATE_CONTAINER_ADJUSTMENT:
-		_, ok = any(p).(stub.ValidateContainerAdjustmentInterface)
-	}
-	return ok
 }

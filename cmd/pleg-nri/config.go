@@ -61,11 +61,6 @@ type Config struct {
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
 	// older state than an event already sent: overlay, hold or off (eventbridge.ReadFreshness).
 	ReadFreshness string `json:"read-freshness"`
-	// NRIStopContainer subscribes the NRI plugin to StopContainer. containerd calls its NRI plugins
-	// under one lock, once for every container that stops, and its CRI StopContainer returns only
-	// after that call: a burst of stops waits for as many round trips to pleg-nri, one after another.
-	// The same exits come from containerd's /tasks/exit.
-	NRIStopContainer bool `json:"nri-stop-container"`
 }
 
 // DefaultConfig returns the configuration used for every key not set. The packages' own defaults are
@@ -87,7 +82,6 @@ func DefaultConfig() Config {
 		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:       Duration(time.Minute),
 		ReadFreshness:       string(eventbridge.DefaultReadFreshness),
-		NRIStopContainer:    true,
 	}
 }
 
@@ -272,8 +266,6 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	durationFlag(fs, "startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), &cfg.StartupReplay)
 	fs.StringVar(&cfg.ReadFreshness, "read-freshness", cfg.ReadFreshness,
 		"status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off")
-	fs.BoolVar(&cfg.NRIStopContainer, "nri-stop-container", cfg.NRIStopContainer,
-		"subscribe to NRI's StopContainer (containerd makes every container stop wait for it; /tasks/exit brings the same exits)")
 }
 
 // durationFlag defines a flag for a duration key on fs, writing into d.

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -210,12 +209,7 @@ func (g *coreGate) relist() {
 // within the runtime's request timeout; a later one only gets a warning when it changes keys that need a
 // restart.
 func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler, m plugin.Metrics) (*plugin.Plugin, error) {
-	// Whether to leave StopContainer out of the subscription: the configuration's, the first one NRI
-	// hands a pre-registered plugin included (the plugin asks after Configure).
-	var skipStop atomic.Bool
-	skipStop.Store(!cfg.NRIStopContainer)
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
-		SkipStopContainer: skipStop.Load,
 		Observer: observerFunc(func(o pleg.Observation) {
 			<-gate.ready
 			gate.core.Observe(o)
@@ -232,7 +226,6 @@ func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler,
 			}
 			select {
 			case gate.configured <- data:
-				skipStop.Store(!newCfg.NRIStopContainer)
 				// The first configuration: hold registration until the core is built from it, as long
 				// as the runtime waits for the answer (ctx).
 				select {
