@@ -204,6 +204,10 @@ kubelet-all: deps ## The kubelet suite on every supported kubelet (KUBELET_ALL_V
 	@for v in $(KUBELET_ALL_VERSIONS); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
 	@$(MAKE) --no-print-directory run-integration PKGS= KUBELETS="$(KUBELET_ALL_VERSIONS)"
 
+.PHONY: kubelet-races
+kubelet-races: deps ## The kubelet's own races with EventedPLEG on 1.35/1.36 (static pods given a second container), counted on containerd's stream and on pleg-nri (KUBELET_VERSION; minutes per setup).
+	PLEG_NRI_KUBELET_RACES=1 KUBELET_VERSION=$(KUBELET_VERSION) $(GO) test -count=1 -v -run '^TestStaticPodRestarts$$' -timeout 40m $(KUBELET_E2E_PKG)
+
 # run-integration runs PKGS (default: the containerd tests) once, then the kubelet suite once per
 # version in KUBELETS, and fails unless something ran and nothing failed.
 PKGS ?= $(INTEGRATION_PKGS)
