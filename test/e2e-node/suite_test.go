@@ -144,11 +144,11 @@ func runSetup(t *testing.T, ctx context.Context, s setup, sel selection, procs i
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := cleanNode(ctx); err != nil {
+	if err := cleanNode(ctx, dir); err != nil {
 		t.Fatalf("cleaning the node before the run: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := cleanNode(context.Background()); err != nil {
+		if err := cleanNode(context.Background(), dir); err != nil {
 			t.Errorf("cleaning the node after the run: %v", err)
 		}
 	})
@@ -311,11 +311,14 @@ func pathWithoutSystemd(dir string) (string, error) {
 	return strings.Join([]string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/sbin", dir}, ":"), nil
 }
 
-// cleanNode leaves the node as the suite expects to find it: no kubelet, no pod in containerd, nothing
-// mounted or left under the kubelet's root, none of its cgroups.
-func cleanNode(ctx context.Context) error {
+// cleanNode leaves the node as the suite expects to find it: no process of a run of this version (the
+// suite, its services, its kubelet: their command lines name the run's directory,
+// <results>/<version>/<selection>/<setup>), no pod in containerd, nothing mounted or left under the
+// kubelet's root, none of its cgroups.
+func cleanNode(ctx context.Context, dir string) error {
+	runs := filepath.Dir(filepath.Dir(dir)) + "/" // <results>/<version>/
 	harness.KillAll(func() []int {
-		return harness.ProcessesWhere(func(pid int) bool { return harness.CommandLineHas(pid, kubeletBinary) })
+		return harness.ProcessesWhere(func(pid int) bool { return harness.CommandLineHas(pid, runs) })
 	})
 	if err := env.RemoveAllPods(ctx); err != nil {
 		return err
