@@ -9,27 +9,50 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
 
 func main() {
-	delay := flag.Int("d", 1000, "milliseconds between lines")
-	flag.Parse()
-	if flag.NArg() != 1 {
+	delay, format, err := parseArgs(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nmeter:", err)
 		fmt.Fprintln(os.Stderr, "usage: nmeter [-d MSEC] FORMAT")
 		os.Exit(1)
 	}
-	format := flag.Arg(0)
 	for {
 		if _, err := fmt.Println(render(format, time.Now().UTC())); err != nil {
 			os.Exit(0) // the reader is gone (head -n1)
 		}
-		time.Sleep(time.Duration(*delay) * time.Millisecond)
+		time.Sleep(delay)
 	}
+}
+
+// parseArgs reads busybox's command line: -d MSEC or -dMSEC (as the tests write it: -d0), then FORMAT.
+func parseArgs(args []string) (time.Duration, string, error) {
+	delay := 1000
+	for len(args) > 0 && strings.HasPrefix(args[0], "-d") {
+		v := strings.TrimPrefix(args[0], "-d")
+		args = args[1:]
+		if v == "" {
+			if len(args) == 0 {
+				return 0, "", fmt.Errorf("-d needs a value")
+			}
+			v, args = args[0], args[1:]
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, "", fmt.Errorf("-d %q: want milliseconds", v)
+		}
+		delay = n
+	}
+	if len(args) != 1 {
+		return 0, "", fmt.Errorf("want one FORMAT, got %q", args)
+	}
+	return time.Duration(delay) * time.Millisecond, args[0], nil
 }
 
 // render expands format at t.

@@ -19,3 +19,23 @@ func TestRender(t *testing.T) {
 		}
 	}
 }
+
+func TestParseArgs(t *testing.T) {
+	for _, c := range []struct {
+		args   []string
+		delay  time.Duration
+		format string
+		ok     bool
+	}{
+		{[]string{"-d0", "%3t"}, 0, "%3t", true},
+		{[]string{"-d", "250", "%t"}, 250 * time.Millisecond, "%t", true},
+		{[]string{"%t"}, time.Second, "%t", true},
+		{[]string{"-dx", "%t"}, 0, "", false},
+		{[]string{"-d0"}, 0, "", false},
+	} {
+		d, f, err := parseArgs(c.args)
+		if (err == nil) != c.ok || (c.ok && (d != c.delay || f != c.format)) {
+			t.Errorf("parseArgs(%q) = %v, %q, %v", c.args, d, f, err)
+		}
+	}
+}
