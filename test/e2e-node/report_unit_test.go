@@ -62,7 +62,9 @@ func TestReadJUnit(t *testing.T) {
 // every spec whose outcome differs with its failure, the specs failed everywhere, and the termination
 // durations; genericRegressions names for a spec that passed with GenericPLEG only.
 func TestReport(t *testing.T) {
+	saved := docsDir
 	docsDir = t.TempDir()
+	t.Cleanup(func() { docsDir = saved })
 	sel := selection{Name: "quick", Focus: "x", Skip: "y"}
 	run := func(setup string, tests ...testResult) suiteRun {
 		return suiteRun{Setup: setup, Selection: sel, Procs: 4, WallSeconds: 60, Tests: tests}
