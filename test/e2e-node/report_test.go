@@ -63,7 +63,13 @@ func (r suiteRun) counts() counts {
 
 // junit is the part of ginkgo's JUnit report read here.
 type junit struct {
+	Time   float64 `xml:"time,attr"`
 	Suites []struct {
+		Timestamp  string `xml:"timestamp,attr"`
+		Properties []struct {
+			Name  string `xml:"name,attr"`
+			Value string `xml:"value,attr"`
+		} `xml:"properties>property"`
 		Cases []struct {
 			Name    string  `xml:"name,attr"`
 			Status  string  `xml:"status,attr"`
@@ -435,4 +441,45 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// reimport saves again the runs of a selection of version from the JUnit reports they left in
+// <results>/<version>/<selection>/<setup>/: the wall time is the report's, the start its timestamp,
+// focus and skip its properties; the number of processes and the commit are not in it (0, "unknown").
+func reimport(version, sel, results string) error {
+	for _, s := range setups {
+		path := junitPath(filepath.Join(results, version, sel, s.Name))
+		data, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var j junit
+		if err := xml.Unmarshal(data, &j); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		tests, err := readJUnit(path)
+		if err != nil {
+			return err
+		}
+		run := suiteRun{Setup: s.Name, Selection: selection{Name: sel}, WallSeconds: j.Time, Tests: tests, Commit: "unknown"}
+		if len(j.Suites) > 0 {
+			run.Started = j.Suites[0].Timestamp
+			for _, p := range j.Suites[0].Properties {
+				switch p.Name {
+				case "FocusStrings":
+					run.Selection.Focus = p.Value
+				case "SkipStrings":
+					run.Selection.Skip = p.Value
+				}
+			}
+		}
+		if err := saveRun(version, run); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "e2e-node: saved %s %s %s again from %s\n", version, sel, s.Name, path)
+	}
+	return nil
 }
