@@ -3,8 +3,6 @@ package e2enode
 import (
 	"archive/tar"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -96,7 +94,8 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 			out = append(out, suiteImage{Name: name, Built: true})
 		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
 			if nmeter == nil {
-				if nmeter, err = buildNmeter(ctx, env.Cache); err != nil {
+				_, self, _, _ := runtime.Caller(0)
+				if nmeter, err = harness.BuildStatic(ctx, env.Cache, filepath.Join(filepath.Dir(self), "nmeter"), "nmeter"); err != nil {
 					return nil, err
 				}
 			}
@@ -213,31 +212,6 @@ func readTarFile(path, name string) ([]byte, error) {
 			return io.ReadAll(tr)
 		}
 	}
-}
-
-// buildNmeter compiles ./nmeter as a static binary into the cache, keyed by its source and Go version.
-func buildNmeter(ctx context.Context, cache string) ([]byte, error) {
-	_, self, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "nmeter")
-	code, err := os.ReadFile(filepath.Join(src, "main.go"))
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(append(code, runtime.Version()...))
-	bin := filepath.Join(cache, "e2e-nmeter-"+hex.EncodeToString(sum[:6]), "nmeter")
-	if data, err := os.ReadFile(bin); err == nil {
-		return data, nil
-	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin+".tmp", ".")
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("building nmeter: %w: %s", err, out)
-	}
-	if err := os.Rename(bin+".tmp", bin); err != nil {
-		return nil, err
-	}
-	return os.ReadFile(bin)
 }
 
 // moduleDir is k8s.io/kubernetes at the suite's version in the module cache (the build downloaded it).

@@ -155,13 +155,18 @@ func WriteImages(cache string, images []Image) ([]string, error) {
 // buildPause compiles ./pause (next to this package) as a static binary, cached by its source hash.
 func buildPause(ctx context.Context, cache string) ([]byte, error) {
 	_, self, _, _ := runtime.Caller(0)
-	srcDir := filepath.Join(filepath.Dir(self), "..", "pause")
+	return BuildStatic(ctx, cache, filepath.Join(filepath.Dir(self), "..", "pause"), "pause")
+}
+
+// BuildStatic compiles the one-file Go command in srcDir (its main.go) as a static binary named name
+// into the cache, keyed by the source and the Go version, and returns the binary.
+func BuildStatic(ctx context.Context, cache, srcDir, name string) ([]byte, error) {
 	src, err := os.ReadFile(filepath.Join(srcDir, "main.go"))
 	if err != nil {
-		return nil, fmt.Errorf("failed to read the pause source: %w", err)
+		return nil, fmt.Errorf("failed to read the %s source: %w", name, err)
 	}
 	sum := sha256.Sum256(append(src, runtime.Version()...))
-	bin := filepath.Join(cache, "pause-"+hex.EncodeToString(sum[:6]), "pause")
+	bin := filepath.Join(cache, name+"-"+hex.EncodeToString(sum[:6]), name)
 	if data, err := os.ReadFile(bin); err == nil {
 		return data, nil
 	}
@@ -169,7 +174,7 @@ func buildPause(ctx context.Context, cache string) ([]byte, error) {
 	cmd.Dir = srcDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("failed to build pause: %w: %s", err, out)
+		return nil, fmt.Errorf("failed to build %s: %w: %s", name, err, out)
 	}
 	if err := os.Rename(bin+".tmp", bin); err != nil {
 		return nil, err
