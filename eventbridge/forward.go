@@ -19,11 +19,18 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 	if err := ss.RecvMsg(&c.req); err != nil {
 		return err
 	}
+	var settleID string
+	if p.settle != nil && p.settle.wants(method) {
+		settleID = firstString(c.req.bytes())
+	}
 	ctx := outgoingContext(ss.Context())
 	if fix == nil {
 		c.invoke(ctx, p.backend)
 	} else if err := p.invokeFresh(ctx, &c, fix); err != nil {
 		return err
+	}
+	if settleID != "" {
+		p.settle.called(ss.Context(), method, settleID, c.err)
 	}
 	return c.reply(ss)
 }

@@ -1,6 +1,7 @@
 package eventbridge
 
 import (
+	"context"
 	"runtime"
 	"strings"
 	"sync"
@@ -37,6 +38,10 @@ type Proxy struct {
 	// refresh, in the hold mode, watches the objects whose held reads gave up and sends the refresh
 	// events (see refresh.go).
 	refresh *refresher
+	// settle, on the front, asks the core for a refresh after each stop its client made (see
+	// afterstop.go); refreshStopped, on the core, answers those requests.
+	settle         *settler
+	refreshStopped func(id string)
 
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
@@ -63,6 +68,14 @@ type ProxyConfig struct {
 	ReadFreshness ReadFreshness
 	// FreshnessWait bounds a held read; default DefaultFreshnessWait.
 	FreshnessWait time.Duration
+	// RefreshAfterStop, when set, is called after each StopContainer or StopPodSandbox the runtime
+	// answered, once the client's calls about that pod have been quiet for a moment, with the id of
+	// the object stopped last (the sandbox once it was stopped): the front asks the core, through
+	// Relay.RefreshStopped, to send its STOPPED again (see afterstop.go). Best effort: its error is
+	// logged at debug level.
+	RefreshAfterStop func(ctx context.Context, id string) error
+	// RefreshStopped, when set, answers RefreshStoppedMethod (the core's socket): it is handed the id.
+	RefreshStopped func(id string)
 }
 
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
@@ -94,6 +107,10 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	case ReadFreshnessHold:
 		p.fresh = newStoppedTracker(now, stoppedTTL)
 	}
+	if cfg.RefreshAfterStop != nil {
+		p.settle = newSettler(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.RefreshAfterStop, now, p.shutdown)
+	}
+	p.refreshStopped = cfg.RefreshStopped
 	if p.freshMode == ReadFreshnessHold && p.events != nil {
 		var sent func(bool)
 		if m, ok := p.metrics.(RefreshMetrics); ok {
@@ -132,6 +149,9 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	}
 	if method == GetContainerEventsMethod && p.events != nil {
 		return p.serveEvents(ss)
+	}
+	if method == RefreshStoppedMethod && p.refreshStopped != nil {
+		return p.serveRefreshStopped(ss)
 	}
 	start := p.now()
 	var err error

@@ -145,10 +145,15 @@ func (r *refresher) watch(ctx context.Context, id, sandboxID string) {
 }
 
 func (r *refresher) callCtx() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), refreshCallTimeout)
+	return boundedCtx(context.Background(), refreshCallTimeout, r.done)
+}
+
+// boundedCtx is ctx bounded by timeout and ended when done is closed (the proxy's shutdown).
+func boundedCtx(ctx context.Context, timeout time.Duration, done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	go func() {
 		select {
-		case <-r.done:
+		case <-done:
 			cancel()
 		case <-ctx.Done():
 		}

@@ -251,3 +251,24 @@ func (s *state) sortedContainers(p *pod) []*object {
 	slices.SortFunc(out, compareContainers)
 	return out
 }
+
+// refreshReq is a refresh of an object's STOPPED asked for by RefreshStopped.
+type refreshReq struct {
+	id string
+	at time.Time
+}
+
+// refreshStopped sends o's STOPPED again, as RefreshStopped describes, when the pod's events are all
+// out and o's last one is its STOPPED; otherwise it does nothing (the pod's next event is newer anyway,
+// or o is no longer stopped).
+func (s *state) refreshStopped(ctx context.Context, r *refreshReq) {
+	o := s.objects[r.id]
+	if o == nil || o.dropped || o.pod.dropped {
+		return
+	}
+	if o.phase != PhaseExited || o.emitted != PhaseExited || o.needCorrection || len(o.pod.queue) > 0 || !s.ready(o) {
+		log.G(ctx).WithField(o.kind.String(), o.id).Debug("no refresh: the object is not stopped, or its pod has an event pending")
+		return
+	}
+	s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, cause{src: SourceRefresh, at: r.at})
+}

@@ -34,6 +34,9 @@ const (
 	// running, so it is not counted as a relist repair (a repair means the event inputs missed
 	// something while pleg-nri was watching).
 	SourceStartup
+	// SourceRefresh is a refresh asked for by the CRI endpoint (PLEG.RefreshStopped): a STOPPED sent
+	// again after a stop the endpoint's client made, once its calls about the pod went quiet.
+	SourceRefresh
 )
 
 // String returns the source's name as used in logs and metric labels.
@@ -51,6 +54,8 @@ func (s Source) String() string {
 		return "status"
 	case SourceStartup:
 		return "startup"
+	case SourceRefresh:
+		return "refresh"
 	}
 	return fmt.Sprintf("source(%d)", uint8(s))
 }

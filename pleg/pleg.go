@@ -112,10 +112,11 @@ func (e Event) Marshaled() ([]byte, error) {
 	return e.wire.b, e.wire.err
 }
 
-// input is one entry of the inbox: an observation, or a status answer.
+// input is one entry of the inbox: an observation, a status answer, or a refresh asked for.
 type input struct {
-	obs Observation
-	res *fetchResult
+	obs     Observation
+	res     *fetchResult
+	refresh *refreshReq
 }
 
 // PLEG turns observations into CRI container events and fans them out to subscribers.
@@ -263,6 +264,17 @@ func (p *PLEG) Subscribe() *Subscription { return p.fan.subscribe() }
 // callback or a task event still in flight, or still queued when its stream ended) is not recorded in
 // the checkpoint as received, so the next pleg-nri emits it.
 func (p *PLEG) Stopping() { p.fan.holdUndelivered() }
+
+// RefreshStopped asks for the STOPPED event of the object id (a container or a sandbox) to be sent
+// again, with a new created_at and the pod's statuses as the state holds them now, in order with the
+// pod's other events. It never blocks; the refresh is applied by Run's processing goroutine. Nothing
+// is sent unless the object's last event is its STOPPED and the pod has no event pending (a pending
+// event is itself newer). The CRI endpoint asks for it after a stop its client made (see
+// docs/internals.md, "Refresh after a stop"): a kubelet 1.35 or 1.36 waits for a pod status newer
+// than the end of its pod's sync, and the stop's own STOPPED is older.
+func (p *PLEG) RefreshStopped(id string) {
+	p.enqueue(input{refresh: &refreshReq{id: id, at: p.clock.Now()}})
+}
 
 // TriggerRelist asks the relist loop of Run to relist at once (after a reconnect); it never blocks.
 func (p *PLEG) TriggerRelist() {

@@ -175,9 +175,12 @@ func newState(c Clock, m Metrics, f *fetcher, fan *fanout, verifyDelay time.Dura
 // apply applies one input: an observation or a status answer.
 func (s *state) apply(ctx context.Context, in input) {
 	s.seq++
-	if in.res != nil {
+	switch {
+	case in.res != nil:
 		s.applyFetch(ctx, in.res)
-	} else {
+	case in.refresh != nil:
+		s.refreshStopped(ctx, in.refresh)
+	default:
 		s.applyObs(ctx, in.obs)
 	}
 }

@@ -61,6 +61,10 @@ type Config struct {
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
 	// older state than an event already sent: overlay, hold or off (eventbridge.ReadFreshness).
 	ReadFreshness string `json:"read-freshness"`
+	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
+	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
+	// without waiting for its 5 s cache tick (eventbridge.RefreshStoppedMethod).
+	RefreshAfterStop bool `json:"refresh-after-stop"`
 }
 
 // DefaultConfig returns the configuration used for every key not set. The packages' own defaults are
@@ -266,6 +270,8 @@ func bindFlags(fs *flag.FlagSet, cfg *Config) {
 	durationFlag(fs, "startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), &cfg.StartupReplay)
 	fs.StringVar(&cfg.ReadFreshness, "read-freshness", cfg.ReadFreshness,
 		"status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off")
+	fs.BoolVar(&cfg.RefreshAfterStop, "refresh-after-stop", cfg.RefreshAfterStop,
+		"send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)")
 }
 
 // durationFlag defines a flag for a duration key on fs, writing into d.

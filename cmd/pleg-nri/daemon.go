@@ -321,8 +321,9 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
 func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m *metrics) (srv *eventbridge.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
+	// It also answers the front's refresh requests (refresh-after-stop); only a front configured so asks.
 	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: eventbridge.ReadFreshnessOff})
+		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: eventbridge.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -69,6 +69,8 @@ type frontInfo struct {
 	Listen          string `json:"listen"`
 	RuntimeEndpoint string `json:"runtime_endpoint"`
 	ReadFreshness   string `json:"read_freshness"`
+	// RefreshAfterStop is absent from the answer of a front older than the key (false).
+	RefreshAfterStop bool `json:"refresh_after_stop,omitempty"`
 }
 
 // frontRequest is one request on the control socket.
@@ -90,6 +92,8 @@ type frontConfig struct {
 	LogFile string
 	// ReadFreshness is the daemon's read-freshness key (eventbridge.ReadFreshness).
 	ReadFreshness string
+	// RefreshAfterStop is the daemon's refresh-after-stop key.
+	RefreshAfterStop bool
 }
 
 func (c frontConfig) args() []string {
@@ -97,6 +101,9 @@ func (c frontConfig) args() []string {
 		"--read-freshness", c.ReadFreshness}
 	if c.Takeover {
 		a = append(a, "--takeover")
+	}
+	if c.RefreshAfterStop {
+		a = append(a, "--refresh-after-stop")
 	}
 	if c.LogFile != "" {
 		a = append(a, "--log-file", c.LogFile)
@@ -116,6 +123,7 @@ func parseFrontFlags(args []string) (frontConfig, error) {
 	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
+	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -192,8 +200,12 @@ func runFront(ctx context.Context, args []string) error {
 		return err
 	}
 	defer relay.Close()
-	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
-		ReadFreshness: eventbridge.ReadFreshness(cfg.ReadFreshness)})
+	pcfg := eventbridge.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
+		ReadFreshness: eventbridge.ReadFreshness(cfg.ReadFreshness)}
+	if cfg.RefreshAfterStop {
+		pcfg.RefreshAfterStop = relay.RefreshStopped
+	}
+	proxy, err := eventbridge.NewProxy(pcfg)
 	if err != nil {
 		return fmt.Errorf("--read-freshness: %w", err)
 	}
@@ -289,7 +301,7 @@ func (f *front) serveControl(ctx context.Context) {
 
 func (f *front) info() frontInfo {
 	return frontInfo{Protocol: frontProtocol, Version: version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
-		ReadFreshness: f.cfg.ReadFreshness}
+		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop}
 }
 
 func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
@@ -437,12 +449,12 @@ func queryFront(runDir, op string) (frontInfo, error) {
 func ensureFront(ctx context.Context, cfg Config, preRegistered bool) error {
 	runDir := cfg.runDir()
 	fc := frontConfig{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: runDir, LogLevel: cfg.LogLevel,
-		ReadFreshness: cfg.ReadFreshness}
+		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop}
 	info, err := queryFront(runDir, "info")
 	if err == nil {
 		switch {
 		case info.Protocol == frontProtocol && info.Listen == cfg.Listen && info.RuntimeEndpoint == cfg.RuntimeEndpoint &&
-			info.ReadFreshness == cfg.ReadFreshness:
+			info.ReadFreshness == cfg.ReadFreshness && info.RefreshAfterStop == cfg.RefreshAfterStop:
 			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Info("a compatible front serves the CRI endpoint: keeping it")
 			return nil
 		case info.Listen == cfg.Listen:

@@ -23,12 +23,18 @@ type setup struct {
 	Name    string
 	Evented bool
 	PlegNRI bool
+	// Flags are pleg-nri's extra flags.
+	Flags []string
+	// Optional setups run only when PLEG names them.
+	Optional bool
 }
 
 var setups = []setup{
 	{Name: "generic"},
 	{Name: "containerd", Evented: true},
 	{Name: "pleg-nri", Evented: true, PlegNRI: true},
+	// pleg-nri with refresh-after-stop (docs/internals.md, "Refresh after a stop").
+	{Name: "pleg-nri-refresh", Evented: true, PlegNRI: true, Flags: []string{"--refresh-after-stop"}, Optional: true},
 }
 
 // The run's parameters, from make e2e-node.
@@ -118,10 +124,15 @@ func TestNodeE2E(t *testing.T) {
 }
 
 func chooseSetups(list string) ([]setup, error) {
-	if list == "" {
-		return setups, nil
-	}
 	var out []setup
+	if list == "" {
+		for _, s := range setups {
+			if !s.Optional {
+				out = append(out, s)
+			}
+		}
+		return out, nil
+	}
 	for _, name := range strings.Split(list, ",") {
 		found := false
 		for _, s := range setups {
@@ -130,7 +141,7 @@ func chooseSetups(list string) ([]setup, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("%s: unknown setup %q (want generic, containerd or pleg-nri)", plegEnv, name)
+			return nil, fmt.Errorf("%s: unknown setup %q (want generic, containerd, pleg-nri or pleg-nri-refresh)", plegEnv, name)
 		}
 	}
 	return out, nil
@@ -155,7 +166,7 @@ func runSetup(t *testing.T, ctx context.Context, s setup, sel selection, procs i
 	endpoint := "unix://" + env.Address
 	if s.PlegNRI {
 		p, err := plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env,
-			Dir: testutil.ShortTempDir(t, "plegnri-"), Extra: []string{"--log-level", "info"}})
+			Dir: testutil.ShortTempDir(t, "plegnri-"), Extra: append([]string{"--log-level", "info"}, s.Flags...)})
 		if err != nil {
 			t.Fatal(err)
 		}
