@@ -21,6 +21,9 @@ HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
 # promtool: without the service discovery plugins (one of their modules is not on the proxy).
 PROMTOOL_VER    := v0.316.0
 PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
+# The distribution project's registry, for the node e2e specs that pull an image.
+REGISTRY_VER    := v3.1.2
+REGISTRY        := $(PLEG_NRI_CACHE)/registry-$(REGISTRY_VER)/registry
 # protoc-gen-go at the version of the google.golang.org/protobuf runtime in go.mod, which the generated
 # code is checked against; protoc from Debian's protobuf-compiler.
 PROTOC_GEN_GO_VER := $(shell awk '$$1 == "google.golang.org/protobuf" { print $$2 }' go.mod)
@@ -91,6 +94,10 @@ $(HELM):
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
+
+$(REGISTRY):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install github.com/distribution/distribution/v3/cmd/registry@$(REGISTRY_VER)
 
 $(PROMTOOL):
 	@mkdir -p $(dir $@)
@@ -288,13 +295,13 @@ E2E_NODE_PROCS ?= 4
 PLEG ?=
 
 .PHONY: e2e-node
-e2e-node: deps-runtime ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection, per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=job E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection, per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=job E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
 
 .PHONY: e2e-node-quick
-e2e-node-quick: deps-runtime ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path), per PLEG setup.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+e2e-node-quick: deps-runtime $(REGISTRY) ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path), per PLEG setup.
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_QUICK_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 3h $(E2E_NODE_PKG)
 
 .PHONY: it-up

@@ -80,7 +80,7 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 			out = append(out, suiteImage{Name: name, Why: "pinned by digest: no rebuild has that digest"})
 		case strings.HasPrefix(name, "gcr.io/k8s-authenticated-test/") || strings.HasPrefix(name, "invalid."):
 			out = append(out, suiteImage{Name: name, Why: "never built: the specs that name it expect its pull to fail (a private or an invalid registry)"})
-		case repo == e2eImages+"agnhost":
+		case repo == e2eImages+"agnhost" || repo == e2eImages+"kitten" || repo == e2eImages+"nautilus":
 			if agnhost == nil {
 				if agnhostBase, err = script(ctx, "e2e-node/hack/build-rootfs.sh", append([]string{"agnhost"}, agnhostPackages...)...); err != nil {
 					return nil, err
@@ -89,8 +89,18 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 					return nil, err
 				}
 			}
-			images = append(images, harness.Image{Name: name, Base: agnhostBase, Files: agnhost,
-				Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}})
+			im := harness.Image{Name: name, Base: agnhostBase, Files: agnhost, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}
+			if repo != e2eImages+"agnhost" {
+				// Upstream's kitten and nautilus: agnhost with a picture and data.json at the root,
+				// serving them (the ImageVolume specs mount the image and read data.json).
+				extra, err := webserverFiles(strings.TrimPrefix(repo, e2eImages))
+				if err != nil {
+					return nil, err
+				}
+				im.Files = append(append([]harness.File{}, agnhost...), extra...)
+				im.Cmd = []string{"test-webserver"}
+			}
+			images = append(images, im)
 			out = append(out, suiteImage{Name: name, Built: true})
 		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
 			if nmeter == nil {
@@ -184,6 +194,24 @@ func agnhostImage(base string) ([]harness.File, error) {
 	}
 	for _, f := range []string{"localhost.crt", "localhost.key"} {
 		data, err := os.ReadFile(filepath.Join(src, "test", "images", "agnhost", "porter", f))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, harness.File{Name: f, Mode: 0o644, Type: harness.Reg, Data: data})
+	}
+	return files, nil
+}
+
+// webserverFiles are the files upstream's kitten or nautilus Dockerfile adds to agnhost: the picture
+// and data.json from test/images/<name>/html, at the root.
+func webserverFiles(name string) ([]harness.File, error) {
+	src, err := moduleDir()
+	if err != nil {
+		return nil, err
+	}
+	var files []harness.File
+	for _, f := range []string{name + ".jpg", "data.json"} {
+		data, err := os.ReadFile(filepath.Join(src, "test", "images", name, "html", f))
 		if err != nil {
 			return nil, err
 		}

@@ -51,6 +51,8 @@ disabled_plugins = [
     snapshotter = "{{.Snapshotter}}"
     [plugins."io.containerd.cri.v1.images".pinned_images]
       sandbox = "{{.PauseImage}}"
+    [plugins."io.containerd.cri.v1.images".registry]
+      config_path = "{{.RegistryHostsDir}}"
 
   [plugins."io.containerd.cri.v1.runtime"]
     enable_selinux = false
@@ -117,20 +119,21 @@ var cniConfig = template.Must(template.New("cni").Parse(`{
 func (e *Env) writeConfigs() error {
 	var b strings.Builder
 	if err := containerdConfig.Execute(&b, map[string]string{
-		"Dir":            e.Dir,
-		"Address":        e.Address,
-		"LogLevel":       e.opts.LogLevel,
-		"ShimSocketDir":  e.ShimSocketDir,
-		"Snapshotter":    e.Snapshotter,
-		"PauseImage":     PauseImage,
-		"Runc":           e.RuncPath(),
-		"CNIBinDir":      e.cniBinDir(),
-		"CNIConfDir":     e.CNIConfDir,
-		"NRISocket":      e.NRISocket,
-		"NRIPluginDir":   e.NRIPluginDir,
-		"NRIConfDir":     e.NRIConfDir,
-		"DebugAddress":   e.DebugAddress,
-		"MetricsAddress": e.MetricsAddress,
+		"Dir":              e.Dir,
+		"Address":          e.Address,
+		"LogLevel":         e.opts.LogLevel,
+		"ShimSocketDir":    e.ShimSocketDir,
+		"Snapshotter":      e.Snapshotter,
+		"PauseImage":       PauseImage,
+		"Runc":             e.RuncPath(),
+		"CNIBinDir":        e.cniBinDir(),
+		"CNIConfDir":       e.CNIConfDir,
+		"NRISocket":        e.NRISocket,
+		"NRIPluginDir":     e.NRIPluginDir,
+		"NRIConfDir":       e.NRIConfDir,
+		"RegistryHostsDir": e.RegistryHostsDir(),
+		"DebugAddress":     e.DebugAddress,
+		"MetricsAddress":   e.MetricsAddress,
 	}); err != nil {
 		return err
 	}
@@ -150,6 +153,11 @@ func (e *Env) writeConfigs() error {
 	}
 	return nil
 }
+
+// RegistryHostsDir is containerd's registry host configuration directory (config_path): a
+// <registry host>/hosts.toml written there, even while containerd runs, sends that registry's pulls
+// elsewhere (a local mirror). Empty at the start: every registry is reached as named.
+func (e *Env) RegistryHostsDir() string { return filepath.Join(e.Dir, "certs.d") }
 
 // RuncPath is runc's path where containerd runs: the cache's, or the image's for containerd in Docker.
 func (e *Env) RuncPath() string {
