@@ -124,7 +124,7 @@ func TestHelmTemplate(t *testing.T) {
 	for k, want := range map[string]string{"HOST_ROOT": "/host", "PLEG_NRI_MODE": "systemd", "PLEG_NRI_SWITCH_KUBELET": "false",
 		"PLEG_NRI_READYZ": "http://127.0.0.1:9810/readyz", "PLEG_NRI_CONFIG": "/etc/pleg-nri-config/config.yaml",
 		"PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
-		"PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "true"} {
+		"PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "false"} {
 		if env[k] != want {
 			t.Errorf("env %s=%q, want %q", k, env[k], want)
 		}
