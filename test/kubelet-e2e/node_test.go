@@ -119,6 +119,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		if s.Freshness != "" {
 			plegNRIFlags = append(plegNRIFlags, "--read-freshness", s.Freshness)
 		}
+		if os.Getenv(refreshAfterStopEnv) == "1" {
+			plegNRIFlags = append(plegNRIFlags, "--refresh-after-stop")
+		}
 		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir, Extra: plegNRIFlags})
 		if err != nil {
 			t.Fatal(err)
@@ -191,6 +194,10 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 // freshnessEnv sets pleg-nri's read-freshness in the setups that do not choose one, for experiments
 // (e.g. to see TestOverlaidExit fail with "hold" or "off" on kubelet 1.37).
 const freshnessEnv = "PLEG_NRI_KUBELET_FRESHNESS"
+
+// refreshAfterStopEnv=1 runs pleg-nri with refresh-after-stop in every setup, to check that the suite
+// stays green with it before it becomes a default.
+const refreshAfterStopEnv = "PLEG_NRI_KUBELET_REFRESH_AFTER_STOP"
 
 // featureGatesEnv names more kubelet feature gates for experiments: "Name=true,Other=false".
 const featureGatesEnv = "PLEG_NRI_KUBELET_FEATURE_GATES"
