@@ -245,8 +245,8 @@ func (p *Proxy) serveRefreshStopped(ss grpc.ServerStream) error {
 		return status.Error(codes.InvalidArgument, "RefreshStopped: want a google.protobuf.StringValue with an id")
 	}
 	p.refreshStopped(id.GetValue())
-	out, _ := proto.Marshal(&emptypb.Empty{})
-	return ss.SendMsg(&frame{data: out})
+	// An empty frame is google.protobuf.Empty encoded.
+	return ss.SendMsg(&frame{})
 }
 
 // RefreshStopped asks the core behind the relay for a refresh of id's STOPPED (RefreshStoppedMethod).
