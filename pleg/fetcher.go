@@ -200,7 +200,7 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 	}
 	d := time.Since(start)
 	result := callResult(cctx, res.err)
-	// The StatusSource's errors say what failed (eventbridge.CRIClient: "failed to get status of ...").
+	// The StatusSource's errors say what failed (containerd.CRIClient: "failed to get status of ...").
 	p.metrics.StatusCall(r.kind, r.verify, result, d)
 	res.at = p.clock.Now()
 	return res

@@ -30,7 +30,7 @@ const (
 
 // Config is everything a PLEG is built from: its settings (a zero field takes its default) and the
 // collaborators the daemon or a test hands it (status source, lister, OOM checker, clock, metrics). As
-// every component of pleg-nri (plugin.Config, eventbridge.TaskEventsConfig, ProxyConfig, RelayConfig),
+// every component of pleg-nri (plugin.Config, containerd.TaskEventsConfig, ProxyConfig, RelayConfig),
 // it takes one Config struct and no functional options.
 type Config struct {
 	// Status answers the CRI status calls. Required.

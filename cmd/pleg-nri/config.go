@@ -17,7 +17,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/containerd/nri/pkg/api"
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/containerd"
+	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -59,11 +61,11 @@ type Config struct {
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
-	// older state than an event already sent: overlay, hold or off (eventbridge.ReadFreshness).
+	// older state than an event already sent: overlay, hold or off (endpoint.ReadFreshness).
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
-	// without waiting for its 5 s cache tick (eventbridge.RefreshStoppedMethod).
+	// without waiting for its 5 s cache tick (endpoint.RefreshStoppedMethod).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
 }
 
@@ -73,7 +75,7 @@ func DefaultConfig() Config {
 	return Config{
 		NRISocket:           plugin.DefaultSocketPath,
 		ContainerdAddress:   "/run/containerd/containerd.sock",
-		ContainerdNamespace: eventbridge.DefaultNamespace,
+		ContainerdNamespace: containerd.DefaultNamespace,
 		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
 		Listen:              "unix:///run/pleg-nri/cri.sock",
 		MetricsAddress:      "127.0.0.1:9810",
@@ -85,7 +87,7 @@ func DefaultConfig() Config {
 		StateDir:            "/var/lib/pleg-nri",
 		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:       Duration(time.Minute),
-		ReadFreshness:       string(eventbridge.DefaultReadFreshness),
+		ReadFreshness:       string(endpoint.DefaultReadFreshness),
 	}
 }
 
@@ -186,7 +188,7 @@ func (c Config) runDir() string {
 	if c.RunDir != "" {
 		return c.RunDir
 	}
-	if network, address, err := eventbridge.ParseEndpoint(c.Listen); err == nil && network == "unix" {
+	if network, address, err := dial.ParseEndpoint(c.Listen); err == nil && network == "unix" {
 		return filepath.Dir(address)
 	}
 	return defaultRunDir
@@ -230,7 +232,7 @@ func (c Config) Validate() error {
 	if c.PluginIdx != "" && api.CheckPluginIndex(c.PluginIdx) != nil {
 		bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 	}
-	if _, err := eventbridge.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
+	if _, err := endpoint.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
 	}
 	switch c.LogLevel {

@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/containerd"
+	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -68,7 +70,10 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 	}
 
-	core, cri, closeCore, err := newCore(ctx, cfg, coreHooks{newOOMMetrics(m, reg), ready})
+	// One connection per socket: containerd serves its CRI, events and tasks on one.
+	var conns dial.Conns
+	defer conns.Close()
+	core, cri, closeCore, err := newCore(ctx, cfg, &conns, coreHooks{newOOMMetrics(m, reg), ready})
 	if err != nil {
 		return err
 	}
@@ -81,11 +86,10 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
 	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
 	// socket, where the front subscribes.
-	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
+	backend, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
-	defer backend.Close()
 	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting
@@ -98,7 +102,11 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	}
 	defer stopSocket()
 
-	events, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: cfg.ContainerdAddress,
+	ctrd, err := conns.Get(cfg.ContainerdAddress)
+	if err != nil {
+		return fmt.Errorf("config key \"containerd-address\": %w", err)
+	}
+	events, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: cfg.ContainerdAddress, Conn: ctrd,
 		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: settle.Kick}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
@@ -182,7 +190,7 @@ type coreGate struct {
 	ready chan struct{}
 	core  *pleg.PLEG
 	// cri is the core's CRI client.
-	cri *eventbridge.CRIClient
+	cri *containerd.CRIClient
 }
 
 func newCoreGate() *coreGate {
@@ -190,7 +198,7 @@ func newCoreGate() *coreGate {
 }
 
 // open sets the core and its CRI client and lets the callbacks waiting for it go on.
-func (g *coreGate) open(core *pleg.PLEG, cri *eventbridge.CRIClient) {
+func (g *coreGate) open(core *pleg.PLEG, cri *containerd.CRIClient) {
 	g.core, g.cri = core, cri
 	close(g.ready)
 }
@@ -271,27 +279,22 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 }
 
 // newCore builds the core from cfg, with the CRI client (returned) and the OOM checker it reads
-// containerd with, after it locked the state directory; closeCore closes them and unlocks it.
-func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, _ *eventbridge.CRIClient, closeCore func(), err error) {
-	cri, err := eventbridge.NewCRIClient(cfg.RuntimeEndpoint)
+// containerd with over conns, after it locked the state directory; closeCore unlocks it.
+func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, _ *containerd.CRIClient, closeCore func(), err error) {
+	conn, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = cri.Close()
-		}
-	}()
+	cri := containerd.NewCRIClient(conn)
 	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
-	oom, err := eventbridge.NewOOMChecker(cfg.ContainerdAddress, cfg.ContainerdNamespace)
+	ctrd, err := conns.Get(cfg.ContainerdAddress)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = oom.Close()
-		}
-	}()
+	oom, err := containerd.NewOOMChecker(ctrd, cfg.ContainerdNamespace)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
+	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
@@ -314,20 +317,20 @@ func newCore(ctx context.Context, cfg Config, m pleg.Metrics) (core *pleg.PLEG, 
 		return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 	}
 	// The lock goes last: after the core's last checkpoint (core.Run has returned).
-	return core, cri, func() { _, _ = oom.Close(), cri.Close(); unlock() }, nil
+	return core, cri, unlock, nil
 }
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
-func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m *metrics) (srv *eventbridge.Server, stop func(), err error) {
+func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m *metrics) (srv *endpoint.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	// It also answers the front's refresh requests (refresh-after-stop); only a front configured so asks.
-	proxy, err := eventbridge.NewProxy(eventbridge.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: eventbridge.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
+	proxy, err := endpoint.NewProxy(endpoint.ProxyConfig{Backend: backend, Events: eventSource{core},
+		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
 	if err != nil {
 		return nil, nil, err
 	}
-	if srv, err = eventbridge.NewServer("unix://"+filepath.Join(cfg.runDir(), coreSocketName), proxy); err != nil {
+	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.runDir(), coreSocketName), proxy); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
@@ -338,14 +341,14 @@ func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, 
 }
 
 // stopServer stops srv, letting the calls in flight finish for up to timeout, even once ctx is done.
-func stopServer(ctx context.Context, srv *eventbridge.Server, timeout time.Duration) {
+func stopServer(ctx context.Context, srv *endpoint.Server, timeout time.Duration) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	srv.Stop(sctx)
 }
 
 // serverFailure is a component that returns srv's serving error, or nil once ctx is done.
-func serverFailure(srv *eventbridge.Server) func(context.Context) error {
+func serverFailure(srv *endpoint.Server) func(context.Context) error {
 	return func(ctx context.Context) error {
 		select {
 		case err := <-srv.Err():
@@ -412,7 +415,7 @@ func (f observerFunc) Observe(o pleg.Observation) { f(o) }
 // eventSource adapts the core's fan-out to the CRI endpoint's EventSource.
 type eventSource struct{ core *pleg.PLEG }
 
-func (s eventSource) Subscribe() eventbridge.EventStream { return eventStream{s.core.Subscribe()} }
+func (s eventSource) Subscribe() endpoint.EventStream { return eventStream{s.core.Subscribe()} }
 
 type eventStream struct{ sub *pleg.Subscription }
 
@@ -437,10 +440,10 @@ func (s eventStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error)
 func (s eventStream) Close() { s.sub.Close() }
 
 var (
-	_ plugin.Observer                = observerFunc(nil)
-	_ eventbridge.Observer           = observerFunc(nil)
-	_ eventbridge.EventSource        = eventSource{}
-	_ eventbridge.EncodedEventStream = eventStream{}
+	_ plugin.Observer             = observerFunc(nil)
+	_ containerd.Observer         = observerFunc(nil)
+	_ endpoint.EventSource        = eventSource{}
+	_ endpoint.EncodedEventStream = eventStream{}
 )
 
 // notifySystemd tells systemd the daemon's state (READY=1, STOPPING=1) when it runs as a unit of

@@ -21,7 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
 
 // runtimeEndpointEnv is the environment variable crictl reads its --runtime-endpoint from.
@@ -335,7 +335,7 @@ func runEvents(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	conn, err := eventbridge.DialCRI(o.endpoint)
+	conn, err := dial.CRI(o.endpoint)
 	if err != nil {
 		return fmt.Errorf("--runtime-endpoint: %w", err)
 	}

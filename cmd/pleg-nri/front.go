@@ -1,8 +1,8 @@
 package main
 
 // The front is the small, long-lived process that owns the kubelet's CRI endpoint (--listen) and its
-// connections: it forwards every CRI call to containerd (eventbridge.Proxy) and relays the event stream
-// it gets from the core over the core's event socket (eventbridge.Relay). The core (NRI plugin, state,
+// connections: it forwards every CRI call to containerd (endpoint.Proxy) and relays the event stream
+// it gets from the core over the core's event socket (endpoint.Relay). The core (NRI plugin, state,
 // relist, checkpoint) can then be restarted, killed or upgraded without ending the kubelet's stream: the
 // front subscribes again and the core's startup replay fills the gap. See docs/restarts.md.
 //
@@ -39,7 +39,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
 
 // frontProtocol is the version of what a front and a core expect of each other (the control socket's
@@ -90,7 +91,7 @@ type frontConfig struct {
 	// LogFile, when set, receives the front's output once it serves (before, its errors go to the
 	// daemon that started it).
 	LogFile string
-	// ReadFreshness is the daemon's read-freshness key (eventbridge.ReadFreshness).
+	// ReadFreshness is the daemon's read-freshness key (endpoint.ReadFreshness).
 	ReadFreshness string
 	// RefreshAfterStop is the daemon's refresh-after-stop key.
 	RefreshAfterStop bool
@@ -159,10 +160,10 @@ func runFront(ctx context.Context, args []string) error {
 		}
 		defer predecessor.Close()
 	} else {
-		if lis, err = eventbridge.Listen(ctx, cfg.Listen); err != nil {
+		if lis, err = endpoint.Listen(ctx, cfg.Listen); err != nil {
 			return err
 		}
-		if ctl, err = eventbridge.Listen(ctx, filepath.Join(cfg.RunDir, frontSocketName)); err != nil {
+		if ctl, err = endpoint.Listen(ctx, filepath.Join(cfg.RunDir, frontSocketName)); err != nil {
 			_ = lis.Close()
 			return fmt.Errorf("control socket: %w", err)
 		}
@@ -176,12 +177,12 @@ func runFront(ctx context.Context, args []string) error {
 			return
 		}
 		if cfg.Takeover {
-			eventbridge.KeepSocketFile(lis)
-			eventbridge.KeepSocketFile(ctl)
+			endpoint.KeepSocketFile(lis)
+			endpoint.KeepSocketFile(ctl)
 		}
 		_, _ = lis.Close(), ctl.Close()
 	}()
-	backend, err := eventbridge.DialCRI(cfg.RuntimeEndpoint)
+	backend, err := dial.CRI(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("--runtime-endpoint: %w", err)
 	}
@@ -190,7 +191,7 @@ func runFront(ctx context.Context, args []string) error {
 	em := newEndpointMetrics(reg)
 	processCollectors(reg, "front")
 	gate := newRuntimeGate(ctx, backend)
-	relay, err := eventbridge.DialRelay(eventbridge.RelayConfig{
+	relay, err := endpoint.DialRelay(endpoint.RelayConfig{
 		Endpoint: "unix://" + filepath.Join(cfg.RunDir, coreSocketName),
 		// The stream's context: a subscriber that leaves, or the stop, ends the wait.
 		Observe:      func(ctx context.Context, _ []byte) { gate.wait(ctx, backendCatchUp) },
@@ -200,16 +201,16 @@ func runFront(ctx context.Context, args []string) error {
 		return err
 	}
 	defer relay.Close()
-	pcfg := eventbridge.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
-		ReadFreshness: eventbridge.ReadFreshness(cfg.ReadFreshness)}
+	pcfg := endpoint.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
+		ReadFreshness: endpoint.ReadFreshness(cfg.ReadFreshness)}
 	if cfg.RefreshAfterStop {
 		pcfg.RefreshAfterStop = relay.RefreshStopped
 	}
-	proxy, err := eventbridge.NewProxy(pcfg)
+	proxy, err := endpoint.NewProxy(pcfg)
 	if err != nil {
 		return fmt.Errorf("--read-freshness: %w", err)
 	}
-	srv, err := eventbridge.NewServer(cfg.Listen, proxy)
+	srv, err := endpoint.NewServer(cfg.Listen, proxy)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -339,17 +340,17 @@ func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
 // handOff sends the listening sockets to a successor and waits until it serves on them. On success the
 // socket files are left in place when this front closes its listeners.
 func (f *front) handOff(ctx context.Context, c *net.UnixConn, info []byte) error {
-	lf, err := eventbridge.ListenerFile(f.lis)
+	lf, err := endpoint.ListenerFile(f.lis)
 	if err != nil {
 		return err
 	}
 	defer lf.Close()
-	cf, err := eventbridge.ListenerFile(f.ctl)
+	cf, err := endpoint.ListenerFile(f.ctl)
 	if err != nil {
 		return err
 	}
 	defer cf.Close()
-	if err := eventbridge.SendFiles(c, info, lf, cf); err != nil {
+	if err := endpoint.SendFiles(c, info, lf, cf); err != nil {
 		return err
 	}
 	_ = c.SetReadDeadline(time.Now().Add(frontStartTimeout))
@@ -357,8 +358,8 @@ func (f *front) handOff(ctx context.Context, c *net.UnixConn, info []byte) error
 	if err != nil || strings.TrimSpace(ack) != "serving" {
 		return fmt.Errorf("the successor did not confirm it serves (%q): %w", ack, err)
 	}
-	eventbridge.KeepSocketFile(f.lis)
-	eventbridge.KeepSocketFile(f.ctl)
+	endpoint.KeepSocketFile(f.lis)
+	endpoint.KeepSocketFile(f.ctl)
 	log.G(ctx).Info("sockets handed over to the successor: ending this front's streams and stopping")
 	return nil
 }
@@ -375,7 +376,7 @@ func takeOver(ctx context.Context, cfg frontConfig) (lis, ctl net.Listener, conn
 		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(frontControlTimeout))
-	msg, files, err := eventbridge.ReceiveFiles(conn, 4096, 2)
+	msg, files, err := endpoint.ReceiveFiles(conn, 4096, 2)
 	if err != nil {
 		conn.Close()
 		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
@@ -398,12 +399,12 @@ func takeOver(ctx context.Context, cfg frontConfig) (lis, ctl net.Listener, conn
 		return nil, nil, nil, fmt.Errorf("takeover: the running front serves %s, not %s", old.Listen, cfg.Listen)
 	}
 	defer closeAll()
-	if lis, err = eventbridge.FileListener(files[0]); err != nil {
+	if lis, err = endpoint.FileListener(files[0]); err != nil {
 		conn.Close()
 		return nil, nil, nil, err
 	}
-	if ctl, err = eventbridge.FileListener(files[1]); err != nil {
-		eventbridge.KeepSocketFile(lis) // the previous front serves on
+	if ctl, err = endpoint.FileListener(files[1]); err != nil {
+		endpoint.KeepSocketFile(lis) // the previous front serves on
 		_ = lis.Close()
 		conn.Close()
 		return nil, nil, nil, err

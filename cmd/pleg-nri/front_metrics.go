@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/endpoint"
 )
 
 // endpointMetrics are the metrics of the kubelet's CRI endpoint, kept by the front, which serves it.
@@ -62,9 +62,9 @@ func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
 }
 
 var (
-	_ eventbridge.Metrics          = (*endpointMetrics)(nil)
-	_ eventbridge.FreshnessMetrics = (*endpointMetrics)(nil)
-	_ eventbridge.RefreshMetrics   = (*endpointMetrics)(nil)
+	_ endpoint.Metrics          = (*endpointMetrics)(nil)
+	_ endpoint.FreshnessMetrics = (*endpointMetrics)(nil)
+	_ endpoint.RefreshMetrics   = (*endpointMetrics)(nil)
 )
 
 func (m *endpointMetrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
@@ -83,7 +83,7 @@ func (m *endpointMetrics) EventSent(time.Duration) {}
 
 func (m *endpointMetrics) UpstreamConnectionState(up bool) { setGauge(m.runtimeUp, up) }
 
-// StaleRead is eventbridge.FreshnessMetrics' hook.
+// StaleRead is endpoint.FreshnessMetrics' hook.
 func (m *endpointMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
 	result := "gave_up"
 	if caughtUp {
@@ -92,12 +92,12 @@ func (m *endpointMetrics) StaleRead(method string, held time.Duration, caughtUp 
 	m.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
 }
 
-// OverlaidRead is eventbridge.FreshnessMetrics' hook.
+// OverlaidRead is endpoint.FreshnessMetrics' hook.
 func (m *endpointMetrics) OverlaidRead(method string) {
 	m.overlaidReads.WithLabelValues(methodLabel(method)).Inc()
 }
 
-// RefreshSent is eventbridge.RefreshMetrics' hook.
+// RefreshSent is endpoint.RefreshMetrics' hook.
 func (m *endpointMetrics) RefreshSent(caughtUp bool) {
 	result := "not_caught_up"
 	if caughtUp {

@@ -9,7 +9,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -50,7 +50,7 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			if tc.before {
 				coreGone()
 			}
-			conn, err := eventbridge.DialCRI("unix://" + sock)
+			conn, err := dial.CRI("unix://" + sock)
 			if err != nil {
 				t.Fatal(err)
 			}

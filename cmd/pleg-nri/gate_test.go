@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -66,7 +66,7 @@ func gateOn(t *testing.T, r *initializingRuntime) (ctx context.Context, g *runti
 	t.Cleanup(cancel)
 	sock = filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
 	stop = serveRuntime(t, sock, r)
-	conn, err := eventbridge.DialCRI("unix://" + sock)
+	conn, err := dial.CRI("unix://" + sock)
 	if err != nil {
 		t.Fatal(err)
 	}

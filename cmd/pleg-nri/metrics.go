@@ -9,12 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/endpoint"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
-// metrics implements the measurement hooks of pleg/, plugin/ and eventbridge/ over Prometheus. Every
+// metrics implements the measurement hooks of pleg/, plugin/, containerd/ and endpoint/ over Prometheus. Every
 // method is cheap and never blocks: they run on NRI callbacks and on the event path.
 type metrics struct {
 	observations   *prometheus.CounterVec
@@ -222,12 +222,12 @@ func (m *metrics) ConnectionState(up bool) { m.setUpstream("nri", &m.nri, up) }
 
 func (m *metrics) Reconnected() { m.reconnects.WithLabelValues("nri").Inc() }
 
-// coreProxyMetrics adapts metrics to eventbridge.Metrics for the core's event socket, whose client is
+// coreProxyMetrics adapts metrics to endpoint.Metrics for the core's event socket, whose client is
 // the front: the send latency (source to the core's socket) and the runtime connection (for /readyz).
 // Forwarded calls and the kubelet's streams are the front's (endpointMetrics).
 type coreProxyMetrics struct {
 	*metrics
-	eventbridge.NopMetrics
+	endpoint.NopMetrics
 }
 
 func (p coreProxyMetrics) EventSent(latency time.Duration) {
@@ -280,7 +280,7 @@ func setGauge(g prometheus.Gauge, up bool) {
 }
 
 var (
-	_ pleg.Metrics        = (*metrics)(nil)
-	_ plugin.Metrics      = (*metrics)(nil)
-	_ eventbridge.Metrics = coreProxyMetrics{}
+	_ pleg.Metrics     = (*metrics)(nil)
+	_ plugin.Metrics   = (*metrics)(nil)
+	_ endpoint.Metrics = coreProxyMetrics{}
 )

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/containerd"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -75,8 +75,8 @@ func (h taskHooks) OnConnectionState(up bool) {
 }
 
 var (
-	_ plugin.Metrics              = nriHooks{}
-	_ pleg.Metrics                = coreHooks{}
-	_ pleg.OOMCheckMetrics        = coreHooks{}
-	_ eventbridge.TaskEventsHooks = taskHooks{}
+	_ plugin.Metrics             = nriHooks{}
+	_ pleg.Metrics               = coreHooks{}
+	_ pleg.OOMCheckMetrics       = coreHooks{}
+	_ containerd.TaskEventsHooks = taskHooks{}
 )

@@ -127,3 +127,17 @@ func ShortTempDir(t testing.TB, prefix string) string {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
 }
+
+// Next returns the next value from ch, and fails t when none comes within timeout; what names the
+// value in the failure.
+func Next[T any](t testing.TB, ch <-chan T, what string, timeout time.Duration) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+	var zero T
+	return zero
+}

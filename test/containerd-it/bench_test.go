@@ -36,7 +36,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/containerd"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
@@ -638,7 +638,7 @@ type taskExits struct {
 func watchTaskExits(tb testing.TB, address string) *taskExits {
 	tb.Helper()
 	t := &taskExits{seen: map[string][2]time.Time{}}
-	sub, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: address, Observer: eventbridge.ObserverFunc(func(o pleg.Observation) {
+	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: address, Observer: containerd.ObserverFunc(func(o pleg.Observation) {
 		if o.Phase != pleg.PhaseExited {
 			return
 		}

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
@@ -63,7 +63,7 @@ func startChurn(t *testing.T, prefix string, workers int) *churn {
 	t.Helper()
 	// pleg-nri's own CRI dialer: it reconnects within 100ms..2s of containerd's restart, where gRPC's
 	// default backoff waits up to 2 minutes.
-	conn, err := eventbridge.DialCRI("unix://" + env.Address)
+	conn, err := dial.CRI("unix://" + env.Address)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -704,7 +704,7 @@ func faultContainerdKill(t *testing.T, kills, workers int) {
 // newFastCRI is a CRI client on containerd's socket that reconnects quickly after a restart.
 func newFastCRI(t *testing.T) *cri {
 	t.Helper()
-	conn, err := eventbridge.DialCRI("unix://" + env.Address)
+	conn, err := dial.CRI("unix://" + env.Address)
 	if err != nil {
 		t.Fatal(err)
 	}

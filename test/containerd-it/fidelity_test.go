@@ -19,7 +19,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge"
+	"github.com/pleg-nri/pleg-nri/containerd"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
@@ -162,7 +163,7 @@ type oomOrder struct {
 func watchOOMOrder(t *testing.T) *oomOrder {
 	t.Helper()
 	r := &oomOrder{seen: map[string][]string{}}
-	sub, err := eventbridge.NewTaskEvents(eventbridge.TaskEventsConfig{Address: env.Address, Observer: eventbridge.ObserverFunc(func(o pleg.Observation) {
+	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: env.Address, Observer: containerd.ObserverFunc(func(o pleg.Observation) {
 		what := ""
 		switch {
 		case o.OOMKilled:
@@ -340,7 +341,7 @@ func TestCompareSandboxAfterStop(t *testing.T) {
 	s.compare()
 }
 
-// TestOOMChecker: eventbridge.OOMChecker (pleg-nri's OOM check before the STOPPED of an exit with status
+// TestOOMChecker: containerd.OOMChecker (pleg-nri's OOM check before the STOPPED of an exit with status
 // 137) against the real containerd: a container one of whose processes was OOM-killed and that still
 // runs says true, a plain one false, an unknown one NotFound.
 func TestOOMChecker(t *testing.T) {
@@ -353,11 +354,15 @@ func TestOOMChecker(t *testing.T) {
 	c.start(hog)
 	plain := c.create(podID, podCfg, containerConfig("plain", "exec sleep 3600"))
 	c.start(plain)
-	oc, err := eventbridge.NewOOMChecker(env.Address, "k8s.io")
+	conn, err := dial.CRI(env.Address)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer oc.Close()
+	defer conn.Close()
+	oc, err := containerd.NewOOMChecker(conn, "k8s.io")
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = harness.WaitFor(context.Background(), 20*time.Second, "containerd's status of hog to say OOMKilled", func() (bool, error) {
 		return c.status(hog).Reason == "OOMKilled", nil
 	})
