@@ -54,11 +54,20 @@ func FileListener(f *os.File) (net.Listener, error) {
 	return &unixListener{UnixListener: ul, path: path, file: fi}, nil
 }
 
-// SendFiles sends msg and the files' descriptors over conn, in one message.
+// SendFiles sends msg and the files' descriptors over conn, in one message. The descriptors are read
+// without os.File.Fd, which would put each socket, shared with the listener it duplicates, in blocking
+// mode: a listener whose handoff then fails serves on, and an Accept in blocking mode could not be
+// interrupted by its Close (a front that never stops).
 func SendFiles(conn *net.UnixConn, msg []byte, files ...*os.File) error {
 	fds := make([]int, len(files))
 	for i, f := range files {
-		fds[i] = int(f.Fd())
+		rc, err := f.SyscallConn()
+		if err != nil {
+			return fmt.Errorf("failed to send descriptors: %w", err)
+		}
+		if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
+			return fmt.Errorf("failed to send descriptors: %w", err)
+		}
 	}
 	if len(msg) == 0 {
 		msg = []byte{0}

@@ -97,3 +97,62 @@ func socketPair() (*net.UnixConn, *net.UnixConn, error) {
 	}
 	return a, b, nil
 }
+
+// TestFailedHandoffListenerStops: a listener whose socket was sent to a successor that then dropped it
+// (a refused or failed takeover) serves on, and its Close still ends a pending Accept at once. Sending
+// used to put the shared socket in blocking mode (os.File.Fd), so that the Accept sat in the kernel and
+// Close waited for it for ever: a front whose takeover failed could not stop.
+func TestFailedHandoffListenerStops(t *testing.T) {
+	path := filepath.Join(testutil.ShortTempDir(t, "eb-"), "cri.sock")
+	l, err := Listen(context.Background(), "unix://"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	f, err := ListenerFile(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SendFiles(a, nil, f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, files, err := ReceiveFiles(b, 64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		f.Close() // the successor gives up
+	}
+	accepted := make(chan error, 2)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				accepted <- err
+				return
+			}
+			c.Close()
+			accepted <- nil
+		}
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := recv(t, accepted, "a connection accepted"); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	recv(t, closed, "Close to return")
+	if err := recv(t, accepted, "the pending Accept to end"); err == nil {
+		t.Error("Accept after Close: no error")
+	}
+}
