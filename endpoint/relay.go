@@ -31,8 +31,8 @@ import (
 // which events the old core's subscribers had received (see docs/restarts.md).
 type Relay struct {
 	conn *grpc.ClientConn
-	// observe, when set, sees each event's bytes before they are handed on.
-	observe func(context.Context, []byte)
+	// gate, when set, holds each event until the runtime serves.
+	gate *RuntimeGate
 	// retryMin and retryMax bound the delay between two subscriptions that ended without an event.
 	retryMin, retryMax time.Duration
 	// resubscribed counts the upstream subscriptions made again after one ended.
@@ -44,10 +44,10 @@ type Relay struct {
 type RelayConfig struct {
 	// Endpoint is the upstream CRI endpoint whose event stream is relayed (see dial.CRI). Required.
 	Endpoint string
-	// Observe, when set, is handed each event's encoding (a ContainerEventResponse; shared, never to be
-	// modified) before it is sent on, with the context of the Next that returns it: it may wait (the
-	// front holds an event until the runtime serves), but no longer than that context lives.
-	Observe func(ctx context.Context, event []byte)
+	// Gate, when set, holds each event before it is sent on until the runtime serves calls (at most
+	// RuntimeCatchUp), and no longer than the context of the Next that returns it lives: the front's,
+	// so that the kubelet's reaction to an event is not a call that fails.
+	Gate *RuntimeGate
 	// Resubscribed, when set, is called each time a subscription subscribes again after its upstream
 	// stream ended (for a metric or a test).
 	Resubscribed func()
@@ -82,7 +82,7 @@ func DialRelay(cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("event relay: %w", err)
 	}
-	return &Relay{conn: conn, observe: cfg.Observe, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax}, nil
+	return &Relay{conn: conn, gate: cfg.Gate, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax}, nil
 }
 
 // Close closes the upstream connection; open subscriptions end.
@@ -153,8 +153,8 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 			s.mu.Lock()
 			s.fails = 0
 			s.mu.Unlock()
-			if s.r.observe != nil {
-				s.r.observe(ctx, b)
+			if s.r.gate != nil {
+				s.r.gate.Wait(ctx, RuntimeCatchUp)
 			}
 			return b, time.Time{}, nil
 		}

@@ -102,6 +102,14 @@ func (s *Server) Err() <-chan error {
 	return s.errCh
 }
 
+// StopWithin is Stop with a deadline timeout from now, even when ctx is done already (a stop at the
+// end of a process whose context ended).
+func (s *Server) StopWithin(ctx context.Context, timeout time.Duration) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	s.Stop(sctx)
+}
+
 // Stop ends open event streams, lets forwarded calls finish until ctx is done, then closes every
 // connection; the socket file is removed. It is safe to call before Start.
 func (s *Server) Stop(ctx context.Context) {

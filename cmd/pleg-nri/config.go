@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/containerd/nri/pkg/api"
+
 	"github.com/pleg-nri/pleg-nri/containerd"
 	"github.com/pleg-nri/pleg-nri/endpoint"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
@@ -35,7 +36,7 @@ type Config struct {
 	ContainerdNamespace string `json:"containerd-namespace"`
 	// RuntimeEndpoint is containerd's CRI endpoint: statuses, relists, and every forwarded call.
 	RuntimeEndpoint string `json:"runtime-endpoint"`
-	// Listen is the CRI endpoint pleg-nri serves to the kubelet (through its front, see front.go).
+	// Listen is the CRI endpoint pleg-nri serves to the kubelet (through its front, package front).
 	Listen string `json:"listen"`
 	// RunDir holds the core's event socket and the front's control socket (and the front's log when
 	// it has no journal); one pleg-nri per run directory. Empty: the directory of the --listen socket

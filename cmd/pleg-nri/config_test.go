@@ -131,21 +131,6 @@ func TestToEventLine(t *testing.T) {
 	}
 }
 
-func TestMethodLabel(t *testing.T) {
-	for method, want := range map[string]string{
-		"/runtime.v1.RuntimeService/Version":            "/runtime.v1.RuntimeService/Version",
-		"/runtime.v1.ImageService/PullImage":            "/runtime.v1.ImageService/PullImage",
-		"/runtime.v1.RuntimeService/NoSuchMethod":       "unknown",
-		"/made.up.Service/Anything":                     "unknown",
-		"garbage":                                       "unknown",
-		"/runtime.v1.RuntimeService/GetContainerEvents": "/runtime.v1.RuntimeService/GetContainerEvents",
-	} {
-		if got := methodLabel(method); got != want {
-			t.Errorf("methodLabel(%q) = %q, want %q", method, got, want)
-		}
-	}
-}
-
 // FuzzParseConfig: whatever the data, ParseConfig does not panic; an error says what is wrong in one of
 // its forms (naming the key when a key is at fault); an accepted configuration is valid and reads back
 // the same once written out.

@@ -24,7 +24,9 @@ import (
 
 	"github.com/pleg-nri/pleg-nri/containerd"
 	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/front"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -48,7 +50,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	defer cancel()
 	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
-	processCollectors(reg, "core")
+	promutil.RegisterProcessCollectors(reg, "core")
 	m, ready := newMetrics(reg), &readiness{}
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
@@ -83,14 +85,14 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		comps.run(ctx, "NRI plugin", nri.Run)
 	}
 
-	// The kubelet's endpoint belongs to the front, which outlives this process (front.go); the core
+	// The kubelet's endpoint belongs to the front, which outlives this process (package front); the core
 	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
 	// socket, where the front subscribes.
 	backend, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
-	if err := ensureFront(ctx, cfg, preRegistered); err != nil {
+	if err := front.Ensure(ctx, frontConfig(cfg), preRegistered); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting
 		}
@@ -125,7 +127,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, frontGatherer{cfg.runDir()}}, ready)
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.runDir()}}, ready)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -270,7 +272,7 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 	// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by the
 	// previous containerd may have reconnected through the NRI socket and still serve. Then it goes on
 	// (its state is current) and this one ends.
-	if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), coreSocketName), time.Second); err == nil {
+	if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), front.CoreSocketName), time.Second); err == nil {
 		_ = c.Close()
 		log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
 		return cfg, false, nil
@@ -330,21 +332,14 @@ func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, 
 	if err != nil {
 		return nil, nil, err
 	}
-	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.runDir(), coreSocketName), proxy); err != nil {
+	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.runDir(), front.CoreSocketName), proxy); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
 	// The core first stops counting what its streams do not send as received (see pleg.PLEG.Stopping).
-	return srv, sync.OnceFunc(func() { core.Stopping(); stopServer(ctx, srv, coreStopTimeout) }), nil
-}
-
-// stopServer stops srv, letting the calls in flight finish for up to timeout, even once ctx is done.
-func stopServer(ctx context.Context, srv *endpoint.Server, timeout time.Duration) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	srv.Stop(sctx)
+	return srv, sync.OnceFunc(func() { core.Stopping(); srv.StopWithin(ctx, coreStopTimeout) }), nil
 }
 
 // serverFailure is a component that returns srv's serving error, or nil once ctx is done.

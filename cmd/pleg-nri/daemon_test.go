@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/front"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -323,7 +324,7 @@ func spawnDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 	t.Cleanup(func() {
 		d.stop(t)
 		// The front the daemon started outlives it, by design: stop it too.
-		if err := stopFront(filepath.Dir(socket)); err != nil {
+		if err := front.Stop(filepath.Dir(socket)); err != nil {
 			t.Errorf("stop the front: %v", err)
 		}
 		if t.Failed() {
@@ -343,7 +344,7 @@ func (d *daemon) waitServing(t *testing.T, socket string) {
 		default:
 		}
 		// The sockets answer before the metrics server listens: servingLog comes after both.
-		return answers(socket) && answers(filepath.Join(filepath.Dir(socket), coreSocketName)) &&
+		return answers(socket) && answers(filepath.Join(filepath.Dir(socket), front.CoreSocketName)) &&
 			strings.Contains(d.out.String(), servingLog), nil
 	})
 	if err != nil {
@@ -500,16 +501,16 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 				}
 			}
 
-			front, err := queryFront(sockDir, "info")
+			info, err := front.Query(sockDir, "info")
 			if err != nil {
 				t.Fatalf("no front answers in %s: %v", sockDir, err)
 			}
-			if front.PID == d.cmd.Process.Pid || front.Listen != "unix://"+sock {
-				t.Errorf("front: %+v, want another process serving %s", front, sock)
+			if info.PID == d.cmd.Process.Pid || info.Listen != "unix://"+sock {
+				t.Errorf("front: %+v, want another process serving %s", info, sock)
 			}
 			for pid, want := range map[int][]string{
-				d.cmd.Process.Pid: {"unix " + filepath.Join(sockDir, coreSocketName), "tcp " + metrics},
-				front.PID:         {"unix " + sock, "unix " + filepath.Join(sockDir, frontSocketName)},
+				d.cmd.Process.Pid: {"unix " + filepath.Join(sockDir, front.CoreSocketName), "tcp " + metrics},
+				info.PID:          {"unix " + sock, "unix " + filepath.Join(sockDir, front.ControlSocketName)},
 			} {
 				wanted := map[string]bool{}
 				for _, l := range want {
@@ -530,7 +531,7 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			if code := d.stop(t); code != 0 {
 				t.Errorf("exit status %d after SIGTERM, want 0", code)
 			}
-			if _, err := os.Lstat(filepath.Join(sockDir, coreSocketName)); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Lstat(filepath.Join(sockDir, front.CoreSocketName)); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("core socket left after SIGTERM: %v", err)
 			}
 			if c, err := net.Dial("unix", sock); err != nil {
@@ -542,8 +543,8 @@ func TestDaemonSocketAndListeners(t *testing.T) {
 			if err := runStopFront([]string{"--run-dir", sockDir}, &out); err != nil {
 				t.Fatalf("stop-front: %v", err)
 			}
-			if testutil.Alive(front.PID) {
-				t.Errorf("the front (pid %d) runs after stop-front", front.PID)
+			if testutil.Alive(info.PID) {
+				t.Errorf("the front (pid %d) runs after stop-front", info.PID)
 			}
 			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("socket left after stop-front: %v", err)
@@ -592,7 +593,7 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- runDaemon(ctx, cfg, "") }()
 	err := testutil.Poll(ctx, 20*time.Second, "the daemon's core socket", func() (bool, error) {
-		return answers(filepath.Join(dir, "run", coreSocketName)), nil
+		return answers(filepath.Join(dir, "run", front.CoreSocketName)), nil
 	})
 	if err != nil {
 		cancel()
@@ -607,10 +608,10 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("runDaemon did not return after cancel")
 	}
-	if _, err := os.Lstat(filepath.Join(dir, "run", coreSocketName)); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(dir, "run", front.CoreSocketName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("core socket left: %v", err)
 	}
-	if err := stopFront(filepath.Join(dir, "run")); err != nil {
+	if err := front.Stop(filepath.Join(dir, "run")); err != nil {
 		t.Errorf("stop the front: %v", err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "run", "cri.sock")); !errors.Is(err, fs.ErrNotExist) {
@@ -658,16 +659,16 @@ func TestDaemonNotifiesSystemd(t *testing.T) {
 	if !answers(sock) {
 		t.Errorf("READY=1 before %s answers", sock)
 	}
-	front, err := queryFront(filepath.Join(dir, "run"), "info")
+	info, err := front.Query(filepath.Join(dir, "run"), "info")
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", front.PID))
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", info.PID))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(env), "NOTIFY_SOCKET=") {
-		t.Errorf("the front (pid %d) has NOTIFY_SOCKET in its environment", front.PID)
+		t.Errorf("the front (pid %d) has NOTIFY_SOCKET in its environment", info.PID)
 	}
 	if code := d.stop(t); code != 0 {
 		t.Errorf("exit status %d, want 0", code)

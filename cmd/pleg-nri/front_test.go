@@ -9,6 +9,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/front"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -35,7 +36,7 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			runDir := filepath.Join(dir, "run")
 			sock := filepath.Join(runDir, "cri.sock")
 			d := startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock)...)
-			front, err := queryFront(runDir, "info")
+			info, err := front.Query(runDir, "info")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,15 +80,15 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			// Both ways wait for the front's exit for twice its stop timeout.
 			start := time.Now()
 			if tc.stopFront {
-				if err := stopFront(runDir); err != nil {
+				if err := front.Stop(runDir); err != nil {
 					t.Fatal(err)
 				}
 			} else {
-				if err := syscall.Kill(front.PID, syscall.SIGTERM); err != nil {
+				if err := syscall.Kill(info.PID, syscall.SIGTERM); err != nil {
 					t.Fatal(err)
 				}
-				if err := testutil.Poll(context.Background(), 2*frontStopTimeout, "the front to exit", func() (bool, error) {
-					return !testutil.Alive(front.PID), nil
+				if err := testutil.Poll(context.Background(), 2*front.StopTimeout, "the front to exit", func() (bool, error) {
+					return !testutil.Alive(info.PID), nil
 				}); err != nil {
 					t.Fatal(err)
 				}

@@ -2,7 +2,7 @@
 //
 //	pleg-nri [flags]                     the daemon (see nri.conf.example for every key)
 //	pleg-nri events [flags]              print a CRI endpoint's event stream (pleg-nri events -h)
-//	pleg-nri front [flags]               the front (started by the daemon, see front.go)
+//	pleg-nri front [flags]               the front (started by the daemon, package front)
 //	pleg-nri stop-front [--run-dir DIR]  stop the front (ends the kubelet's event stream)
 //	pleg-nri kubelet-config              point a kubelet's configuration at pleg-nri (pleg-nri kubelet-config -h)
 //	pleg-nri version                     print the version

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/front"
 )
 
 // exposedNames returns every sample name the daemon's /metrics can show: pleg-nri's own metrics (from
@@ -26,7 +28,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	// The core's metrics, the OOM check's, and the kubelet endpoint's, which the front keeps and the
 	// core's /metrics serves with its own.
 	// The front's registry is its own (both declare pleg_nri_upstream_connected).
-	for _, set := range []any{m, newOOMMetrics(m, reg0), newEndpointMetrics(prometheus.NewRegistry())} {
+	for _, set := range []any{m, newOOMMetrics(m, reg0), front.NewMetrics(prometheus.NewRegistry())} {
 		describeFields(t, reflect.Indirect(reflect.ValueOf(set)), names)
 	}
 	reg := prometheus.NewRegistry()

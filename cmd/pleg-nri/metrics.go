@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -48,13 +48,8 @@ type metrics struct {
 	nri, events, cri upstreamState
 }
 
-// metricsNamespace prefixes every metric of pleg-nri's, the core's and the front's.
-const metricsNamespace = "pleg_nri"
-
-var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
-
 func newMetrics(reg prometheus.Registerer) *metrics {
-	const ns = metricsNamespace
+	const ns = promutil.Namespace
 	m := &metrics{
 		observations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "observations_total",
 			Help: "Observations received, by input and object kind."}, []string{"source", "kind"}),
@@ -67,11 +62,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "objects_dropped_total",
 			Help: "Objects forgotten without any event, by kind and reason."}, []string{"kind", "reason"}),
 		emitLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_emit_latency_seconds",
-			Help: "Time from the input's observation to the event's emission, by event type and source.", Buckets: latencyBuckets}, []string{"type", "source"}),
+			Help: "Time from the input's observation to the event's emission, by event type and source.", Buckets: promutil.LatencyBuckets}, []string{"type", "source"}),
 		sendLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "event_send_latency_seconds",
-			Help: "Time from the input's observation to the event's send to a subscriber.", Buckets: latencyBuckets}),
+			Help: "Time from the input's observation to the event's send to a subscriber.", Buckets: promutil.LatencyBuckets}),
 		statusCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "status_call_duration_seconds",
-			Help: "CRI status calls made to containerd, by kind, purpose and result.", Buckets: latencyBuckets}, []string{"kind", "verify", "result"}),
+			Help: "CRI status calls made to containerd, by kind, purpose and result.", Buckets: promutil.LatencyBuckets}, []string{"kind", "verify", "result"}),
 		statusMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "status_mismatches_total",
 			Help: "Verification answers that differed from the status already emitted."}, []string{"kind"}),
 		subscribers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "subscribers",
@@ -83,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		evicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "subscribers_evicted_total",
 			Help: "Subscribers disconnected with RESOURCE_EXHAUSTED for not keeping up."}),
 		relist: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "relist_duration_seconds",
-			Help: "Relists, by result.", Buckets: latencyBuckets}, []string{"result"}),
+			Help: "Relists, by result.", Buckets: promutil.LatencyBuckets}, []string{"result"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_total",
 			Help: "Events emitted because a relist found what the event inputs missed."}, []string{"kind", "type"}),
 		hookDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "hook_duration_seconds",
@@ -93,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Observations made from NRI callbacks."}, []string{"callback"}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_reconnects_total",
 			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
-		upstream: newUpstreamGauge(),
+		upstream: promutil.NewUpstreamGauge(),
 		ckptRestore: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_restores_total",
 			Help: "Checkpoints read at startup, by result (restored, absent, unusable)."}, []string{"result"}),
 		ckptRestored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_restored_objects",
@@ -101,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		ckptWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_writes_total",
 			Help: "Checkpoint writes, by result."}, []string{"result"}),
 		ckptWriteTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "checkpoint_write_duration_seconds",
-			Help: "Time to encode and durably write the checkpoint.", Buckets: latencyBuckets}),
+			Help: "Time to encode and durably write the checkpoint.", Buckets: promutil.LatencyBuckets}),
 		ckptBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_bytes",
 			Help: "Size of the last checkpoint written."}),
 		ckptObjects: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_objects",
@@ -252,33 +247,11 @@ func (m *metrics) setUpstream(name string, st *upstreamState, up bool) {
 		m.reconnects.WithLabelValues(name).Inc()
 	}
 	st.up.Store(up)
-	setGauge(m.upstream.WithLabelValues(name), up)
+	promutil.SetGauge(m.upstream.WithLabelValues(name), up)
 }
 
 // newUpstreamGauge is pleg_nri_upstream_connected, which the core (nri, events, cri) and the front
 // (front_cri) both keep: one scrape merges the two, so both declare it alike.
-func newUpstreamGauge() *prometheus.GaugeVec {
-	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricsNamespace, Name: "upstream_connected",
-		Help: "1 while the upstream connection is up: the core's to containerd's NRI (nri), task events (events) and CRI (cri); the front's to containerd's CRI, for the kubelet's forwarded calls (front_cri)."},
-		[]string{"upstream"})
-}
-
-// processCollectors are the Go runtime's and the process's metrics, labelled with the process (core or
-// front): one scrape shows both processes'.
-func processCollectors(reg prometheus.Registerer, process string) {
-	prometheus.WrapRegistererWith(prometheus.Labels{"process": process}, reg).MustRegister(
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-}
-
-// setGauge sets a gauge that is 1 while up and 0 otherwise.
-func setGauge(g prometheus.Gauge, up bool) {
-	if up {
-		g.Set(1)
-	} else {
-		g.Set(0)
-	}
-}
-
 var (
 	_ pleg.Metrics     = (*metrics)(nil)
 	_ plugin.Metrics   = (*metrics)(nil)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
@@ -17,8 +18,8 @@ type oomMetrics struct {
 var _ pleg.OOMCheckMetrics = oomMetrics{}
 
 func newOOMMetrics(m *metrics, reg prometheus.Registerer) oomMetrics {
-	o := oomMetrics{metrics: m, calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNamespace,
-		Name: "oom_check_duration_seconds", Buckets: latencyBuckets,
+	o := oomMetrics{metrics: m, calls: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: promutil.Namespace,
+		Name: "oom_check_duration_seconds", Buckets: promutil.LatencyBuckets,
 		Help: "OOM checks (containerd task metrics) of exits with status 137 before their STOPPED, by result."}, []string{"result"})}
 	reg.MustRegister(o.calls)
 	return o

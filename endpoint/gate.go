@@ -1,4 +1,4 @@
-package main
+package endpoint
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// backendCatchUp bounds how long an event waits for the runtime to serve the front's calls.
-const backendCatchUp = 2 * time.Second
+// RuntimeCatchUp bounds how long a relayed event waits for the runtime to serve calls.
+const RuntimeCatchUp = 2 * time.Second
 
-// runtimeGate holds each relayed event until the runtime behind the front serves CRI calls.
+// RuntimeGate holds each relayed event until the runtime behind the front serves CRI calls.
 //
 // An event means the core reached containerd; after a restart of containerd it can come before the
 // runtime serves the kubelet: the front's connection may not have redialed yet (gRPC backs off up to
@@ -27,7 +27,7 @@ const backendCatchUp = 2 * time.Second
 // that pod for 10 s. So after each change of the connection's state the gate asks the runtime for its
 // version, and an event waits until that is answered. While the connection stays as it was checked,
 // the gate costs two atomic loads and a state read.
-type runtimeGate struct {
+type RuntimeGate struct {
 	conn    *grpc.ClientConn
 	runtime runtimeapi.RuntimeServiceClient
 	// changes counts the connection's state changes seen by watch; checked holds changes+1 as of the
@@ -41,16 +41,16 @@ type runtimeGate struct {
 // stays unready holds the stream back by the bound once, not by the bound for each event.
 const gateRetry = 20 * time.Millisecond
 
-// newRuntimeGate returns a gate on conn, watching its state until ctx is done.
-func newRuntimeGate(ctx context.Context, conn *grpc.ClientConn) *runtimeGate {
-	g := &runtimeGate{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}
+// NewRuntimeGate returns a gate on conn, watching its state until ctx is done.
+func NewRuntimeGate(ctx context.Context, conn *grpc.ClientConn) *RuntimeGate {
+	g := &RuntimeGate{conn: conn, runtime: runtimeapi.NewRuntimeServiceClient(conn)}
 	go g.watch(ctx)
 	return g
 }
 
 // watch counts the connection's state changes: any of them (a redial, a new server) voids the last
 // check.
-func (g *runtimeGate) watch(ctx context.Context) {
+func (g *RuntimeGate) watch(ctx context.Context) {
 	s := g.conn.GetState()
 	g.watched.Store(int32(s))
 	for s != connectivity.Shutdown && g.conn.WaitForStateChange(ctx, s) {
@@ -61,13 +61,13 @@ func (g *runtimeGate) watch(ctx context.Context) {
 }
 
 // serving reports whether the last check holds.
-func (g *runtimeGate) serving() bool {
+func (g *RuntimeGate) serving() bool {
 	return g.checked.Load() == g.changes.Load()+1 && g.conn.GetState() == connectivity.Ready
 }
 
 // check asks the runtime for its version, waiting until deadline at most: true once it answers with
 // anything but UNAVAILABLE on a connection that did not change meanwhile.
-func (g *runtimeGate) check(ctx context.Context, deadline time.Time) bool {
+func (g *RuntimeGate) check(ctx context.Context, deadline time.Time) bool {
 	seen := g.changes.Load()
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -79,9 +79,9 @@ func (g *runtimeGate) check(ctx context.Context, deadline time.Time) bool {
 	return g.changes.Load() == seen
 }
 
-// wait returns once the runtime serves, or after max (after gateRetry once a wait ran out since the
+// Wait returns once the runtime serves, or after max (after gateRetry once a wait ran out since the
 // connection's last change). It runs before each relayed event is sent on.
-func (g *runtimeGate) wait(ctx context.Context, max time.Duration) {
+func (g *RuntimeGate) Wait(ctx context.Context, max time.Duration) {
 	if g.serving() {
 		return
 	}

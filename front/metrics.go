@@ -1,4 +1,4 @@
-package main
+package front
 
 import (
 	"bytes"
@@ -14,17 +14,16 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
 )
 
-// endpointMetrics are the metrics of the kubelet's CRI endpoint, kept by the front, which serves it.
+// Metrics are the metrics of the kubelet's CRI endpoint, kept by the front, which serves it.
 // The front has no metrics server: the core's /metrics asks the front for them on its control socket
-// (frontGatherer), so that one scrape shows both, under the names they had before the front; the Go
+// (Gatherer), so that one scrape shows both, under the names they had before the front; the Go
 // and process metrics of each carry a process label (core, front).
-type endpointMetrics struct {
+type Metrics struct {
 	forwarded     *prometheus.HistogramVec
 	streams       prometheus.Gauge
 	streamsClosed *prometheus.CounterVec
@@ -36,19 +35,20 @@ type endpointMetrics struct {
 	runtimeUp prometheus.Gauge
 }
 
-func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
-	const ns = metricsNamespace
-	upstream := newUpstreamGauge()
-	m := &endpointMetrics{
+// NewMetrics registers the endpoint's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns = promutil.Namespace
+	upstream := promutil.NewUpstreamGauge()
+	m := &Metrics{
 		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
 			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
-			Buckets: latencyBuckets}, []string{"method", "result"}),
+			Buckets: promutil.LatencyBuckets}, []string{"method", "result"}),
 		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "refresh_events_total",
 			Help: "Refresh events (read-freshness: hold): after a held read gave up with containerd's older answer, a STOPPED re-sent with containerd's statuses once it caught up (sent), or none because it never did (not_caught_up)."}, []string{"result"}),
 		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
 			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
 		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
-			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: latencyBuckets}, []string{"method", "code"}),
+			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: promutil.LatencyBuckets}, []string{"method", "code"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
 			Help: "Open GetContainerEvents streams."}),
 		streamsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_closed_total",
@@ -62,43 +62,43 @@ func newEndpointMetrics(reg prometheus.Registerer) *endpointMetrics {
 }
 
 var (
-	_ endpoint.Metrics          = (*endpointMetrics)(nil)
-	_ endpoint.FreshnessMetrics = (*endpointMetrics)(nil)
-	_ endpoint.RefreshMetrics   = (*endpointMetrics)(nil)
+	_ endpoint.Metrics          = (*Metrics)(nil)
+	_ endpoint.FreshnessMetrics = (*Metrics)(nil)
+	_ endpoint.RefreshMetrics   = (*Metrics)(nil)
 )
 
-func (m *endpointMetrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
-	m.forwarded.WithLabelValues(methodLabel(method), code.String()).Observe(d.Seconds())
+func (m *Metrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
+	m.forwarded.WithLabelValues(promutil.MethodLabel(method), code.String()).Observe(d.Seconds())
 }
 
-func (m *endpointMetrics) EventStreamOpened() { m.streams.Inc() }
+func (m *Metrics) EventStreamOpened() { m.streams.Inc() }
 
-func (m *endpointMetrics) EventStreamClosed(code codes.Code) {
+func (m *Metrics) EventStreamClosed(code codes.Code) {
 	m.streams.Dec()
 	m.streamsClosed.WithLabelValues(code.String()).Inc()
 }
 
 // EventSent does nothing: the relayed events carry no source time (the core measures its sends).
-func (m *endpointMetrics) EventSent(time.Duration) {}
+func (m *Metrics) EventSent(time.Duration) {}
 
-func (m *endpointMetrics) UpstreamConnectionState(up bool) { setGauge(m.runtimeUp, up) }
+func (m *Metrics) UpstreamConnectionState(up bool) { promutil.SetGauge(m.runtimeUp, up) }
 
 // StaleRead is endpoint.FreshnessMetrics' hook.
-func (m *endpointMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
+func (m *Metrics) StaleRead(method string, held time.Duration, caughtUp bool) {
 	result := "gave_up"
 	if caughtUp {
 		result = "caught_up"
 	}
-	m.staleReads.WithLabelValues(methodLabel(method), result).Observe(held.Seconds())
+	m.staleReads.WithLabelValues(promutil.MethodLabel(method), result).Observe(held.Seconds())
 }
 
 // OverlaidRead is endpoint.FreshnessMetrics' hook.
-func (m *endpointMetrics) OverlaidRead(method string) {
-	m.overlaidReads.WithLabelValues(methodLabel(method)).Inc()
+func (m *Metrics) OverlaidRead(method string) {
+	m.overlaidReads.WithLabelValues(promutil.MethodLabel(method)).Inc()
 }
 
 // RefreshSent is endpoint.RefreshMetrics' hook.
-func (m *endpointMetrics) RefreshSent(caughtUp bool) {
+func (m *Metrics) RefreshSent(caughtUp bool) {
 	result := "not_caught_up"
 	if caughtUp {
 		result = "sent"
@@ -106,32 +106,20 @@ func (m *endpointMetrics) RefreshSent(caughtUp bool) {
 	m.refreshes.WithLabelValues(result).Inc()
 }
 
-// writeMetrics writes what g gathers in the Prometheus text format.
-func writeMetrics(w io.Writer, g prometheus.Gatherer) error {
-	mfs, err := g.Gather()
-	if err != nil {
-		return err
-	}
-	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			return err
-		}
-	}
-	return nil
+// Gatherer gathers the front's metrics from its control socket, for the core's /metrics. No front
+// answering is no error (and no metrics): the core's own metrics are served anyway.
+type Gatherer struct {
+	// RunDir is the front's run directory.
+	RunDir string
 }
 
-// frontGatherer gathers the front's metrics from its control socket, for the core's /metrics. No front
-// answering is no error (and no metrics): the core's own metrics are served anyway.
-type frontGatherer struct{ runDir string }
-
-func (g frontGatherer) Gather() ([]*dto.MetricFamily, error) {
-	c, err := dialControl(filepath.Join(g.runDir, frontSocketName))
+func (g Gatherer) Gather() ([]*dto.MetricFamily, error) {
+	c, err := dialControl(filepath.Join(g.RunDir, ControlSocketName))
 	if err != nil {
 		return nil, nil
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(frontControlTimeout))
+	_ = c.SetDeadline(time.Now().Add(controlTimeout))
 	if _, err := c.Write([]byte(`{"op":"metrics"}` + "\n")); err != nil {
 		return nil, fmt.Errorf("front metrics: %w", err)
 	}
@@ -156,22 +144,4 @@ func (g frontGatherer) Gather() ([]*dto.MetricFamily, error) {
 		}
 	}
 	return out, nil
-}
-
-// methodLabel returns method when this build knows it (a method of a service in the protobuf
-// registry: every CRI method) and "unknown" otherwise, so a client inventing method names cannot grow
-// the metric without bound.
-func methodLabel(method string) string {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	if !ok {
-		return "unknown"
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return "unknown"
-	}
-	if sd, ok := d.(protoreflect.ServiceDescriptor); !ok || sd.Methods().ByName(protoreflect.Name(name)) == nil {
-		return "unknown"
-	}
-	return method
 }

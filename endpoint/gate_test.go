@@ -1,4 +1,4 @@
-package main
+package endpoint
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func serveRuntime(t *testing.T, sock string, r *initializingRuntime) (stop func(
 
 // ready connects g's connection and returns once g has seen it ready: the connection's state does not
 // change during the waits that follow, so they make a known number of calls.
-func ready(t *testing.T, g *runtimeGate) {
+func ready(t *testing.T, g *RuntimeGate) {
 	t.Helper()
 	testutil.Eventually(t, time.Minute, "the gate sees the connection ready", func() bool {
 		g.conn.ResetConnectBackoff()
@@ -60,7 +60,7 @@ func ready(t *testing.T, g *runtimeGate) {
 
 // gateOn serves r on a new socket and returns a gate on a connection to it, seen ready, with the
 // socket and the server's stop. The gate and the connection end with the test.
-func gateOn(t *testing.T, r *initializingRuntime) (ctx context.Context, g *runtimeGate, sock string, stop func()) {
+func gateOn(t *testing.T, r *initializingRuntime) (ctx context.Context, g *RuntimeGate, sock string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -71,7 +71,7 @@ func gateOn(t *testing.T, r *initializingRuntime) (ctx context.Context, g *runti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	g = newRuntimeGate(ctx, conn)
+	g = NewRuntimeGate(ctx, conn)
 	ready(t, g)
 	return ctx, g, sock, stop
 }
@@ -82,11 +82,11 @@ func TestRuntimeGate(t *testing.T) {
 	first := &initializingRuntime{unready: 3}
 	ctx, g, sock, stop := gateOn(t, first)
 
-	g.wait(ctx, time.Minute)
+	g.Wait(ctx, time.Minute)
 	if got := first.calls.Load(); got != 4 || !g.serving() {
 		t.Fatalf("after the first wait: %d Version calls, serving %v; want 4 (3 refused, 1 answered), true", got, g.serving())
 	}
-	g.wait(ctx, time.Minute)
+	g.Wait(ctx, time.Minute)
 	if got := first.calls.Load(); got != 4 {
 		t.Errorf("a wait on a checked connection made %d more Version calls, want none", got-4)
 	}
@@ -97,7 +97,7 @@ func TestRuntimeGate(t *testing.T) {
 	second := &initializingRuntime{unready: 2}
 	serveRuntime(t, sock, second)
 	ready(t, g)
-	g.wait(ctx, time.Minute)
+	g.Wait(ctx, time.Minute)
 	if got := second.calls.Load(); got != 3 || !g.serving() {
 		t.Fatalf("after the restart: %d Version calls, serving %v; want 3 (2 refused, 1 answered), true", got, g.serving())
 	}
@@ -115,7 +115,7 @@ func TestRuntimeGateBound(t *testing.T) {
 		done := make(chan time.Duration)
 		go func() {
 			start := time.Now()
-			g.wait(ctx, max)
+			g.Wait(ctx, max)
 			done <- time.Since(start)
 		}()
 		select {

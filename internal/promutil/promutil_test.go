@@ -1,0 +1,44 @@
+package promutil
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	_ "k8s.io/cri-api/pkg/apis/runtime/v1" // registers the CRI's services
+)
+
+func TestMethodLabel(t *testing.T) {
+	for method, want := range map[string]string{
+		"/runtime.v1.RuntimeService/Version":            "/runtime.v1.RuntimeService/Version",
+		"/runtime.v1.ImageService/PullImage":            "/runtime.v1.ImageService/PullImage",
+		"/runtime.v1.RuntimeService/NoSuchMethod":       "unknown",
+		"/made.up.Service/Anything":                     "unknown",
+		"garbage":                                       "unknown",
+		"/runtime.v1.RuntimeService/GetContainerEvents": "/runtime.v1.RuntimeService/GetContainerEvents",
+	} {
+		if got := MethodLabel(method); got != want {
+			t.Errorf("MethodLabel(%q) = %q, want %q", method, got, want)
+		}
+	}
+}
+
+func TestWriteAndGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	up := NewUpstreamGauge()
+	reg.MustRegister(up)
+	SetGauge(up.WithLabelValues("cri"), true)
+	SetGauge(up.WithLabelValues("nri"), false)
+	RegisterProcessCollectors(reg, "test")
+	var b bytes.Buffer
+	if err := Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`pleg_nri_upstream_connected{upstream="cri"} 1`, `pleg_nri_upstream_connected{upstream="nri"} 0`,
+		`go_goroutines{process="test"}`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the text format lacks %q", want)
+		}
+	}
+}
