@@ -2,10 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/urfave/cli/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/containerd/nri/pkg/api"
@@ -246,80 +248,82 @@ func (c Config) Validate() error {
 			bad("metrics-address", "want host:port: %v", err)
 		}
 	}
-	for key, v := range map[string]string{"runtime-endpoint": c.RuntimeEndpoint, "listen": c.Listen} {
-		if strings.Contains(v, "://") && !strings.HasPrefix(v, "unix://") && !strings.HasPrefix(v, "tcp://") {
-			bad(key, "want a unix:// or tcp:// endpoint or a socket path, got %q", v)
+	for _, key := range []string{"runtime-endpoint", "listen"} {
+		if _, _, err := dial.ParseEndpoint(map[string]string{"runtime-endpoint": c.RuntimeEndpoint, "listen": c.Listen}[key]); err != nil {
+			bad(key, "%v", err)
 		}
+	}
+	if _, err := dial.UnixSocketPath(c.ContainerdAddress); err != nil {
+		bad("containerd-address", "%v", err)
 	}
 	return errors.Join(errs...)
 }
 
-// bindFlags defines a flag for every config key on fs, writing into cfg.
-func bindFlags(fs *flag.FlagSet, cfg *Config) {
-	fs.StringVar(&cfg.NRISocket, "nri-socket", cfg.NRISocket, "NRI socket to dial when running as an external plugin")
-	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", cfg.ContainerdAddress, "containerd's gRPC socket (events)")
-	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", cfg.ContainerdNamespace, "containerd namespace of the CRI")
-	fs.StringVar(&cfg.RuntimeEndpoint, "runtime-endpoint", cfg.RuntimeEndpoint, "containerd's CRI endpoint (statuses, relists, forwarded calls)")
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "CRI endpoint served to the kubelet")
-	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "directory of the core's event socket and the front's control socket (default: the --listen socket's)")
-	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz and /readyz (empty disables)")
-	durationFlag(fs, "relist-period", fmt.Sprintf("how often the reconciler relists (default %s)", cfg.RelistPeriod), &cfg.RelistPeriod)
-	fs.StringVar(&cfg.PluginName, "plugin-name", cfg.PluginName, "NRI plugin name")
-	fs.StringVar(&cfg.PluginIdx, "plugin-idx", cfg.PluginIdx, "NRI plugin index (two digits)")
-	fs.IntVar(&cfg.SubscriberQueue, "subscriber-queue", cfg.SubscriberQueue, "bound of each event subscriber's queue")
-	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
-	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the checkpoint that lets a restart emit only what changed (empty disables it)")
-	durationFlag(fs, "checkpoint-interval", fmt.Sprintf("least time between two checkpoint writes (default %s)", cfg.CheckpointInterval), &cfg.CheckpointInterval)
-	durationFlag(fs, "startup-replay", fmt.Sprintf("how long after startup a new subscriber still gets every event since the start (default %s, 0 disables)", cfg.StartupReplay), &cfg.StartupReplay)
-	fs.StringVar(&cfg.ReadFreshness, "read-freshness", cfg.ReadFreshness,
-		"status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off")
-	fs.BoolVar(&cfg.RefreshAfterStop, "refresh-after-stop", cfg.RefreshAfterStop,
-		"send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)")
+// daemonFlags are the daemon's flags: --config, and one per config key with its default in d.
+func daemonFlags(d Config) []cli.Flag {
+	// Local: the daemon's flags are not the commands'.
+	str := func(name, usage, v string) cli.Flag {
+		return &cli.StringFlag{Name: name, Usage: usage, Value: v, Local: true}
+	}
+	dur := func(name, usage string, v Duration) cli.Flag {
+		return &cli.DurationFlag{Name: name, Usage: usage, Value: time.Duration(v), Local: true}
+	}
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Usage: "YAML config file (keys: the flag names)", TakesFile: true, Local: true},
+		str("nri-socket", "NRI socket to dial when running as an external plugin", d.NRISocket),
+		str("containerd-address", "containerd's gRPC socket (events)", d.ContainerdAddress),
+		str("containerd-namespace", "containerd namespace of the CRI", d.ContainerdNamespace),
+		str("runtime-endpoint", "containerd's CRI endpoint (statuses, relists, forwarded calls)", d.RuntimeEndpoint),
+		str("listen", "CRI endpoint served to the kubelet", d.Listen),
+		str("run-dir", "directory of the core's event socket and the front's control socket (default: the --listen socket's)", d.RunDir),
+		str("metrics-address", "address of /metrics, /healthz and /readyz (empty disables)", d.MetricsAddress),
+		dur("relist-period", "how often the reconciler relists", d.RelistPeriod),
+		str("plugin-name", "NRI plugin name", d.PluginName),
+		str("plugin-idx", "NRI plugin index (two digits)", d.PluginIdx),
+		&cli.IntFlag{Name: "subscriber-queue", Usage: "bound of each event subscriber's queue", Value: d.SubscriberQueue, Local: true},
+		str("log-level", "log level: trace, debug, info, warn, error", d.LogLevel),
+		str("state-dir", "directory of the checkpoint that lets a restart emit only what changed (empty disables it)", d.StateDir),
+		dur("checkpoint-interval", "least time between two checkpoint writes", d.CheckpointInterval),
+		dur("startup-replay", "how long after startup a new subscriber still gets every event since the start (0 disables)", d.StartupReplay),
+		str("read-freshness", "status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off", d.ReadFreshness),
+		&cli.BoolFlag{Name: "refresh-after-stop", Value: d.RefreshAfterStop, Local: true,
+			Usage: "send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)"},
+	}
 }
 
-// durationFlag defines a flag for a duration key on fs, writing into d.
-func durationFlag(fs *flag.FlagSet, name, usage string, d *Duration) {
-	fs.Func(name, usage, func(s string) error {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return err
-		}
-		*d = Duration(v)
-		return nil
-	})
-}
-
-// loadConfig builds the daemon's configuration from defaults, the --config file, then the flags given
-// explicitly on the command line (they win over the file).
-func loadConfig(args []string) (Config, string, error) {
-	fs := flag.NewFlagSet("pleg-nri", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	var configPath string
-	fs.StringVar(&configPath, "config", "", "YAML config file (keys: the flag names)")
-	flagged := DefaultConfig()
-	bindFlags(fs, &flagged)
-	if err := fs.Parse(args); err != nil {
-		return Config{}, "", err
+// daemonConfig builds the daemon's configuration from defaults, the --config file, then the flags cmd
+// was given explicitly (they win over the file). path is the file's.
+func daemonConfig(cmd *cli.Command) (cfg Config, path string, err error) {
+	if cmd.Args().Len() > 0 {
+		return Config{}, "", fmt.Errorf("unexpected argument %q", cmd.Args().First())
 	}
-	if fs.NArg() > 0 {
-		return Config{}, "", fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	cfg := DefaultConfig()
-	if configPath != "" {
-		data, err := os.ReadFile(configPath)
+	cfg, path = DefaultConfig(), cmd.String("config")
+	if path != "" {
+		data, err := os.ReadFile(path)
 		if err != nil {
-			return Config{}, "", fmt.Errorf("failed to read config: %w", err)
+			return Config{}, path, fmt.Errorf("failed to read config: %w", err)
 		}
 		if cfg, err = ParseConfig(data, cfg); err != nil {
-			return Config{}, "", fmt.Errorf("%s: %w", configPath, err)
+			return Config{}, path, fmt.Errorf("%s: %w", path, err)
 		}
 	}
-	// Explicit flags override the file.
-	src, dst := configFields(&flagged), configFields(&cfg)
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "config" {
-			dst[f.Name].Set(src[f.Name])
+	for key, field := range configFields(&cfg) {
+		if cmd.IsSet(key) {
+			field.Set(reflect.ValueOf(cmd.Value(key)).Convert(field.Type()))
 		}
-	})
-	return cfg, configPath, cfg.Validate()
+	}
+	return cfg, path, cfg.Validate()
+}
+
+// loadConfig is daemonConfig for a daemon command line (args without the program's name).
+func loadConfig(args []string) (cfg Config, path string, err error) {
+	app := newApp(io.Discard, io.Discard, func(string) string { return "" })
+	app.Action = func(_ context.Context, cmd *cli.Command) error {
+		cfg, path, err = daemonConfig(cmd)
+		return err
+	}
+	if runErr := app.Run(context.Background(), append([]string{"pleg-nri"}, args...)); err == nil {
+		err = runErr
+	}
+	return cfg, path, err
 }

@@ -1,7 +1,7 @@
 package main
 
 // The daemon as its users run it: the real binary with bad flags, bad config files and unusable listen
-// paths (a clear error naming what is wrong, exit status 2, nothing touched that pleg-nri did not
+// paths (a clear error naming what is wrong, exit status 2 for a usage error and 1 for a failure, nothing touched that pleg-nri did not
 // create), and the socket it serves (0660 in a 0750 directory, nothing else listening but loopback).
 // None of these needs containerd: pleg-nri waits for containerd's sockets and gets as far as serving.
 
@@ -122,35 +122,37 @@ func TestDaemonBadConfiguration(t *testing.T) {
 		name string
 		args []string
 		want []string // in the last line of the output
+		// failure: the configuration is valid, but the daemon cannot run with it (exit status 1, not 2).
+		failure bool
 	}{
 		{"unknown config key", []string{"--config", write("unknown.yaml", "relist_period: 5s\n")},
-			[]string{"unknown.yaml", `unknown config key "relist_period"`}},
+			[]string{"unknown.yaml", `unknown config key "relist_period"`}, false},
 		{"bad duration in the file", []string{"--config", write("dur.yaml", "relist-period: often\n")},
-			[]string{`config key "relist-period"`, "often"}},
+			[]string{`config key "relist-period"`, "often"}, false},
 		{"negative size in the file", []string{"--config", write("size.yaml", "subscriber-queue: -1\n")},
-			[]string{`config key "subscriber-queue"`, "must be at least 1"}},
-		{"negative size flag", []string{"--subscriber-queue", "-5"}, []string{`config key "subscriber-queue"`, "-5"}},
-		{"bad duration flag", []string{"--relist-period", "soon"}, []string{"-relist-period", `"soon"`}},
-		{"negative duration flag", []string{"--relist-period", "-3s"}, []string{`config key "relist-period"`, "-3s"}},
-		{"unknown flag", []string{"--relist_period", "5s"}, []string{"flag provided but not defined", "-relist_period"}},
-		{"missing config file", []string{"--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml", "no such file"}},
-		{"config file is a directory", []string{"--config", dir}, []string{dir, "is a directory"}},
-		{"not YAML", []string{"--config", write("bad.yaml", "a: [\n")}, []string{"bad.yaml", "invalid config"}},
-		{"bad listen scheme", []string{"--listen", "http://127.0.0.1:1"}, []string{`config key "listen"`}},
-		{"relative listen path", []string{"--listen", "run/cri.sock"}, []string{"listen", "run/cri.sock"}},
-		{"bad metrics address", []string{"--metrics-address", "9810"}, []string{`config key "metrics-address"`}},
-		{"extra argument", []string{"serve"}, []string{`unexpected argument "serve"`}},
-		{"relative state dir", []string{"--state-dir", "var/lib/pleg-nri"}, []string{`config key "state-dir"`, "absolute"}},
-		{"state dir is a file", []string{"--state-dir", write("state-file", "")}, []string{`config key "state-dir"`, "not a directory"}},
-		{"state dir under a file", []string{"--state-dir", filepath.Join(write("state-parent", ""), "state")}, []string{`config key "state-dir"`, "state-parent"}},
-		{"read-only state dir", []string{"--state-dir", roDir(t, dir)}, []string{`config key "state-dir"`, "not writable"}},
-		{"negative startup replay", []string{"--startup-replay", "-1s"}, []string{`config key "startup-replay"`, "-1s"}},
+			[]string{`config key "subscriber-queue"`, "must be at least 1"}, false},
+		{"negative size flag", []string{"--subscriber-queue", "-5"}, []string{`config key "subscriber-queue"`, "-5"}, false},
+		{"bad duration flag", []string{"--relist-period", "soon"}, []string{"-relist-period", `"soon"`}, false},
+		{"negative duration flag", []string{"--relist-period", "-3s"}, []string{`config key "relist-period"`, "-3s"}, false},
+		{"unknown flag", []string{"--relist_period", "5s"}, []string{"flag provided but not defined", "-relist_period"}, false},
+		{"missing config file", []string{"--config", filepath.Join(dir, "missing.yaml")}, []string{"missing.yaml", "no such file"}, false},
+		{"config file is a directory", []string{"--config", dir}, []string{dir, "is a directory"}, false},
+		{"not YAML", []string{"--config", write("bad.yaml", "a: [\n")}, []string{"bad.yaml", "invalid config"}, false},
+		{"bad listen scheme", []string{"--listen", "http://127.0.0.1:1"}, []string{`config key "listen"`}, false},
+		{"relative listen path", []string{"--listen", "run/cri.sock"}, []string{"listen", "run/cri.sock"}, false},
+		{"bad metrics address", []string{"--metrics-address", "9810"}, []string{`config key "metrics-address"`}, false},
+		{"extra argument", []string{"serve"}, []string{`unexpected argument "serve"`}, false},
+		{"relative state dir", []string{"--state-dir", "var/lib/pleg-nri"}, []string{`config key "state-dir"`, "absolute"}, false},
+		{"state dir is a file", []string{"--state-dir", write("state-file", "")}, []string{`config key "state-dir"`, "not a directory"}, true},
+		{"state dir under a file", []string{"--state-dir", filepath.Join(write("state-parent", ""), "state")}, []string{`config key "state-dir"`, "state-parent"}, true},
+		{"read-only state dir", []string{"--state-dir", roDir(t, dir)}, []string{`config key "state-dir"`, "not writable"}, true},
+		{"negative startup replay", []string{"--startup-replay", "-1s"}, []string{`config key "startup-replay"`, "-1s"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append(absentUpstreams(dir), listen...), tc.args...)
 			code, out := runToExit(t, args...)
-			if code != 2 {
-				t.Errorf("exit status %d, want 2; output:\n%s", code, out)
+			if want := map[bool]int{false: 2, true: 1}[tc.failure]; code != want {
+				t.Errorf("exit status %d, want %d; output:\n%s", code, want, out)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(lastLine(out), w) {
@@ -186,7 +188,7 @@ func roDir(t *testing.T, parent string) string {
 	return dir
 }
 
-// TestDaemonUnusableListenPaths: every unusable --listen path gives exit status 2 and an error naming
+// TestDaemonUnusableListenPaths: every unusable --listen path gives exit status 1 and an error naming
 // the flag and the path; nothing under the test directory is created, deleted or changed.
 func TestDaemonUnusableListenPaths(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "pn-")
@@ -244,8 +246,8 @@ func TestDaemonUnusableListenPaths(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out := runToExit(t, append(absentUpstreams(dir), "--state-dir", state, "--listen", "unix://"+tc.path)...)
-			if code != 2 {
-				t.Errorf("exit status %d, want 2; output:\n%s", code, out)
+			if code != 1 {
+				t.Errorf("exit status %d, want 1 (a failure to run, not a usage error); output:\n%s", code, out)
 			}
 			line := lastLine(out)
 			for _, w := range append([]string{`config key "listen"`}, tc.want...) {

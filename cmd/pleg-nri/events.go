@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/urfave/cli/v3"
 	"golang.org/x/text/cases"
 	"golang.org/x/text/language"
 	"google.golang.org/grpc/codes"
@@ -97,45 +97,43 @@ func parseEventType(s string) (runtimeapi.ContainerEventType, error) {
 	return 0, fmt.Errorf("want created, started, stopped or deleted, got %q", s)
 }
 
-// listFlag returns a flag.Func that appends each comma-separated value of every use of the flag.
-func listFlag(dst *[]string) func(string) error {
-	return func(s string) error {
-		for _, v := range strings.Split(s, ",") {
-			if v = strings.TrimSpace(v); v != "" {
-				*dst = append(*dst, v)
+// eventsCommand is `pleg-nri events`: print a CRI endpoint's event stream until interrupted. run gets the
+// options; getenv is os.Getenv in the command.
+func eventsCommand(getenv func(string) string, run func(context.Context, eventsOptions) error) *cli.Command {
+	return &cli.Command{
+		Name:      "events",
+		Usage:     "print a CRI endpoint's container event stream (pleg-nri's or containerd's) until interrupted",
+		UsageText: "pleg-nri events [flags]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"},
+				Usage: fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, DefaultConfig().Listen)},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table",
+				Usage: "output format: table, json, yaml or go-template (json, yaml and go-template as crictl events)"},
+			&cli.StringFlag{Name: "template",
+				Usage: "the Go template of --output go-template, over the event's JSON (as crictl's: {{.containerId}}, {{.containerEventType}}, {{.podSandboxStatus.metadata.name}}, ...)"},
+			&cli.StringSliceFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the events of these pods: pod name, pod UID or sandbox id prefix (comma-separated, repeatable)"},
+			&cli.StringSliceFlag{Name: "namespace", Usage: "only the events of pods in these namespaces (comma-separated, repeatable)"},
+			&cli.StringSliceFlag{Name: "type", Usage: "only these event types: created, started, stopped, deleted (comma-separated, repeatable)"},
+		},
+		OnUsageError: onUsageError,
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			o, err := eventsOptionsFrom(cmd, getenv)
+			if err != nil {
+				return usageError{err}
 			}
-		}
-		return nil
+			return run(ctx, o)
+		},
 	}
 }
 
-// parseEventsFlags reads the flags of `pleg-nri events`. getenv is os.Getenv in the command.
-func parseEventsFlags(args []string, getenv func(string) string, stderr io.Writer) (eventsOptions, error) {
-	fs := flag.NewFlagSet("pleg-nri events", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: pleg-nri events [flags]\n\nPrint a CRI endpoint's container event stream (pleg-nri's or containerd's) until interrupted.\n\nFlags:\n")
-		fs.PrintDefaults()
+// eventsOptionsFrom reads the options of `pleg-nri events` from its command line.
+func eventsOptionsFrom(cmd *cli.Command, getenv func(string) string) (eventsOptions, error) {
+	if cmd.Args().Len() > 0 {
+		return eventsOptions{}, fmt.Errorf("unexpected argument %q", cmd.Args().First())
 	}
-	var o eventsOptions
-	var endpoint, templ string
-	var types []string
-	endpointUsage := fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, DefaultConfig().Listen)
-	fs.StringVar(&endpoint, "runtime-endpoint", "", endpointUsage)
-	fs.StringVar(&endpoint, "r", "", "short for --runtime-endpoint")
-	fs.StringVar(&endpoint, "endpoint", "", "the same as --runtime-endpoint")
-	fs.StringVar(&o.output, "output", "table", "output format: table, json, yaml or go-template (json, yaml and go-template as crictl events)")
-	fs.StringVar(&o.output, "o", "table", "short for --output")
-	fs.StringVar(&templ, "template", "", "the Go template of --output go-template, over the event's JSON (as crictl's: {{.containerId}}, {{.containerEventType}}, {{.podSandboxStatus.metadata.name}}, ...)")
-	fs.Func("pod", "only the events of these pods: pod name, pod UID or sandbox id prefix (comma-separated, repeatable)", listFlag(&o.filter.pods))
-	fs.Func("namespace", "only the events of pods in these namespaces (comma-separated, repeatable)", listFlag(&o.filter.namespaces))
-	fs.Func("type", "only these event types: created, started, stopped, deleted (comma-separated, repeatable)", listFlag(&types))
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
+	o := eventsOptions{output: cmd.String("output")}
+	o.filter.pods, o.filter.namespaces = trimmed(cmd.StringSlice("pod")), trimmed(cmd.StringSlice("namespace"))
+	endpoint, templ, types := cmd.String("runtime-endpoint"), cmd.String("template"), trimmed(cmd.StringSlice("type"))
 	switch {
 	case endpoint != "":
 		o.endpoint = endpoint
@@ -171,6 +169,24 @@ func parseEventsFlags(args []string, getenv func(string) string, stderr io.Write
 		return o, fmt.Errorf("--template can't be used with --output %s", o.output)
 	}
 	return o, nil
+}
+
+// trimmed returns the non-empty values of list, trimmed.
+func trimmed(list []string) []string {
+	var out []string
+	for _, v := range list {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// parseEventsFlags reads the options of `pleg-nri events` from args (after "events").
+func parseEventsFlags(args []string, getenv func(string) string, stderr io.Writer) (o eventsOptions, err error) {
+	cmd := eventsCommand(getenv, func(_ context.Context, opts eventsOptions) error { o = opts; return nil })
+	cmd.Writer, cmd.ErrWriter = io.Discard, stderr
+	return o, cmd.Run(context.Background(), append([]string{"events"}, args...))
 }
 
 // templateFuncs are the functions crictl gives its templates.
@@ -329,12 +345,15 @@ func toEventLine(ev *runtimeapi.ContainerEventResponse, recv time.Time) eventLin
 	return l
 }
 
-// runEvents is `pleg-nri events`: print a CRI endpoint's event stream until interrupted.
+// runEvents runs `pleg-nri events` with args (after "events").
 func runEvents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	o, err := parseEventsFlags(args, getenv, stderr)
-	if err != nil {
-		return err
-	}
+	cmd := eventsCommand(getenv, func(ctx context.Context, o eventsOptions) error { return printEvents(ctx, o, stdout) })
+	cmd.Writer, cmd.ErrWriter = stdout, stderr
+	return cmd.Run(ctx, append([]string{"events"}, args...))
+}
+
+// printEvents prints the event stream o names on stdout until ctx is done or the stream ends.
+func printEvents(ctx context.Context, o eventsOptions, stdout io.Writer) error {
 	conn, err := dial.CRI(o.endpoint)
 	if err != nil {
 		return fmt.Errorf("--runtime-endpoint: %w", err)
@@ -355,7 +374,8 @@ func runEvents(ctx context.Context, args []string, getenv func(string) string, s
 				return nil
 			}
 			if errors.Is(err, io.EOF) {
-				return fmt.Errorf("%s closed the event stream", o.endpoint)
+				// The server ended the stream: the end of the events, as crictl events takes it.
+				return nil
 			}
 			return fmt.Errorf("event stream from %s: %w", o.endpoint, err)
 		}

@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
 	"github.com/containerd/log"
+	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/front"
 )
@@ -17,29 +17,59 @@ func frontConfig(cfg Config) front.Config {
 		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, Version: version}
 }
 
-// runFront is `pleg-nri front`, the front process the daemon starts (package front).
+// frontCommand is `pleg-nri front`, the front process the daemon starts (package front). Its flags are
+// the front's own protocol (front.Config.Args), parsed by the front package.
+func frontCommand() *cli.Command {
+	return &cli.Command{
+		Name:            "front",
+		Usage:           "the front: the kubelet's CRI endpoint, kept across restarts of the core (started by the daemon)",
+		Hidden:          true,
+		SkipFlagParsing: true,
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			setProcs(ctx)
+			return runFront(ctx, cmd.Args().Slice())
+		},
+	}
+}
+
+// runFront runs the front with its flags.
 func runFront(ctx context.Context, args []string) error {
 	cfg, err := front.ParseArgs(args, frontConfig(DefaultConfig()))
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	if err := log.SetLevel(cfg.LogLevel); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	return front.Run(ctx, cfg)
 }
 
-// runStopFront is `pleg-nri stop-front`: it stops the front of a run directory (ending the kubelet's
+// stopFrontCommand is `pleg-nri stop-front`: it stops the front of a run directory (ending the kubelet's
 // event stream), e.g. to remove pleg-nri from a node.
+func stopFrontCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "stop-front",
+		Usage:     "stop the front (ends the kubelet's event stream)",
+		UsageText: "pleg-nri stop-front [--run-dir DIR]",
+		Flags: []cli.Flag{&cli.StringFlag{Name: "run-dir", Value: DefaultConfig().runDir(),
+			Usage: "run directory of the front to stop"}},
+		OnUsageError: onUsageError,
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			if cmd.Args().Len() > 0 {
+				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
+			}
+			if err := front.Stop(cmd.String("run-dir")); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.Root().Writer, "front stopped")
+			return nil
+		},
+	}
+}
+
+// runStopFront runs `pleg-nri stop-front` with args (after "stop-front").
 func runStopFront(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("pleg-nri stop-front", flag.ContinueOnError)
-	runDir := fs.String("run-dir", DefaultConfig().runDir(), "run directory of the front to stop")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := front.Stop(*runDir); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "front stopped")
-	return nil
+	cmd := stopFrontCommand()
+	cmd.Writer = out
+	return cmd.Run(context.Background(), append([]string{"stop-front"}, args...))
 }

@@ -2,14 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"regexp"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 )
@@ -90,41 +92,61 @@ func editKubeadmFlags(data []byte, endpoint string) ([]byte, bool) {
 	return out, !bytes.Equal(out, data)
 }
 
-// runKubeletConfig is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's flags
-// file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints "changed"
-// or "unchanged", so that a caller restarts the kubelet only when needed. The Helm chart's node script
-// runs it; an operator can too.
+// kubeletConfigCommand is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's
+// flags file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints
+// "changed" or "unchanged", so that a caller restarts the kubelet only when needed. The Helm chart's
+// node script runs it; an operator can too.
+func kubeletConfigCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "kubelet-config",
+		Usage:     "point a kubelet's configuration at pleg-nri and set its EventedPLEG gate; prints changed or unchanged",
+		UsageText: "pleg-nri kubelet-config [flags]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Value: "/var/lib/kubelet/config.yaml", TakesFile: true,
+				Usage: "the kubelet's configuration file (KubeletConfiguration)"},
+			&cli.StringFlag{Name: "kubeadm-flags", Value: "/var/lib/kubelet/kubeadm-flags.env", TakesFile: true,
+				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine"},
+			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + DefaultConfig().Listen + ")"},
+			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
+		},
+		OnUsageError: onUsageError,
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			if cmd.Args().Len() > 0 {
+				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
+			}
+			e := kubeletEdit{endpoint: cmd.String("container-runtime-endpoint"), eventedPLEG: cmd.String("evented-pleg")}
+			return editKubelet(cmd.String("config"), cmd.String("kubeadm-flags"), e, cmd.Root().Writer)
+		},
+	}
+}
+
+// runKubeletConfig runs `pleg-nri kubelet-config` with args (after "kubelet-config").
 func runKubeletConfig(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("pleg-nri kubelet-config", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	config := fs.String("config", "/var/lib/kubelet/config.yaml", "the kubelet's configuration file (KubeletConfiguration)")
-	flags := fs.String("kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine")
-	var e kubeletEdit
-	fs.StringVar(&e.endpoint, "container-runtime-endpoint", "", "set containerRuntimeEndpoint to this (e.g. "+DefaultConfig().Listen+")")
-	fs.StringVar(&e.eventedPLEG, "evented-pleg", "", "set the EventedPLEG feature gate: true, false, or remove")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	data, err := os.ReadFile(*config)
+	cmd := kubeletConfigCommand()
+	cmd.Writer, cmd.ErrWriter = stdout, stderr
+	return cmd.Run(context.Background(), append([]string{"kubelet-config"}, args...))
+}
+
+// editKubelet applies e to the kubelet's configuration file config and kubeadm's flags file flags, and
+// prints whether anything changed.
+func editKubelet(config, flags string, e kubeletEdit, stdout io.Writer) error {
+	data, err := os.ReadFile(config)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
 	out, changed, err := editKubeletConfig(data, e)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *config, err)
+		return fmt.Errorf("%s: %w", config, err)
 	}
 	if changed {
-		if err := atomicfile.WriteFile(*config, out, 0o644); err != nil {
-			return fmt.Errorf("failed to write %s: %w", *config, err)
+		if err := atomicfile.WriteFile(config, out, 0o644); err != nil {
+			return fmt.Errorf("failed to write %s: %w", config, err)
 		}
 	}
-	if fdata, err := os.ReadFile(*flags); err == nil {
+	if fdata, err := os.ReadFile(flags); err == nil {
 		if fout, fchanged := editKubeadmFlags(fdata, e.endpoint); fchanged {
-			if err := atomicfile.WriteFile(*flags, fout, 0o644); err != nil {
-				return fmt.Errorf("failed to write %s: %w", *flags, err)
+			if err := atomicfile.WriteFile(flags, fout, 0o644); err != nil {
+				return fmt.Errorf("failed to write %s: %w", flags, err)
 			}
 			changed = true
 		}

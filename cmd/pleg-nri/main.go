@@ -2,7 +2,7 @@
 //
 //	pleg-nri [flags]                     the daemon (see nri.conf.example for every key)
 //	pleg-nri events [flags]              print a CRI endpoint's event stream (pleg-nri events -h)
-//	pleg-nri front [flags]               the front (started by the daemon, package front)
+//	pleg-nri front [flags]               the front (started by the daemon, package front; hidden)
 //	pleg-nri stop-front [--run-dir DIR]  stop the front (ends the kubelet's event stream)
 //	pleg-nri kubelet-config              point a kubelet's configuration at pleg-nri (pleg-nri kubelet-config -h)
 //	pleg-nri version                     print the version
@@ -11,15 +11,15 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"syscall"
 
 	"github.com/containerd/log"
+	"github.com/urfave/cli/v3"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -27,39 +27,71 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
+	err := newApp(os.Stdout, os.Stderr, os.Getenv).Run(ctx, os.Args)
 	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", filepath.Base(os.Args[0]), err)
-		}
-		os.Exit(2)
+	os.Exit(exitStatus(err, os.Stderr))
+}
+
+// newApp is pleg-nri's command line: the daemon, and its commands. getenv is os.Getenv in the command.
+func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
+	return &cli.Command{
+		Name:      "pleg-nri",
+		Usage:     "the container event source for the kubelet's EventedPLEG on containerd nodes",
+		UsageText: "pleg-nri [flags]  (the daemon: see nri.conf.example for every key)\npleg-nri command [flags]",
+		Version:   version,
+		// `pleg-nri version` says it, as `crictl version` does; no --version flag beside it.
+		HideVersion: true,
+		Writer:      stdout,
+		ErrWriter:   stderr,
+		Flags:       daemonFlags(DefaultConfig()),
+		// Errors are main's to print and turn into an exit status (exitStatus).
+		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+		OnUsageError:   onUsageError,
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			cfg, path, err := daemonConfig(cmd)
+			if err != nil {
+				return usageError{err}
+			}
+			setProcs(ctx)
+			return runDaemon(ctx, cfg, path)
+		},
+		Commands: []*cli.Command{
+			eventsCommand(getenv, func(ctx context.Context, o eventsOptions) error { return printEvents(ctx, o, stdout) }),
+			frontCommand(),
+			stopFrontCommand(),
+			kubeletConfigCommand(),
+			{
+				Name:  "version",
+				Usage: "print the version",
+				Action: func(_ context.Context, cmd *cli.Command) error {
+					fmt.Fprintf(cmd.Root().Writer, "pleg-nri %s\n", version)
+					return nil
+				},
+			},
+		},
 	}
 }
 
-func run(ctx context.Context, args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "events":
-			return runEvents(ctx, args[1:], os.Getenv, os.Stdout, os.Stderr)
-		case "front":
-			setProcs(ctx)
-			return runFront(ctx, args[1:])
-		case "stop-front":
-			return runStopFront(args[1:], os.Stdout)
-		case "kubelet-config":
-			return runKubeletConfig(args[1:], os.Stdout, os.Stderr)
-		case "version":
-			fmt.Printf("pleg-nri %s\n", version)
-			return nil
-		}
+// usageError is a command line that cannot run: a flag or argument not known, or a value not valid.
+// The process exits with status 2; any other failure exits with 1.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// onUsageError marks an error of the flags' parsing as a usage error.
+func onUsageError(_ context.Context, _ *cli.Command, err error, _ bool) error { return usageError{err} }
+
+// exitStatus prints err, if any, and returns the process's exit status: 0 on success, 2 for a usage
+// error, 1 for any other failure.
+func exitStatus(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
 	}
-	cfg, configPath, err := loadConfig(args)
-	if err != nil {
-		return err
+	fmt.Fprintf(stderr, "pleg-nri: %v\n", err)
+	if errors.As(err, new(usageError)) {
+		return 2
 	}
-	setProcs(ctx)
-	return runDaemon(ctx, cfg, configPath)
+	return 1
 }
 
 // setProcs runs the process on one P unless the GOMAXPROCS environment variable says otherwise. It is a
