@@ -52,6 +52,12 @@ type Config struct {
 	SubscriberQueue int
 	// RelistPeriod is the period of the relist loop; default DefaultRelistPeriod.
 	RelistPeriod time.Duration
+	// ResyncDelays are the relists Resync schedules after the one at once; nil is DefaultResyncDelays.
+	ResyncDelays []time.Duration
+	// Reconnect, when set, is called before each relist of Resync: it makes the status source's
+	// connection retry at once, since after an outage of containerd its backoff can hold calls failing
+	// for seconds after containerd answers again.
+	Reconnect func()
 	// StatusTimeout bounds each status call; default DefaultStatusTimeout.
 	StatusTimeout time.Duration
 	// VerifyDelay is how long after a STARTED or STOPPED built from fast facts the container's CRI status
@@ -126,6 +132,8 @@ type PLEG struct {
 	metrics Metrics
 	fetch   *fetcher
 	fan     *fanout
+	// resync is Resync's schedule of relists.
+	resync *settler
 
 	// inboxMu guards inbox. It is held only to append or swap: Observe never waits on the state.
 	inboxMu sync.Mutex
@@ -195,6 +203,16 @@ func New(cfg Config) (*PLEG, error) {
 		wake:      make(chan struct{}, 1),
 		relistNow: make(chan struct{}, 1),
 	}
+	delays := cfg.ResyncDelays
+	if delays == nil {
+		delays = DefaultResyncDelays
+	}
+	p.resync = newSettler(func() {
+		if cfg.Reconnect != nil {
+			cfg.Reconnect()
+		}
+		p.TriggerRelist()
+	}, delays)
 	p.st = newState(cfg.Clock, cfg.Metrics, p.fetch, p.fan, cfg.VerifyDelay)
 	p.st.oomCheck = cfg.OOM != nil
 	p.st.oomFast, _ = cfg.OOM.(OOMCgroupReader)
@@ -276,6 +294,11 @@ func (p *PLEG) RefreshStopped(id string) {
 	p.enqueue(input{refresh: &refreshReq{id: id, at: p.clock.Now()}})
 }
 
+// Resync relists at once and again at ResyncDelays: call it after a (re)synchronization with containerd
+// (NRI's Synchronize, a new task events subscription), which settles what happened while one of them was
+// down a little later than it answers. A Resync during the schedule starts it over. It never blocks.
+func (p *PLEG) Resync() { p.resync.Kick() }
+
 // TriggerRelist asks the relist loop of Run to relist at once (after a reconnect); it never blocks.
 func (p *PLEG) TriggerRelist() {
 	select {
@@ -303,6 +326,7 @@ func (p *PLEG) Run(ctx context.Context) error {
 	if p.cfg.CheckpointPath != "" {
 		wg.Go(func() { p.checkpointLoop(ctx) })
 	}
+	wg.Go(func() { _ = p.resync.run(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	if p.cfg.CheckpointPath != "" {

@@ -57,9 +57,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// starts; an external one has it from its flags and --config file already. Either way the core is
 	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
 	gate := newCoreGate()
-	// settle relists a few times in the seconds after each (re)synchronization (see settleDelays).
-	settle := newSettler(gate.relist, settleDelays)
-	nri, err := newPlugin(ctx, cfg, gate, settle, nriHooks{m, ready})
+	nri, err := newPlugin(ctx, cfg, gate, nriHooks{m, ready})
 	if err != nil {
 		return err
 	}
@@ -75,12 +73,12 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// One connection per socket: containerd serves its CRI, events and tasks on one.
 	var conns dial.Conns
 	defer conns.Close()
-	core, cri, closeCore, err := newCore(ctx, cfg, &conns, coreHooks{newOOMMetrics(m, reg), ready})
+	core, closeCore, err := newCore(ctx, cfg, &conns, coreHooks{newOOMMetrics(m, reg), ready})
 	if err != nil {
 		return err
 	}
 	defer closeCore()
-	gate.open(core, cri)
+	gate.open(core)
 	if !preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 	}
@@ -109,7 +107,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	events, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: cfg.ContainerdAddress, Conn: ctrd,
-		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: settle.Kick}})
+		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: core.Resync}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
@@ -122,7 +120,6 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	defer stopCore()
 	comps.run(coreCtx, "core", core.Run)
 	comps.run(ctx, "containerd events", events.Run)
-	comps.run(ctx, "settle relists", settle.run)
 	comps.run(ctx, "CRI endpoint", serverFailure(srv))
 
 	if cfg.MetricsAddress != "" {
@@ -191,34 +188,23 @@ type coreGate struct {
 	// ready is closed once core is set.
 	ready chan struct{}
 	core  *pleg.PLEG
-	// cri is the core's CRI client.
-	cri *containerd.CRIClient
 }
 
 func newCoreGate() *coreGate {
 	return &coreGate{configured: make(chan []byte, 1), ready: make(chan struct{})}
 }
 
-// open sets the core and its CRI client and lets the callbacks waiting for it go on.
-func (g *coreGate) open(core *pleg.PLEG, cri *containerd.CRIClient) {
-	g.core, g.cri = core, cri
+// open sets the core and lets the callbacks waiting for it go on.
+func (g *coreGate) open(core *pleg.PLEG) {
+	g.core = core
 	close(g.ready)
-}
-
-// relist makes the core relist now. The settler calls it after containerd came back (NRI resynchronized,
-// or the task events subscription restored): the CRI connection is first told to reconnect at once,
-// since after an outage its backoff can hold calls failing for up to DialCRI's 2s after containerd
-// answers again, and the relists of the settle schedule would fail until then.
-func (g *coreGate) relist() {
-	g.cri.ResetConnectBackoff()
-	g.core.TriggerRelist()
 }
 
 // newPlugin builds the NRI plugin. Its callbacks wait for the core (gate). Configure hands the first
 // configuration to the daemon (gate.configured) and holds registration until the core is built from it,
 // within the runtime's request timeout; a later one only gets a warning when it changes keys that need a
 // restart.
-func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler, m plugin.Metrics) (*plugin.Plugin, error) {
+func newPlugin(ctx context.Context, cfg Config, gate *coreGate, m plugin.Metrics) (*plugin.Plugin, error) {
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
 		Observer: observerFunc(func(o pleg.Observation) {
 			<-gate.ready
@@ -227,7 +213,7 @@ func newPlugin(ctx context.Context, cfg Config, gate *coreGate, settle *settler,
 		Metrics: m,
 		OnSynchronized: func() {
 			<-gate.ready
-			settle.Kick()
+			gate.core.Resync()
 		},
 		Configure: func(ctx context.Context, data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
@@ -280,30 +266,30 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 	return cfg, true, nil
 }
 
-// newCore builds the core from cfg, with the CRI client (returned) and the OOM checker it reads
-// containerd with over conns, after it locked the state directory; closeCore unlocks it.
-func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, _ *containerd.CRIClient, closeCore func(), err error) {
+// newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with
+// over conns, after it locked the state directory; closeCore unlocks it.
+func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
 	conn, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
 	}
 	cri := containerd.NewCRIClient(conn)
 	// containerd's own check of an exit with status 137 for an OOM kill, so the first STOPPED says it.
 	ctrd, err := conns.Get(cfg.ContainerdAddress)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	oom, err := containerd.NewOOMChecker(ctrd, cfg.ContainerdNamespace)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
-	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue,
+	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = lockStateDir(ctx, cfg.StateDir, stateLockWait); err != nil {
-			return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
+			return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 		}
 		defer func() {
 			if err != nil {
@@ -316,10 +302,10 @@ func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics)
 		log.G(ctx).Warn("no state-dir: a restart of pleg-nri emits CREATED and STARTED again for every sandbox and container")
 	}
 	if core, err = pleg.New(pcfg); err != nil {
-		return nil, nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
+		return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 	}
 	// The lock goes last: after the core's last checkpoint (core.Run has returned).
-	return core, cri, unlock, nil
+	return core, unlock, nil
 }
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front

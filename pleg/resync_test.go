@@ -1,4 +1,4 @@
-package main
+package pleg
 
 import (
 	"context"

@@ -1,11 +1,12 @@
-package main
+package pleg
 
 import (
 	"context"
 	"time"
 )
 
-// settleDelays are the relists after a (re)synchronization with containerd, besides the one at once.
+// DefaultResyncDelays are the relists after a (re)synchronization with containerd (Resync), besides the
+// one at once.
 //
 // After a restart of pleg-nri's core or of containerd, containerd settles what happened while one of
 // them was down a little later than it answers: a container that exited while the core was down was
@@ -15,9 +16,9 @@ import (
 // Without more relists, such an exit waits for the next periodic relist (relist-period, 10 s): the
 // kubelet then restarts the container 10 s late. A quiet relist emits nothing and costs no status call
 // (about 0.6 ms for 1,000 containers), so a few in the seconds after a reconnection cost nothing.
-var settleDelays = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second}
+var DefaultResyncDelays = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second}
 
-// settler triggers relists at settleDelays after each kick, until its context is done. A kick during a
+// settler triggers relists at its delays after each kick, until its context is done. A kick during a
 // schedule starts it again.
 type settler struct {
 	relist func()
