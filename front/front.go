@@ -196,12 +196,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer backend.Close()
 	reg := prometheus.NewRegistry()
-	em := NewMetrics(reg)
+	// The front's connection to the runtime is "front_cri"; the core's is "cri".
+	em := endpoint.NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "front_cri"), "front_cri")
 	promutil.RegisterProcessCollectors(reg, "front")
 	relay, err := endpoint.DialRelay(endpoint.RelayConfig{
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
 		Gate:         endpoint.NewRuntimeGate(ctx, backend),
-		Resubscribed: em.resubscribed.Inc,
+		Resubscribed: em.Resubscribed,
 	})
 	if err != nil {
 		return err

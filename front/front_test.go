@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containerd/log"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -367,20 +366,6 @@ func TestEnsureFailure(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "read-freshness") {
 		t.Errorf("Ensure with a bad key: %v, want the front's error naming --read-freshness", err)
 	}
-}
-
-func TestMetricsRegister(t *testing.T) {
-	m := NewMetrics(prometheus.NewRegistry())
-	m.ForwardedCall("/runtime.v1.RuntimeService/Version", 0, time.Millisecond)
-	m.EventStreamOpened()
-	m.EventStreamClosed(0)
-	m.EventSent(time.Millisecond)
-	m.UpstreamConnectionState(true)
-	m.StaleRead("/runtime.v1.RuntimeService/ContainerStatus", time.Millisecond, true)
-	m.StaleRead("/runtime.v1.RuntimeService/ContainerStatus", time.Millisecond, false)
-	m.OverlaidRead("/runtime.v1.RuntimeService/ContainerStatus")
-	m.RefreshSent(true)
-	m.RefreshSent(false)
 }
 
 func TestTailWriter(t *testing.T) {

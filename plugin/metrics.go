@@ -2,7 +2,7 @@ package plugin
 
 import "time"
 
-// Metrics receives the plugin's measurements; the daemon implements it over Prometheus. Every method is called
+// Metrics receives the plugin's measurements (PrometheusMetrics in the daemon). Every method is called
 // from an NRI callback or the connection loop and must not block.
 type Metrics interface {
 	// HookDuration records how long the plugin took to handle one callback, from its arrival to its return.

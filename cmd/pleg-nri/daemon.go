@@ -51,13 +51,14 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	comps := &components{cancel: cancel}
 	reg := prometheus.NewRegistry()
 	promutil.RegisterProcessCollectors(reg, "core")
-	m, ready := newMetrics(reg), &readiness{}
+	upstreams := promutil.NewUpstreams(reg, "nri", "events", "cri")
+	m, ready := pleg.NewPrometheusMetrics(reg), &readiness{}
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
 	// starts; an external one has it from its flags and --config file already. Either way the core is
 	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
 	gate := newCoreGate()
-	nri, err := newPlugin(ctx, cfg, gate, nriHooks{m, ready})
+	nri, err := newPlugin(ctx, cfg, gate, nriHooks{plugin.NewPrometheusMetrics(reg, upstreams), ready})
 	if err != nil {
 		return err
 	}
@@ -73,7 +74,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 	// One connection per socket: containerd serves its CRI, events and tasks on one.
 	var conns dial.Conns
 	defer conns.Close()
-	core, closeCore, err := newCore(ctx, cfg, &conns, coreHooks{newOOMMetrics(m, reg), ready})
+	core, closeCore, err := newCore(ctx, cfg, &conns, coreHooks{m, ready})
 	if err != nil {
 		return err
 	}
@@ -96,7 +97,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		}
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
-	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, m)
+	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams})
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	events, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: cfg.ContainerdAddress, Conn: ctrd,
-		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{m: m, ready: ready, relist: core.Resync}})
+		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{upstreams: upstreams, ready: ready, relist: core.Resync}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
@@ -310,11 +311,11 @@ func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics)
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
-func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m *metrics) (srv *endpoint.Server, stop func(), err error) {
+func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *endpoint.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	// It also answers the front's refresh requests (refresh-after-stop); only a front configured so asks.
 	proxy, err := endpoint.NewProxy(endpoint.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: coreProxyMetrics{metrics: m}, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
+		Metrics: m, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
 	if err != nil {
 		return nil, nil, err
 	}

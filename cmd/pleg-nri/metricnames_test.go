@@ -3,37 +3,71 @@ package main
 import (
 	"encoding/json"
 	"os"
-	"reflect"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
 
-	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
-// exposedNames returns every sample name the daemon's /metrics can show: pleg-nri's own metrics (from
-// the collectors newMetrics registers, whether or not they have samples yet), with a histogram's
-// _bucket, _sum and _count, and the Go and process collectors' names.
+// recordingRegisterer keeps every collector registered on it.
+type recordingRegisterer struct{ collectors []prometheus.Collector }
+
+func (r *recordingRegisterer) Register(c prometheus.Collector) error {
+	r.collectors = append(r.collectors, c)
+	return nil
+}
+
+func (r *recordingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	r.collectors = append(r.collectors, cs...)
+}
+
+func (r *recordingRegisterer) Unregister(prometheus.Collector) bool { return false }
+
+// exposedNames returns every sample name the daemon's /metrics can show: the metrics its packages
+// register (whether or not they have samples yet), the front's (the kubelet's endpoint, which the
+// core's /metrics serves with its own), with a histogram's _bucket, _sum and _count, and the Go and
+// process collectors' names.
 func exposedNames(t *testing.T) map[string]bool {
 	t.Helper()
+	var reg recordingRegisterer
+	upstreams := promutil.NewUpstreams(&reg, "nri", "events", "cri")
+	pleg.NewPrometheusMetrics(&reg)
+	plugin.NewPrometheusMetrics(&reg, upstreams)
+	endpoint.NewPrometheusMetrics(&reg, upstreams, "front_cri")
 	names := map[string]bool{}
-	reg0 := prometheus.NewRegistry()
-	m := newMetrics(reg0)
-	// The core's metrics, the OOM check's, and the kubelet endpoint's, which the front keeps and the
-	// core's /metrics serves with its own.
-	// The front's registry is its own (both declare pleg_nri_upstream_connected).
-	for _, set := range []any{m, newOOMMetrics(m, reg0), front.NewMetrics(prometheus.NewRegistry())} {
-		describeFields(t, reflect.Indirect(reflect.ValueOf(set)), names)
+	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for _, c := range reg.collectors {
+		_, histogram := c.(prometheus.Histogram)
+		if _, ok := c.(*prometheus.HistogramVec); ok {
+			histogram = true
+		}
+		ch := make(chan *prometheus.Desc, 8)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			m := fqName.FindStringSubmatch(d.String())
+			if m == nil {
+				t.Fatalf("no name in %s", d)
+			}
+			names[m[1]] = true
+			if histogram {
+				for _, s := range []string{"_bucket", "_sum", "_count"} {
+					names[m[1]+s] = true
+				}
+			}
+		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mfs, err := reg.Gather()
+	procs := prometheus.NewRegistry()
+	promutil.RegisterProcessCollectors(procs, "core")
+	mfs, err := procs.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,49 +77,13 @@ func exposedNames(t *testing.T) map[string]bool {
 			names[mf.GetName()+"_sum"], names[mf.GetName()+"_count"], names[mf.GetName()+"_bucket"] = true, true, true
 		}
 	}
-	if !names["pleg_nri_event_send_latency_seconds_bucket"] || !names["process_resident_memory_bytes"] {
-		t.Fatalf("the names found miss known metrics: %v", names)
+	for _, known := range []string{"pleg_nri_event_send_latency_seconds_bucket", "pleg_nri_hook_duration_seconds_count",
+		"pleg_nri_forwarded_call_duration_seconds_bucket", "pleg_nri_upstream_connected", "process_resident_memory_bytes"} {
+		if !names[known] {
+			t.Fatalf("the names found miss %s: %v", known, names)
+		}
 	}
 	return names
-}
-
-// describeFields adds to names the metric names of every prometheus.Collector field of the struct v.
-func describeFields(t *testing.T, v reflect.Value, names map[string]bool) {
-	t.Helper()
-	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
-	if !v.CanAddr() {
-		p := reflect.New(v.Type())
-		p.Elem().Set(v)
-		v = p.Elem()
-	}
-	for i := 0; i < v.NumField(); i++ {
-		f := v.Field(i)
-		if !f.CanInterface() {
-			f = reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem()
-		}
-		c, ok := f.Interface().(prometheus.Collector)
-		if !ok {
-			continue
-		}
-		_, histogram := c.(prometheus.Histogram)
-		if _, ok := c.(*prometheus.HistogramVec); ok {
-			histogram = true
-		}
-		ch := make(chan *prometheus.Desc, 8)
-		go func() { c.Describe(ch); close(ch) }()
-		for d := range ch {
-			mm := fqName.FindStringSubmatch(d.String())
-			if mm == nil {
-				t.Fatalf("no name in %s", d)
-			}
-			names[mm[1]] = true
-			if histogram {
-				for _, s := range []string{"_bucket", "_sum", "_count"} {
-					names[mm[1]+s] = true
-				}
-			}
-		}
-	}
 }
 
 // metricRef finds the metric names a PromQL expression uses (pleg-nri's, the Go and process

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/containerd"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -48,7 +49,7 @@ func (h nriHooks) ConnectionState(up bool) {
 // coreHooks are the core's hooks: its metrics (with the OOM checks'), and its first relist for
 // readiness.
 type coreHooks struct {
-	oomMetrics
+	*pleg.PrometheusMetrics
 	ready *readiness
 }
 
@@ -56,21 +57,21 @@ func (h coreHooks) RelistCompleted(d time.Duration, err error) {
 	if err == nil {
 		h.ready.relisted.Store(true)
 	}
-	h.oomMetrics.RelistCompleted(d, err)
+	h.PrometheusMetrics.RelistCompleted(d, err)
 }
 
 // taskHooks are the task event subscription's hooks: metrics, readiness, and a relist after every
 // (re)subscribe.
 type taskHooks struct {
-	m      *metrics
-	ready  *readiness
-	relist func()
+	upstreams *promutil.Upstreams
+	ready     *readiness
+	relist    func()
 }
 
 func (h taskHooks) OnReconnect() { h.relist() }
 
 func (h taskHooks) OnConnectionState(up bool) {
-	h.m.setUpstream("events", &h.m.events, up)
+	h.upstreams.Set("events", up, false)
 	h.ready.events.Store(up)
 }
 

@@ -2,11 +2,15 @@ package main
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
 // TestReadiness feeds readiness through the hooks the daemon hands the plugin, the event subscription
@@ -14,10 +18,10 @@ import (
 // the same hooks.
 func TestReadiness(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, ready := newMetrics(reg), &readiness{}
-	nri := nriHooks{m, ready}
-	events := taskHooks{m: m, ready: ready, relist: func() {}}
-	core := coreHooks{newOOMMetrics(m, reg), ready}
+	upstreams, ready := promutil.NewUpstreams(reg, "nri", "events", "cri"), &readiness{}
+	nri := nriHooks{plugin.NewPrometheusMetrics(reg, upstreams), ready}
+	events := taskHooks{upstreams: upstreams, ready: ready, relist: func() {}}
+	core := coreHooks{pleg.NewPrometheusMetrics(reg), ready}
 	want := func(msg string) {
 		t.Helper()
 		err := ready.check()
@@ -40,8 +44,14 @@ func TestReadiness(t *testing.T) {
 	nri.ConnectionState(false)
 	want("NRI plugin not registered")
 
-	var up dto.Metric
-	if err := m.upstream.WithLabelValues("events").Write(&up); err != nil || up.GetGauge().GetValue() != 0 {
-		t.Errorf("pleg_nri_upstream_connected{upstream=\"events\"} = %v (%v), want 0", up.GetGauge().GetValue(), err)
+	var b strings.Builder
+	if err := promutil.Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`pleg_nri_upstream_connected{upstream="events"} 0`, `pleg_nri_upstream_connected{upstream="nri"} 0`,
+		`pleg_nri_relist_duration_seconds_count{result="ok"} 1`, `pleg_nri_relist_duration_seconds_count{result="error"} 1`} {
+		if !strings.Contains(b.String(), want+"\n") {
+			t.Errorf("the metrics lack %s", want)
+		}
 	}
 }

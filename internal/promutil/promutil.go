@@ -5,6 +5,7 @@ package promutil
 import (
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,6 +27,48 @@ func NewUpstreamGauge() *prometheus.GaugeVec {
 		Help: "1 while the upstream connection is up: the core's to containerd's NRI (nri), task events (events) and CRI (cri); the front's to containerd's CRI, for the kubelet's forwarded calls (front_cri)."},
 		[]string{"upstream"})
 }
+
+// Upstreams keeps pleg_nri_upstream_connected and pleg_nri_upstream_reconnects_total of one process,
+// for every package that holds an upstream connection: each sets its own by name. It is safe for
+// concurrent use.
+type Upstreams struct {
+	connected  *prometheus.GaugeVec
+	reconnects *prometheus.CounterVec
+	// mu guards seen and up.
+	mu sync.Mutex
+	// seen holds the upstreams that have been up once (only later connections are reconnects); up their
+	// current state.
+	seen, up map[string]bool
+}
+
+// NewUpstreams registers the upstream metrics on reg, with the named upstreams down.
+func NewUpstreams(reg prometheus.Registerer, names ...string) *Upstreams {
+	u := &Upstreams{connected: NewUpstreamGauge(),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "upstream_reconnects_total",
+			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
+		seen: map[string]bool{}, up: map[string]bool{}}
+	reg.MustRegister(u.connected, u.reconnects)
+	for _, n := range names {
+		u.connected.WithLabelValues(n).Set(0)
+	}
+	return u
+}
+
+// Set records the upstream name going up or down; a connection up again after one was lost counts as a
+// reconnect, unless counted says the caller counts its reconnects itself (Reconnected).
+func (u *Upstreams) Set(name string, up, counted bool) {
+	u.mu.Lock()
+	if up && !u.up[name] && u.seen[name] && !counted {
+		u.reconnects.WithLabelValues(name).Inc()
+	}
+	u.seen[name] = u.seen[name] || up
+	u.up[name] = up
+	u.mu.Unlock()
+	SetGauge(u.connected.WithLabelValues(name), up)
+}
+
+// Reconnected counts a reconnect of the upstream name, for a caller that knows better than its states.
+func (u *Upstreams) Reconnected(name string) { u.reconnects.WithLabelValues(name).Inc() }
 
 // RegisterProcessCollectors registers the Go runtime's and the process's metrics, labelled with the
 // process (core or front): one scrape shows both processes'.

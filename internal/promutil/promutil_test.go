@@ -42,3 +42,25 @@ func TestWriteAndGauges(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreams: a connection up again after one was lost is a reconnect, unless its owner counts its
+// reconnects itself; the named upstreams start down.
+func TestUpstreams(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	u := NewUpstreams(reg, "cri", "nri", "idle")
+	for _, up := range []bool{true, false, true, true, false, true} {
+		u.Set("cri", up, false)
+		u.Set("nri", up, true)
+	}
+	u.Reconnected("nri")
+	var b bytes.Buffer
+	if err := Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`pleg_nri_upstream_connected{upstream="cri"} 1`, `pleg_nri_upstream_connected{upstream="idle"} 0`,
+		`pleg_nri_upstream_reconnects_total{upstream="cri"} 2`, `pleg_nri_upstream_reconnects_total{upstream="nri"} 1`} {
+		if !strings.Contains(b.String(), want+"\n") {
+			t.Errorf("the metrics lack %s:\n%s", want, b.String())
+		}
+	}
+}
