@@ -289,7 +289,7 @@ func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics)
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
 	unlock := func() {}
 	if cfg.StateDir != "" {
-		if unlock, err = lockStateDir(ctx, cfg.StateDir, stateLockWait); err != nil {
+		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
 			return nil, nil, fmt.Errorf("config key \"state-dir\": %w", err)
 		}
 		defer func() {

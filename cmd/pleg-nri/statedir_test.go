@@ -77,7 +77,7 @@ func TestDaemonUnusableCheckpoint(t *testing.T) {
 }
 
 // TestDaemonStateDirLock (issue 26): two cores never share a state directory. A second daemon on the
-// state-dir of a running one waits stateLockWait for it, then exits naming it; one started while the
+// state-dir of a running one waits pleg.DefaultStateLockWait for it, then exits naming it; one started while the
 // holder is still there goes on once the holder lets go (a restart whose predecessor is still stopping).
 func TestDaemonStateDirLock(t *testing.T) {
 	state := filepath.Join(testutil.ShortTempDir(t, "pn-"), "state")
@@ -113,7 +113,7 @@ func TestDaemonStateDirLock(t *testing.T) {
 			t.Errorf("the first core's exit status %d, want 0", code)
 		}
 		second.waitServing(t, sock2)
-		if got, _ := os.ReadFile(filepath.Join(state, stateLockName)); strings.TrimSpace(string(got)) != strconv.Itoa(second.cmd.Process.Pid) {
+		if got, _ := os.ReadFile(filepath.Join(state, pleg.StateLockName)); strings.TrimSpace(string(got)) != strconv.Itoa(second.cmd.Process.Pid) {
 			t.Errorf("the lock file says %q, want the successor's pid %d", got, second.cmd.Process.Pid)
 		}
 	})

@@ -1,4 +1,4 @@
-package main
+package pleg
 
 import (
 	"context"
@@ -14,24 +14,24 @@ import (
 	"github.com/containerd/log"
 )
 
-// stateLockName is the lock file of the state directory.
-const stateLockName = "lock"
+// StateLockName is the lock file of the state directory.
+const StateLockName = "lock"
 
-// stateLockWait bounds how long a core waits for the state directory's lock: longer than a core takes to
+// DefaultStateLockWait bounds how long a core waits for the state directory's lock: longer than a core takes to
 // stop (its event socket's coreStopTimeout, then its last checkpoint), so that a core started while the
 // previous one still stops (a service manager's restart, containerd launching a pre-registered plugin
 // again) goes on after it, and short enough that a second core beside a running one says so soon.
-const stateLockWait = 10 * time.Second
+const DefaultStateLockWait = 10 * time.Second
 
 // stateLockPoll is how often the lock is tried while another core holds it.
 const stateLockPoll = 50 * time.Millisecond
 
-// lockStateDir makes the state directory (0700) if needed, checks that it is a writable directory, and
+// LockStateDir makes the state directory (0700) if needed, checks that it is a writable directory, and
 // takes its lock (an exclusive flock on <dir>/lock, which holds the owner's pid), waiting up to wait
 // while another process holds it. Two cores on one state directory would read and write one checkpoint,
 // each over the other's: the second gets an error naming the first. unlock releases the lock; the
 // kernel releases it too when the process ends, however it ends.
-func lockStateDir(ctx context.Context, dir string, wait time.Duration) (unlock func(), err error) {
+func LockStateDir(ctx context.Context, dir string, wait time.Duration) (unlock func(), err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot create %s: %w", dir, err)
 	}
@@ -45,7 +45,7 @@ func lockStateDir(ctx context.Context, dir string, wait time.Duration) (unlock f
 	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
 		return nil, fmt.Errorf("%s is not writable: %w", dir, err)
 	}
-	path := filepath.Join(dir, stateLockName)
+	path := filepath.Join(dir, StateLockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the state directory's lock: %w", err)
