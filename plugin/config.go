@@ -45,12 +45,16 @@ type Config struct {
 	// OnConnectionState is called with true when the plugin has registered with the runtime and with
 	// false when that connection is gone. It must not block.
 	OnConnectionState func(up bool)
-	// Configure applies the configuration a runtime hands to a pre-registered plugin (its
+	// Configure checks the configuration a runtime hands to a pre-registered plugin (its
 	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
-	// configuration ignored: the plugin stays registered with the configuration it had. It may wait (the
-	// daemon holds the registration until its core is built from the configuration), but no longer than
-	// ctx lives: ctx ends configureMargin before the runtime gives up on the request.
+	// configuration ignored: the plugin stays registered with the configuration it had. ctx ends
+	// configureMargin before the runtime gives up on the request.
 	Configure func(ctx context.Context, config []byte) error
+	// Hold makes the callbacks (Observer, OnSynchronized) wait until Release: a pre-registered plugin runs
+	// before the core it feeds, which is built from the configuration the runtime sends first. The first
+	// configuration Configure accepts is then handed on Configured, and the answer to the runtime waits
+	// for Release as long as the runtime waits for it (so that the runtime's Synchronize finds the core).
+	Hold bool
 	// Metrics records the plugin's work; nil records nothing.
 	Metrics Metrics
 	// Clock stamps observations (SourceTime) and times the callbacks; nil is time.Now.

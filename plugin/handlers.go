@@ -39,6 +39,15 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 		defer cancel()
 		if err := p.cfg.Configure(ctx, []byte(config)); err != nil {
 			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
+		} else if p.cfg.Hold && p.handedConfig.CompareAndSwap(false, true) {
+			// The first configuration: hand it on, and hold the answer (and so the runtime's
+			// Synchronize) until the core is built from it, as long as the runtime waits for it (ctx).
+			p.configured <- []byte(config) // the channel's one slot: never blocks
+			select {
+			case <-p.released:
+			case <-ctx.Done():
+				entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
+			}
 		}
 	}
 	return 0, nil

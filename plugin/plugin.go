@@ -43,6 +43,14 @@ type Observer interface {
 type Plugin struct {
 	cfg Config // with its defaults
 
+	// released is closed by Release (at once without Config.Hold); releaseOnce guards it.
+	released    chan struct{}
+	releaseOnce sync.Once
+	// configured receives the first accepted configuration (Config.Hold), once: handedConfig is set
+	// when it was.
+	configured   chan []byte
+	handedConfig atomic.Bool
+
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
 	// dialTimeout bounds one dial of the NRI socket.
@@ -66,7 +74,9 @@ func New(cfg Config) (*Plugin, error) {
 		return nil, fmt.Errorf("invalid NRI plugin configuration: %w", err)
 	}
 	p := &Plugin{
-		cfg: cfg.withDefaults(),
+		cfg:        cfg.withDefaults(),
+		released:   make(chan struct{}),
+		configured: make(chan []byte, 1),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -74,7 +84,37 @@ func New(cfg Config) (*Plugin, error) {
 		socketPoll:   defaultSocketPoll,
 		wait:         sleep,
 	}
+	if !cfg.Hold {
+		p.Release()
+	} else {
+		observer, synced := p.cfg.Observer, p.cfg.OnSynchronized
+		p.cfg.Observer = heldObserver{p.released, observer}
+		if synced != nil {
+			p.cfg.OnSynchronized = func() {
+				<-p.released
+				synced()
+			}
+		}
+	}
 	return p, nil
+}
+
+// Release lets the callbacks held by Config.Hold go on. It may be called more than once.
+func (p *Plugin) Release() { p.releaseOnce.Do(func() { close(p.released) }) }
+
+// Configured delivers the first configuration the runtime sent and Config.Configure accepted, with
+// Config.Hold (the channel is never written to without it).
+func (p *Plugin) Configured() <-chan []byte { return p.configured }
+
+// heldObserver hands observations on once released is closed.
+type heldObserver struct {
+	released <-chan struct{}
+	Observer
+}
+
+func (h heldObserver) Observe(o pleg.Observation) {
+	<-h.released
+	h.Observer.Observe(o)
 }
 
 // Run connects the plugin to the runtime and keeps it connected until ctx is cancelled, then disconnects and

@@ -710,3 +710,89 @@ func TestRunPollsMissingSocket(t *testing.T) {
 		t.Errorf("delays between dials of a missing socket %v, want %v", delays, want)
 	}
 }
+
+// TestHold: with Hold (a pre-registered plugin, before its core), the callbacks wait for Release; the
+// first configuration accepted is handed on Configured and its answer waits for Release, or for the
+// runtime's deadline; a later one is only checked.
+func TestHold(t *testing.T) {
+	rec := &recorder{}
+	synced := make(chan struct{}, 1)
+	p, err := New(Config{Observer: rec, Hold: true, OnSynchronized: func() { synced <- struct{}{} },
+		Configure: func(_ context.Context, b []byte) error {
+			if string(b) == "bad" {
+				return errors.New("bad")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A refused configuration is not the first.
+	if _, err := p.Configure(context.Background(), "bad", "containerd", "v2.4.2"); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan struct{})
+	go func() {
+		_, _ = p.Configure(context.Background(), "relist-period: 5s", "containerd", "v2.4.2")
+		close(answered)
+	}()
+	if got := <-p.Configured(); string(got) != "relist-period: 5s" {
+		t.Fatalf("Configured() = %q", got)
+	}
+	synchronized := make(chan struct{})
+	go func() {
+		_, _ = p.Synchronize(context.Background(), []*api.PodSandbox{{Id: "s1", Uid: "u1", Name: "p", Namespace: "ns"}}, nil)
+		close(synchronized)
+	}()
+	select {
+	case <-answered:
+		t.Fatal("the first Configure was answered before Release")
+	case <-synchronized:
+		t.Fatal("Synchronize went on before Release")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if n := len(rec.take()); n != 0 {
+		t.Fatalf("%d observations before Release", n)
+	}
+	p.Release()
+	p.Release() // twice is fine
+	for _, ch := range []chan struct{}{answered, synchronized} {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a callback still waits after Release")
+		}
+	}
+	select {
+	case <-synced:
+	case <-time.After(10 * time.Second):
+		t.Fatal("OnSynchronized not called after Release")
+	}
+	if n := len(rec.take()); n != 1 {
+		t.Errorf("%d observations after Release, want 1", n)
+	}
+	// A later configuration is answered at once and not handed on.
+	if _, err := p.Configure(context.Background(), "relist-period: 6s", "containerd", "v2.4.2"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-p.Configured():
+		t.Errorf("a later configuration was handed on: %q", got)
+	default:
+	}
+
+	// Without Release, the first answer waits only until the runtime's deadline.
+	held, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), configureMargin+100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := held.Configure(ctx, "x: 1", "containerd", "v2.4.2"); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Errorf("the held answer took %s", waited)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -56,17 +57,17 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	// A pre-registered plugin gets its configuration through NRI's Configure, before anything else
 	// starts; an external one has it from its flags and --config file already. Either way the core is
-	// built from the final configuration, and the plugin's callbacks wait for it (coreGate).
-	gate := newCoreGate()
-	nri, err := newPlugin(ctx, cfg, gate, nriHooks{plugin.NewPrometheusMetrics(reg, upstreams), ready})
+	// built from the final configuration: the pre-registered plugin's callbacks wait for it (Hold).
+	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
+	var core *pleg.PLEG // set before the plugin's callbacks run (Release, or nri.Run)
+	nri, err := newPlugin(cfg, preRegistered, func() *pleg.PLEG { return core }, nriHooks{plugin.NewPrometheusMetrics(reg, upstreams), ready})
 	if err != nil {
 		return err
 	}
-	preRegistered := os.Getenv("NRI_PLUGIN_SOCKET") != ""
 	if preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
-		if cfg, serve, err = configurePreRegistered(ctx, cfg, gate.configured); !serve {
+		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured()); !serve {
 			return err
 		}
 	}
@@ -79,7 +80,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 		return err
 	}
 	defer closeCore()
-	gate.open(core)
+	nri.Release()
 	if !preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 	}
@@ -180,57 +181,23 @@ func (c *components) run(ctx context.Context, name string, fn func(context.Conte
 // wait returns once every component has returned, with the first failure.
 func (c *components) wait() error { return c.g.Wait() }
 
-// coreGate holds the NRI plugin's callbacks until the core is built from the final configuration. Only
-// a pre-registered plugin runs before the core, and only at startup: containerd sends Configure first,
-// then Synchronize.
-type coreGate struct {
-	// configured receives the first configuration from NRI's Configure.
-	configured chan []byte
-	// ready is closed once core is set.
-	ready chan struct{}
-	core  *pleg.PLEG
-}
-
-func newCoreGate() *coreGate {
-	return &coreGate{configured: make(chan []byte, 1), ready: make(chan struct{})}
-}
-
-// open sets the core and lets the callbacks waiting for it go on.
-func (g *coreGate) open(core *pleg.PLEG) {
-	g.core = core
-	close(g.ready)
-}
-
-// newPlugin builds the NRI plugin. Its callbacks wait for the core (gate). Configure hands the first
-// configuration to the daemon (gate.configured) and holds registration until the core is built from it,
-// within the runtime's request timeout; a later one only gets a warning when it changes keys that need a
-// restart.
-func newPlugin(ctx context.Context, cfg Config, gate *coreGate, m plugin.Metrics) (*plugin.Plugin, error) {
+// newPlugin builds the NRI plugin, feeding the core core() returns: set before the callbacks run. A
+// pre-registered plugin runs before the core: its callbacks wait for Release (plugin.Config.Hold), and
+// Configure's first configuration goes to the daemon; a later one only gets a warning when it changes
+// keys that need a restart.
+func newPlugin(cfg Config, preRegistered bool, core func() *pleg.PLEG, m plugin.Metrics) (*plugin.Plugin, error) {
+	var configured atomic.Bool
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
-		Observer: observerFunc(func(o pleg.Observation) {
-			<-gate.ready
-			gate.core.Observe(o)
-		}),
-		Metrics: m,
-		OnSynchronized: func() {
-			<-gate.ready
-			gate.core.Resync()
-		},
+		Observer:       observerFunc(func(o pleg.Observation) { core().Observe(o) }),
+		OnSynchronized: func() { core().Resync() },
+		Metrics:        m,
+		Hold:           preRegistered,
 		Configure: func(ctx context.Context, data []byte) error {
 			newCfg, err := ParseConfig(data, cfg)
 			if err != nil {
 				return err
 			}
-			select {
-			case gate.configured <- data:
-				// The first configuration: hold registration until the core is built from it, as long
-				// as the runtime waits for the answer (ctx).
-				select {
-				case <-gate.ready:
-				case <-ctx.Done():
-					log.G(ctx).Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
-				}
-			default:
+			if configured.Swap(true) {
 				if changed := changedKeys(cfg, newCfg); len(changed) > 0 {
 					log.G(ctx).WithField("keys", changed).Warn("configuration from NRI changed keys that need a restart of pleg-nri to take effect")
 				}
