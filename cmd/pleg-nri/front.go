@@ -26,7 +26,6 @@ func frontCommand() *cli.Command {
 		Hidden:          true,
 		SkipFlagParsing: true,
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			setProcs(ctx)
 			return runFront(ctx, cmd.Args().Slice())
 		},
 	}

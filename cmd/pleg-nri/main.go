@@ -27,6 +27,7 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	setProcs(ctx)
 	err := newApp(os.Stdout, os.Stderr, os.Getenv).Run(ctx, os.Args)
 	stop()
 	os.Exit(exitStatus(err, os.Stderr))
@@ -52,7 +53,6 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 			if err != nil {
 				return usageError{err}
 			}
-			setProcs(ctx)
 			return runDaemon(ctx, cfg, path)
 		},
 		Commands: []*cli.Command{
@@ -95,7 +95,7 @@ func exitStatus(err error, stderr io.Writer) int {
 }
 
 // setProcs runs the process on one P unless the GOMAXPROCS environment variable says otherwise. It is a
-// setting of the process (main calls it for the daemon and the front; the unit sets GOMAXPROCS=1 too, so
+// setting of the process (main calls it before any command runs; the unit sets GOMAXPROCS=1 too, so
 // that operators see it), never of code that tests run in their own process.
 //
 // pleg-nri's work is a chain of short hand-offs between goroutines (an NRI callback wakes the core, the
