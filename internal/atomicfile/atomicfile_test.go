@@ -42,3 +42,32 @@ func TestWriteFile(t *testing.T) {
 	}
 	check("two", 0o640)
 }
+
+// TestWriteFileRenameFails: a path that names a directory is not replaced, and no temporary file is
+// left beside it.
+func TestWriteFileRenameFails(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "d")
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(path, "inside"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(path, []byte("x"), 0o600); err == nil {
+		t.Fatal("WriteFile over a directory: no error")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || !entries[0].IsDir() {
+		t.Errorf("left in the directory: %v", entries)
+	}
+}
+
+func TestSyncDir(t *testing.T) {
+	if err := syncDir(t.TempDir()); err != nil {
+		t.Errorf("syncDir of a directory: %v", err)
+	}
+	if err := syncDir(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("syncDir of a missing directory: no error")
+	}
+}
