@@ -3,6 +3,7 @@ module github.com/pleg-nri/pleg-nri
 go 1.26.6
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/log"
@@ -251,7 +252,7 @@ func (t *TaskEvents) Stats() TaskEventStats {
 func (t *TaskEvents) Run(ctx context.Context) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("component", "task-events").WithField("namespace", t.namespace))
 	var (
-		delay = t.minBackoff
+		bo = &backoff.ExponentialBackOff{InitialInterval: t.minBackoff, Multiplier: 2, MaxInterval: t.maxBackoff}
 		// up is the connection state last reported; nil until the first report.
 		up *bool
 		// outage is set while containerd is unreachable, so that one outage is logged once.
@@ -285,8 +286,9 @@ func (t *TaskEvents) Run(ctx context.Context) error {
 			return nil
 		}
 		if !since.IsZero() && t.now().Sub(since) >= stableAfter {
-			delay = t.minBackoff
+			bo.Reset()
 		}
+		delay := bo.NextBackOff()
 		report(false)
 		if !outage {
 			outage = true
@@ -297,7 +299,6 @@ func (t *TaskEvents) Run(ctx context.Context) error {
 		if err := t.sleep(ctx, delay); err != nil {
 			return nil // canceled
 		}
-		delay = min(delay*2, t.maxBackoff)
 	}
 }
 
@@ -371,14 +372,13 @@ func (t *TaskEvents) waitSocket(ctx context.Context) error {
 		return nil
 	}
 	log.G(ctx).WithField("address", t.address).Info("waiting for containerd socket")
-	delay := t.minBackoff
+	// A stat is cheap: poll at most every socketPollMax, so that the subscription (and the relist after
+	// it) follows a restarted containerd within that time, however long it was gone.
+	bo := &backoff.ExponentialBackOff{InitialInterval: t.minBackoff, Multiplier: 2, MaxInterval: min(t.maxBackoff, socketPollMax)}
 	for !t.socketExists() {
-		if err := t.sleep(ctx, delay); err != nil {
+		if err := t.sleep(ctx, bo.NextBackOff()); err != nil {
 			return err
 		}
-		// A stat is cheap: poll at most every socketPollMax, so that the subscription (and the relist
-		// after it) follows a restarted containerd within that time, however long it was gone.
-		delay = min(delay*2, t.maxBackoff, socketPollMax)
 	}
 	log.G(ctx).WithField("address", t.address).Info("containerd socket appeared")
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
 	"google.golang.org/grpc/status"
 )
@@ -69,7 +70,8 @@ func (p *Proxy) invokeOverlaid(ctx context.Context, c *unaryCall, fix *readFix) 
 func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) error {
 	start := p.now()
 	held := false
-	for delay := freshRetryMin; ; delay = min(2*delay, freshRetryMax) {
+	retry := &backoff.ExponentialBackOff{InitialInterval: freshRetryMin, Multiplier: 2, MaxInterval: freshRetryMax}
+	for {
 		c.invoke(ctx, p.backend)
 		var stale []string
 		if c.err == nil {
@@ -83,6 +85,7 @@ func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) erro
 			}
 			return nil
 		}
+		delay := retry.NextBackOff()
 		if p.now().Add(delay).Sub(start) >= p.freshWait {
 			p.staleRead(c.method, start, false)
 			log.G(ctx).WithField("method", c.method).WithField("waited", p.now().Sub(start)).

@@ -8,9 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -76,7 +77,7 @@ func DialRelay(cfg RelayConfig) (*Relay, error) {
 		grpc.WithInitialConnWindowSize(relayConnWindow),
 		// Faster reconnection than dial.CRI's (a later option wins).
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: relayRetryMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: relayConnBackoff},
+			Backoff:           grpcbackoff.Config{BaseDelay: relayRetryMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: relayConnBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}))
 	if err != nil {
@@ -91,7 +92,8 @@ func (r *Relay) Close() error { return r.conn.Close() }
 // Subscribe returns a subscription; its first upstream stream is opened by the first Next.
 func (r *Relay) Subscribe() EventStream {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &relayStream{r: r, ctx: ctx, cancel: cancel}
+	return &relayStream{r: r, ctx: ctx, cancel: cancel,
+		retry: &backoff.ExponentialBackOff{InitialInterval: r.retryMin, Multiplier: 2, MaxInterval: r.retryMax}}
 }
 
 // relayStream is one client's subscription: one upstream stream at a time, made again when it ends.
@@ -101,14 +103,15 @@ type relayStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// mu guards up and fails. Next is called by one goroutine at a time; Close may race with it.
+	// mu guards up and retry. Next is called by one goroutine at a time; Close may race with it.
 	mu sync.Mutex
 	// up is the current upstream stream (nil: none yet, or the last one ended).
 	up grpc.ClientStream
 	// upCancel ends up.
 	upCancel context.CancelFunc
-	// fails counts the upstream streams in a row that ended without an event.
-	fails int
+	// retry is the delay before the next subscription: it grows while the upstream streams end without
+	// an event, and starts over after one.
+	retry *backoff.ExponentialBackOff
 	// subscribed is set once the first upstream stream has been opened.
 	subscribed bool
 }
@@ -151,7 +154,7 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 			b := f.bytes()
 			f.free()
 			s.mu.Lock()
-			s.fails = 0
+			s.retry.Reset()
 			s.mu.Unlock()
 			if s.r.gate != nil {
 				s.r.gate.Wait(ctx, RuntimeCatchUp)
@@ -229,10 +232,9 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 // without an event (a fresh upstream that ends at once must not make this spin).
 func (s *relayStream) backoff(ctx context.Context) error {
 	s.mu.Lock()
-	d := s.r.retryMin << min(s.fails, 10)
-	s.fails++
+	d := s.retry.NextBackOff()
 	s.mu.Unlock()
-	t := time.NewTimer(min(d, s.r.retryMax))
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/nri/pkg/api"
 )
 
@@ -105,23 +106,8 @@ func (o Config) Validate() error {
 	return nil
 }
 
-// backoff is the delay between connection attempts.
-type backoff struct {
-	min, max, next time.Duration
-}
-
-func newBackoff(min, max time.Duration) backoff {
-	return backoff{min: min, max: max, next: min}
-}
-
-// delay returns the delay before the next attempt and doubles the one after, up to max.
-func (b *backoff) delay() time.Duration {
-	d := b.next
-	b.next = min(2*b.next, b.max)
-	return d
-}
-
-// reset goes back to the minimum delay.
-func (b *backoff) reset() {
-	b.next = b.min
+// newBackoff returns the delays between two connection attempts: min, doubling up to max; Reset goes
+// back to min.
+func newBackoff(min, max time.Duration) *backoff.ExponentialBackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: min, Multiplier: 2, MaxInterval: max}
 }

@@ -147,7 +147,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 				} else {
 					log.G(ctx).WithError(err).Debug("NRI socket still not available")
 				}
-				p.wait(ctx, min(bo.delay(), p.socketPoll))
+				p.wait(ctx, min(bo.NextBackOff(), p.socketPoll))
 				continue
 			}
 		}
@@ -157,12 +157,12 @@ func (p *Plugin) Run(ctx context.Context) error {
 			break
 		}
 		if registered {
-			bo.reset()
+			bo.Reset()
 			log.G(ctx).WithError(err).Warn("NRI connection closed, reconnecting")
 		} else {
 			log.G(ctx).WithError(err).Warn("NRI registration failed, retrying")
 		}
-		p.wait(ctx, bo.delay())
+		p.wait(ctx, bo.NextBackOff())
 	}
 	return nil
 }

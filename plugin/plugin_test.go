@@ -639,7 +639,7 @@ func TestBackoff(t *testing.T) {
 	b := newBackoff(100*time.Millisecond, time.Second)
 	var got []time.Duration
 	for range 6 {
-		got = append(got, b.delay())
+		got = append(got, b.NextBackOff())
 	}
 	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
 	for i := range want {
@@ -648,8 +648,8 @@ func TestBackoff(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("delays %v, want %v", got, want)
 	}
-	b.reset()
-	if d := b.delay(); d != 100*time.Millisecond {
+	b.Reset()
+	if d := b.NextBackOff(); d != 100*time.Millisecond {
 		t.Errorf("after reset %v", d)
 	}
 }
