@@ -34,9 +34,9 @@ type RelistResult struct {
 // Relist never declares vanished, nor moves, an object some input reported after the relist took its
 // snapshot of the state, and never moves an object backwards. Concurrent calls are serialized.
 func (p *PLEG) Relist(ctx context.Context) (RelistResult, error) {
-	start := time.Now()
+	start := p.clock.Now()
 	res, err := p.relist(ctx)
-	res.Duration = time.Since(start)
+	res.Duration = p.clock.Now().Sub(start)
 	p.metrics.RelistCompleted(res.Duration, err)
 	return res, err
 }
