@@ -66,13 +66,15 @@ func (g *RuntimeGate) serving() bool {
 }
 
 // check asks the runtime for its version, waiting until deadline at most: true once it answers with
-// anything but UNAVAILABLE on a connection that did not change meanwhile.
+// anything but UNAVAILABLE on a connection that did not change meanwhile. A call that ran out of time
+// is no answer, whether its context says so yet or not: gRPC can end it with DEADLINE_EXCEEDED (the
+// server's copy of the deadline) just before the client's context expires.
 func (g *RuntimeGate) check(ctx context.Context, deadline time.Time) bool {
 	seen := g.changes.Load()
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	_, err := g.runtime.Version(cctx, &runtimeapi.VersionRequest{})
-	if err != nil && (status.Code(err) == codes.Unavailable || cctx.Err() != nil) {
+	if code := status.Code(err); err != nil && (code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled || cctx.Err() != nil) {
 		return false
 	}
 	g.checked.Store(seen + 1)

@@ -139,3 +139,37 @@ func TestRuntimeGateBound(t *testing.T) {
 		}
 	}
 }
+
+// deadlineRuntime ends every Version call with DEADLINE_EXCEEDED at once, as gRPC does when the
+// server's copy of a call's deadline runs out just before the client's.
+type deadlineRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	calls atomic.Int64
+}
+
+func (r *deadlineRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	r.calls.Add(1)
+	return nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+}
+
+// TestRuntimeGateDeadlineIsNoAnswer: a check that ran out of time is no answer, even when its context
+// has not expired yet. It used to open the gate (TestRuntimeGateBound failed now and then on a loaded
+// machine: a Version call ended by the server's deadline counted as the runtime serving).
+func TestRuntimeGateDeadlineIsNoAnswer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sock := filepath.Join(testutil.ShortTempDir(t, "pn-"), "cri.sock")
+	r := &deadlineRuntime{}
+	testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, r) })
+	conn, err := dial.CRI("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	g := NewRuntimeGate(ctx, conn)
+	ready(t, g)
+	g.Wait(ctx, 100*time.Millisecond)
+	if r.calls.Load() == 0 || g.serving() {
+		t.Errorf("%d Version calls, serving %v; want some, false", r.calls.Load(), g.serving())
+	}
+}
