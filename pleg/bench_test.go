@@ -147,7 +147,7 @@ func BenchmarkRelist(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprintf("containers=%d", n), func(b *testing.B) {
 			cri := newFakeCRI()
-			p, err := New(Config{Status: cri, Clock: testutil.NewClock(), VerifyDelay: -1})
+			p, err := New(Config{Status: cri, Clock: testutil.NewClock().Now, VerifyDelay: -1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -176,7 +176,7 @@ func BenchmarkMemory(b *testing.B) {
 	var held float64
 	for b.Loop() {
 		before := heapInUse()
-		p, err := New(Config{Status: newFakeCRI(), Clock: testutil.NewClock(), VerifyDelay: -1})
+		p, err := New(Config{Status: newFakeCRI(), Clock: testutil.NewClock().Now, VerifyDelay: -1})
 		if err != nil {
 			b.Fatal(err)
 		}

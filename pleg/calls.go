@@ -20,7 +20,7 @@ func (s *state) ensureFetch(o *object) {
 	if !need {
 		return
 	}
-	now := s.clock.Now()
+	now := s.clock()
 	o.fetching = true
 	o.fetchAttempt = 1
 	o.fetchStart = now
@@ -31,7 +31,7 @@ func (s *state) ensureFetch(o *object) {
 func (s *state) retryFetch(o *object, limit time.Duration) {
 	o.fetching = true
 	o.fetchAttempt++
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: s.clock.Now().Add(s.backoff.delay(o.fetchAttempt-1, limit))})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: s.clock().Add(s.backoff.delay(o.fetchAttempt-1, limit))})
 }
 
 // giveUpFetch stops asking for o's status: what the CRI never told is synthesized (an exit code 255,
@@ -50,7 +50,7 @@ func (s *state) startRefresh(o *object) {
 		return
 	}
 	o.refreshing = true
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, refresh: true, due: s.clock.Now()})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, refresh: true, due: s.clock()})
 }
 
 // needOOMCheck says whether the STOPPED of o must wait for an OOM check: like containerd's
@@ -76,13 +76,13 @@ func (s *state) startOOMCheck(o *object) bool {
 			o.oomChecked = true
 			if killed {
 				o.facts.oom = true
-				o.oomCause = cause{SourceStatus, s.clock.Now()}
+				o.oomCause = cause{SourceStatus, s.clock()}
 			}
 			return killed
 		}
 	}
 	o.oomChecking = true
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, cgroup: o.cgroup, due: s.clock.Now()})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, oom: true, cgroup: o.cgroup, due: s.clock()})
 	return false
 }
 
@@ -115,7 +115,7 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 // restart the window), nor build a removed container's end without this answer. o.fetching is cleared
 // once the answer is in, before what follows decides whether to call again.
 func (s *state) applyStatus(ctx context.Context, o *object, r *fetchResult) {
-	windowOver := s.clock.Now().Sub(o.fetchStart) >= s.backoff.window || o.fetchAttempt >= s.backoff.maxAttempts
+	windowOver := s.clock().Sub(o.fetchStart) >= s.backoff.window || o.fetchAttempt >= s.backoff.maxAttempts
 	if r.err != nil {
 		o.fetching = false
 		s.statusFailed(ctx, o, r, windowOver)

@@ -243,7 +243,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		st := newState(testutil.NewClock(), NopMetrics{}, newFetcher(testutil.NewClock()), newFanout(4, NopMetrics{}), -1)
+		st := newState(testutil.NewClock().Now, NopMetrics{}, newFetcher(testutil.NewClock().Now), newFanout(4, NopMetrics{}), -1)
 		if n := st.restore(c); n != c.objects() || n != len(st.objects) {
 			t.Fatalf("restored %d objects of %d", n, c.objects())
 		}
@@ -265,7 +265,7 @@ func FuzzCheckpointBody(f *testing.F) {
 		if err != nil {
 			return
 		}
-		st := newState(testutil.NewClock(), NopMetrics{}, newFetcher(testutil.NewClock()), newFanout(4, NopMetrics{}), -1)
+		st := newState(testutil.NewClock().Now, NopMetrics{}, newFetcher(testutil.NewClock().Now), newFanout(4, NopMetrics{}), -1)
 		if n := st.restore(c); n != len(st.objects) {
 			t.Fatalf("restored %d objects, %d in the state", n, len(st.objects))
 		}

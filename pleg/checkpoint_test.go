@@ -70,7 +70,7 @@ func newProcess(t testing.TB, cri *fakeCRI, clock *testutil.Clock, path string, 
 	t.Helper()
 	m := newCkptMetrics()
 	h := &harness{t: t, ctx: context.Background(), clock: clock, cri: cri, metrics: m.countingMetrics}
-	cfg := Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, SubscriberQueue: 1 << 16,
+	cfg := Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, SubscriberQueue: 1 << 16,
 		CheckpointPath: path, CheckpointScope: testScope}
 	for _, f := range mod {
 		f(&cfg)
@@ -420,7 +420,7 @@ func TestCheckpointUnusable(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := newCkptMetrics()
-		p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, CheckpointPath: path, CheckpointScope: "unix:///other.sock"})
+		p, err := New(Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, CheckpointPath: path, CheckpointScope: "unix:///other.sock"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -611,7 +611,7 @@ func TestNewCheckpointDirUnusable(t *testing.T) {
 func TestStartupReplay(t *testing.T) {
 	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
-	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 8})
+	p, err := New(Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -656,7 +656,7 @@ func TestStartupReplay(t *testing.T) {
 func TestStartupReplayOverflow(t *testing.T) {
 	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
-	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 4})
+	p, err := New(Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, StartupReplay: time.Minute, SubscriberQueue: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,7 +689,7 @@ func TestStartupReplayHoldsCheckpoint(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "checkpoint")
 	clock, cri := testutil.NewClock(), newFakeCRI()
 	m := newCkptMetrics()
-	p, err := New(Config{Status: cri, Lister: cri, Clock: clock, Metrics: m, StartupReplay: time.Minute,
+	p, err := New(Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, StartupReplay: time.Minute,
 		CheckpointPath: path, CheckpointScope: testScope})
 	if err != nil {
 		t.Fatal(err)
@@ -776,7 +776,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			st := newState(clock, NopMetrics{}, newFetcher(clock), newFanout(4, NopMetrics{}), -1)
+			st := newState(clock.Now, NopMetrics{}, newFetcher(clock.Now), newFanout(4, NopMetrics{}), -1)
 			st.restore(c)
 		}
 	})

@@ -37,7 +37,7 @@ func (p *PLEG) writeCheckpoint(ctx context.Context) (behind bool) {
 		p.mu.Unlock()
 		return behind
 	}
-	c := p.st.snapshot(mark, p.cfg.CheckpointScope, p.clock.Now())
+	c := p.st.snapshot(mark, p.cfg.CheckpointScope, p.clock())
 	p.mu.Unlock()
 
 	start := time.Now()
@@ -111,7 +111,7 @@ func (p *PLEG) checkpointLoop(ctx context.Context) {
 // checkpointBytes is for benchmarks and tests: the encoding of the current state's checkpoint.
 func (p *PLEG) checkpointBytes() ([]byte, error) {
 	p.mu.Lock()
-	c := p.st.snapshot(p.fan.delivered(), p.cfg.CheckpointScope, p.clock.Now())
+	c := p.st.snapshot(p.fan.delivered(), p.cfg.CheckpointScope, p.clock())
 	p.mu.Unlock()
 	data, _, err := encodeCheckpoint(c, nil)
 	return data, err

@@ -48,7 +48,7 @@ func TestCoalesceKeepsStartedAndStopped(t *testing.T) {
 				f := newFanout(tc.limit, m)
 				var s *Subscription
 				if replay {
-					f.startReplay(testutil.NewClock(), 1<<62)
+					f.startReplay(testutil.NewClock().Now, 1<<62)
 				} else {
 					s = f.subscribe()
 				}

@@ -167,7 +167,7 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 // emit builds one event and hands it to the fan-out.
 func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEventType, c cause) {
 	p := o.pod
-	now := s.clock.Now()
+	now := s.clock()
 	ts := now.UnixNano()
 	if ts <= p.lastEvent {
 		ts = p.lastEvent + 1

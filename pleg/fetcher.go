@@ -60,7 +60,7 @@ func newFetcher(c Clock) *fetcher {
 
 func (f *fetcher) push(r fetchReq) {
 	f.mu.Lock()
-	if r.due.IsZero() || !r.due.After(f.clock.Now()) {
+	if r.due.IsZero() || !r.due.After(f.clock()) {
 		f.ready = append(f.ready, r)
 	} else {
 		heap.Push(&f.delayed, r)
@@ -151,7 +151,7 @@ func (p *PLEG) runFetchers(ctx context.Context, wg *sync.WaitGroup) {
 		timer := time.NewTimer(time.Hour)
 		defer timer.Stop()
 		for {
-			batch, next := p.fetch.take(p.clock.Now(), false)
+			batch, next := p.fetch.take(p.clock(), false)
 			for _, r := range batch {
 				select {
 				case work <- r:
@@ -164,7 +164,7 @@ func (p *PLEG) runFetchers(ctx context.Context, wg *sync.WaitGroup) {
 			}
 			var tc <-chan time.Time
 			if !next.IsZero() {
-				timer.Reset(max(next.Sub(p.clock.Now()), 0))
+				timer.Reset(max(next.Sub(p.clock()), 0))
 				tc = timer.C
 			}
 			select {
@@ -202,7 +202,7 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 	result := callResult(cctx, res.err)
 	// The StatusSource's errors say what failed (containerd.CRIClient: "failed to get status of ...").
 	p.metrics.StatusCall(r.kind, r.verify, result, d)
-	res.at = p.clock.Now()
+	res.at = p.clock()
 	return res
 }
 
@@ -220,7 +220,7 @@ func (p *PLEG) callOOM(ctx context.Context, r fetchReq) fetchResult {
 	if m, ok := p.metrics.(OOMCheckMetrics); ok {
 		m.OOMCheckCall(result, time.Since(start))
 	}
-	res.at = p.clock.Now()
+	res.at = p.clock()
 	return res
 }
 

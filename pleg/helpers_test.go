@@ -343,7 +343,7 @@ type harness struct {
 
 func newHarness(t testing.TB, mod ...func(*Config)) *harness {
 	h := &harness{t: t, ctx: context.Background(), clock: testutil.NewClock(), cri: newFakeCRI(), metrics: newCountingMetrics()}
-	cfg := Config{Status: h.cri, Lister: h.cri, Clock: h.clock, Metrics: h.metrics, SubscriberQueue: 1 << 16}
+	cfg := Config{Status: h.cri, Lister: h.cri, Clock: h.clock.Now, Metrics: h.metrics, SubscriberQueue: 1 << 16}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -378,7 +378,7 @@ func (h *harness) settle() {
 func settle(ctx context.Context, p *PLEG) {
 	for range 100000 {
 		p.drain(ctx)
-		batch, _ := p.fetch.take(p.clock.Now(), true)
+		batch, _ := p.fetch.take(p.clock(), true)
 		if len(batch) == 0 {
 			return
 		}

@@ -38,7 +38,7 @@ func (s *state) hold(ctx context.Context, ob Observation) {
 		return
 	}
 	if h == nil {
-		h = &heldObs{since: s.clock.Now()}
+		h = &heldObs{since: s.clock()}
 		s.held[ob.ID] = h
 	}
 	h.obs = append(h.obs, ob)
@@ -62,7 +62,7 @@ func (s *state) tombstone(id string) {
 	if _, ok := s.tombs[id]; ok {
 		return
 	}
-	now := s.clock.Now()
+	now := s.clock()
 	s.tombs[id] = now
 	s.tombQ = append(s.tombQ, tomb{id, now})
 	for len(s.tombQ) > maxTombstones {
@@ -81,7 +81,7 @@ func (s *state) untomb() {
 
 // sweep expires held observations and tombstones, at most once per sweepPeriod.
 func (s *state) sweep(ctx context.Context) {
-	now := s.clock.Now()
+	now := s.clock()
 	if now.Sub(s.lastSweep) < sweepPeriod {
 		return
 	}

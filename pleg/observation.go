@@ -200,7 +200,6 @@ type Lister interface {
 	ListContainers(ctx context.Context) ([]*runtimeapi.Container, error)
 }
 
-// Clock is the time source of the state machine; tests inject a fake.
-type Clock interface {
-	Now() time.Time
-}
+// Clock is the time source of the state machine (time.Now, or a test's fake): the one clock style of
+// pleg-nri's packages (plugin.Config.Clock, the endpoint's and the task events' clocks are the same).
+type Clock func() time.Time

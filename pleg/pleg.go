@@ -158,17 +158,13 @@ type PLEG struct {
 	ckpt ckptWriter // the checkpoint writer's state (checkpoint_writer.go)
 }
 
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
 // New returns a PLEG; Run must be running for status calls and the relist loop to happen.
 func New(cfg Config) (*PLEG, error) {
 	if cfg.Status == nil {
 		return nil, errors.New("pleg: Config.Status is required")
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
+		cfg.Clock = time.Now
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
@@ -291,7 +287,7 @@ func (p *PLEG) Stopping() { p.fan.holdUndelivered() }
 // docs/internals.md, "Refresh after a stop"): a kubelet 1.35 or 1.36 waits for a pod status newer
 // than the end of its pod's sync, and the stop's own STOPPED is older.
 func (p *PLEG) RefreshStopped(id string) {
-	p.enqueue(input{refresh: &refreshReq{id: id, at: p.clock.Now()}})
+	p.enqueue(input{refresh: &refreshReq{id: id, at: p.clock()}})
 }
 
 // Resync relists at once and again at ResyncDelays: call it after a (re)synchronization with containerd

@@ -34,9 +34,9 @@ type RelistResult struct {
 // Relist never declares vanished, nor moves, an object some input reported after the relist took its
 // snapshot of the state, and never moves an object backwards. Concurrent calls are serialized.
 func (p *PLEG) Relist(ctx context.Context) (RelistResult, error) {
-	start := p.clock.Now()
+	start := p.clock()
 	res, err := p.relist(ctx)
-	res.Duration = p.clock.Now().Sub(start)
+	res.Duration = p.clock().Sub(start)
 	p.metrics.RelistCompleted(res.Duration, err)
 	return res, err
 }
@@ -66,7 +66,7 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drainLocked(ctx)
-	repairs := diffRelist(p.st.objects, p.st.tombs, snap, sandboxes, containers, p.clock.Now())
+	repairs := diffRelist(p.st.objects, p.st.tombs, snap, sandboxes, containers, p.clock())
 	// The first successful relist is the startup reconciliation: what it finds changed while pleg-nri
 	// was not running (against the checkpoint's state, or everything on a first start).
 	startup := !p.startupDone.Load()

@@ -63,7 +63,7 @@ func (f *fanout) startupDone() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.replay.until.IsZero() {
-		f.replay.until = f.replay.clock.Now().Add(f.replay.hold)
+		f.replay.until = f.replay.clock().Add(f.replay.hold)
 	}
 }
 
@@ -79,7 +79,7 @@ func (f *fanout) expireReplay(ctx context.Context) {
 
 func (f *fanout) expireReplayLocked(ctx context.Context) {
 	r := &f.replay
-	if !r.open.Load() || r.until.IsZero() || r.clock.Now().Before(r.until) {
+	if !r.open.Load() || r.until.IsZero() || r.clock().Before(r.until) {
 		return
 	}
 	if log.GetLevel() >= log.DebugLevel {

@@ -409,7 +409,7 @@ func (s *state) refresh(ctx context.Context, o *object) {
 		synth := o.fetchGaveUp || (o.phase == PhaseRemoved && !o.fetching)
 		at := o.causes[max(o.phase, PhaseCreated)].at
 		if at.IsZero() {
-			at = s.clock.Now()
+			at = s.clock()
 		}
 		o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
 		if o.complete && s.needOOMCheck(o) && s.startOOMCheck(o) {

@@ -28,7 +28,7 @@ func (s *state) verify(o *object, exit bool) {
 	o.verifying = true
 	o.verifyExit = exit
 	o.verifyAttempt = 1
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock.Now().Add(s.verifyDelay)})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock().Add(s.verifyDelay)})
 }
 
 // reverify schedules the next exit verification call of o, with a doubling delay, unless the attempts
@@ -48,7 +48,7 @@ func (s *state) reverify(ctx context.Context, o *object) {
 	}
 	o.verifyAttempt++
 	o.verifying = true
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock.Now().Add(d)})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock().Add(d)})
 }
 
 // applyVerify applies the answer of a verification call (verify): the status known is replaced by
