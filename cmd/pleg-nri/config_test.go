@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -103,31 +102,6 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if diff := cmp.Diff(DefaultConfig(), cfg); diff != "" {
 		t.Errorf("nri.conf.example does not give every default (-defaults +example):\n%s", diff)
-	}
-}
-
-func TestToEventLine(t *testing.T) {
-	created := time.Unix(100, 0)
-	ev := &runtimeapi.ContainerEventResponse{
-		ContainerId:        "c1",
-		ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
-		CreatedAt:          created.UnixNano(),
-		PodSandboxStatus: &runtimeapi.PodSandboxStatus{Id: "s1", State: runtimeapi.PodSandboxState_SANDBOX_READY,
-			Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u1"}},
-		ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: "c1", Metadata: &runtimeapi.ContainerMetadata{Name: "app"},
-			State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 137, Reason: "OOMKilled"}},
-	}
-	l := toEventLine(ev, created.Add(3*time.Millisecond))
-	code := int32(137)
-	want := eventLine{Time: created, Type: "STOPPED", Pod: "default/web", PodUID: "u1", Container: "app", ID: "c1",
-		State: "EXITED", ExitCode: &code, Reason: "OOMKilled", Containers: 1, LatencyMS: 3}
-	if diff := cmp.Diff(want, l); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	ev.ContainerId = "s1"
-	ev.ContainerEventType = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
-	if l := toEventLine(ev, created); l.Container != "(sandbox)" || l.State != "READY" || l.ExitCode != nil {
-		t.Errorf("sandbox event line = %+v", l)
 	}
 }
 

@@ -20,6 +20,8 @@ import (
 
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
+
+	"github.com/pleg-nri/pleg-nri/internal/eventprint"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -56,7 +58,7 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 			return runDaemon(ctx, cfg, path)
 		},
 		Commands: []*cli.Command{
-			eventsCommand(getenv, func(ctx context.Context, o eventsOptions) error { return printEvents(ctx, o, stdout) }),
+			eventsCommand(getenv, func(ctx context.Context, o eventprint.Options) error { return eventprint.Stream(ctx, o, stdout) }),
 			frontCommand(),
 			stopFrontCommand(),
 			kubeletConfigCommand(),

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/pleg"
+)
+
+// oneSandbox is containerd's CRI with one ready sandbox, s1, and no container.
+type oneSandbox struct{}
+
+func (oneSandbox) PodSandboxStatus(_ context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {
+	return &runtimeapi.PodSandboxStatus{Id: id, State: runtimeapi.PodSandboxState_SANDBOX_READY, CreatedAt: 1,
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u1"}}, nil
+}
+
+func (oneSandbox) ContainerStatus(context.Context, string) (*runtimeapi.ContainerStatus, error) {
+	return nil, context.Canceled
+}
+
+func (oneSandbox) ListPodSandbox(context.Context) ([]*runtimeapi.PodSandbox, error) {
+	return []*runtimeapi.PodSandbox{{Id: "s1", State: runtimeapi.PodSandboxState_SANDBOX_READY, CreatedAt: 1}}, nil
+}
+
+func (oneSandbox) ListContainers(context.Context) ([]*runtimeapi.Container, error) { return nil, nil }
+
+// TestEventSourceAdapter: the core's subscriptions, as the core's event socket reads them (Next and the
+// shared encoding of NextEncoded), and the observer adapter the plugin and the task events feed.
+func TestEventSourceAdapter(t *testing.T) {
+	core, err := pleg.New(pleg.Config{Status: oneSandbox{}, Lister: oneSandbox{}, RelistPeriod: time.Hour, VerifyDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- core.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	src := eventSource{core}
+	first, second := src.Subscribe().(eventStream), src.Subscribe().(eventStream)
+	defer first.Close()
+	defer second.Close()
+	observerFunc(core.Observe).Observe(pleg.Observation{Source: pleg.SourceNRI, Kind: pleg.KindSandbox, ID: "s1", SandboxID: "s1",
+		Phase: pleg.PhaseRunning})
+	ev, _, err := first.Next(ctx)
+	if err != nil || ev.ContainerId != "s1" {
+		t.Fatalf("Next: %v, %v", ev, err)
+	}
+	b, _, err := second.NextEncoded(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decoded runtimeapi.ContainerEventResponse
+	if err := proto.Unmarshal(b, &decoded); err != nil || !proto.Equal(&decoded, ev) {
+		t.Errorf("NextEncoded decodes to %v (%v), want %v", &decoded, err, ev)
+	}
+}
+
+// TestCoreProxyMetrics: the core's event socket reports its sends to the core's send latency and its
+// runtime connection as "cri".
+func TestCoreProxyMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := coreProxyMetrics{core: pleg.NewPrometheusMetrics(reg), upstreams: promutil.NewUpstreams(reg)}
+	m.EventSent(time.Millisecond)
+	m.UpstreamConnectionState(true)
+	var b strings.Builder
+	if err := promutil.Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"pleg_nri_event_send_latency_seconds_count 1", `pleg_nri_upstream_connected{upstream="cri"} 1`} {
+		if !strings.Contains(b.String(), want+"\n") {
+			t.Errorf("the metrics lack %s", want)
+		}
+	}
+}
