@@ -9,10 +9,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
 // oneSandbox is containerd's CRI with one ready sandbox, s1, and no container.
@@ -83,5 +86,47 @@ func TestCoreProxyMetrics(t *testing.T) {
 		if !strings.Contains(b.String(), want+"\n") {
 			t.Errorf("the metrics lack %s", want)
 		}
+	}
+}
+
+// TestNewPlugin: the daemon's plugin checks NRI's configurations (a later change of a key that needs a
+// restart is only logged), and hands its observations and resynchronizations to the core.
+func TestNewPlugin(t *testing.T) {
+	core, err := pleg.New(pleg.Config{Status: oneSandbox{}, Lister: oneSandbox{}, RelistPeriod: time.Hour, VerifyDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- core.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	sub := core.Subscribe()
+	defer sub.Close()
+	nri, err := newPlugin(config.Default(), true, func() *pleg.PLEG { return core }, plugin.NopMetrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, data := range []string{"relist-period: 7s\n", "relist-period: 8s\n", "relist_period: 8s\n"} {
+		answered := make(chan struct{})
+		go func() {
+			_, _ = nri.Configure(ctx, data, "containerd", "v2.4.2")
+			close(answered)
+		}()
+		nri.Release() // the first answer waits for the core
+		<-answered
+	}
+	if got := <-nri.Configured(); string(got) != "relist-period: 7s\n" {
+		t.Errorf("Configured() = %q, want the first configuration", got)
+	}
+	if _, err := nri.Synchronize(ctx, []*api.PodSandbox{{Id: "s1", Uid: "u1", Name: "web", Namespace: "default"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := sub.Next(ctx)
+	if err != nil || ev.Response.ContainerId != "s1" {
+		t.Errorf("the core's first event: %v, %v; want s1's", ev.Response, err)
 	}
 }

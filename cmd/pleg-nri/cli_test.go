@@ -7,12 +7,12 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -84,7 +84,7 @@ func TestApp(t *testing.T) {
 func TestConfigurePreRegistered(t *testing.T) {
 	ctx := context.Background()
 	runDir := testutil.ShortTempDir(t, "pr-")
-	base := DefaultConfig()
+	base := config.Default()
 	base.RunDir = runDir
 	send := func(data string) <-chan []byte {
 		ch := make(chan []byte, 1)
@@ -110,18 +110,5 @@ func TestConfigurePreRegistered(t *testing.T) {
 	defer l.Close()
 	if _, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n")); err != nil || serve {
 		t.Errorf("a core already serving: serve %v, %v", serve, err)
-	}
-}
-
-func TestChangedKeys(t *testing.T) {
-	a, b := DefaultConfig(), DefaultConfig()
-	if got := changedKeys(a, b); len(got) != 0 {
-		t.Errorf("changedKeys of equal configs = %v", got)
-	}
-	b.Listen, b.RelistPeriod, b.RefreshAfterStop = "/other.sock", Duration(time.Minute), true
-	got := changedKeys(a, b)
-	slices.Sort(got)
-	if want := []string{"listen", "refresh-after-stop", "relist-period"}; !slices.Equal(got, want) {
-		t.Errorf("changedKeys = %v, want %v", got, want)
 	}
 }

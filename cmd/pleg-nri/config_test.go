@@ -3,73 +3,12 @@ package main
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	"sigs.k8s.io/yaml"
+	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
-func TestParseConfig(t *testing.T) {
-	for _, tc := range []struct {
-		name, data string
-		want       func(*Config)
-		wantErr    string
-	}{
-		{name: "empty", data: "", want: func(*Config) {}},
-		{name: "comment only", data: "# nothing\n", want: func(*Config) {}},
-		{name: "keys", data: "relist-period: 3s\nlisten: unix:///tmp/x.sock\nsubscriber-queue: 10\nmetrics-address: \"\"\n",
-			want: func(c *Config) {
-				c.RelistPeriod = Duration(3 * time.Second)
-				c.Listen = "unix:///tmp/x.sock"
-				c.SubscriberQueue = 10
-				c.MetricsAddress = ""
-			}},
-		{name: "unknown key", data: "relist_period: 3s\n", wantErr: `unknown config key "relist_period"`},
-		{name: "bad duration", data: "relist-period: often\n", wantErr: `config key "relist-period"`},
-		{name: "number as duration", data: "relist-period: 10\n", wantErr: `config key "relist-period"`},
-		{name: "negative duration", data: "relist-period: -1s\n", wantErr: `config key "relist-period": must be a positive duration`},
-		{name: "negative size", data: "subscriber-queue: -5\n", wantErr: `config key "subscriber-queue": must be at least 1`},
-		{name: "wrong type", data: "subscriber-queue: lots\n", wantErr: `config key "subscriber-queue": want a int, got a string`},
-		{name: "bad level", data: "log-level: loud\n", wantErr: `config key "log-level"`},
-		{name: "bad index", data: "plugin-idx: \"7\"\n", wantErr: `config key "plugin-idx": must be two digits`},
-		{name: "bad endpoint", data: "listen: http://x\n", wantErr: `config key "listen"`},
-		{name: "not a mapping", data: "- a\n- b\n", wantErr: "want a mapping"},
-		{name: "bad yaml", data: "a: [\n", wantErr: "invalid config"},
-		{name: "state", data: "state-dir: /srv/pleg\nstartup-replay: 0s\n", want: func(c *Config) {
-			c.StateDir = "/srv/pleg"
-			c.StartupReplay = 0
-		}},
-		{name: "no state", data: "state-dir: \"\"\n", want: func(c *Config) { c.StateDir = "" }},
-		{name: "relative state dir", data: "state-dir: state\n", wantErr: `config key "state-dir": must be an absolute path`},
-		{name: "negative replay", data: "startup-replay: -1m\n", wantErr: `config key "startup-replay": must not be negative`},
-		{name: "read freshness", data: "read-freshness: hold\n", want: func(c *Config) { c.ReadFreshness = "hold" }},
-		{name: "bad read freshness", data: "read-freshness: fast\n", wantErr: `config key "read-freshness": want overlay, hold or off`},
-		{name: "checkpoint interval", data: "checkpoint-interval: 250ms\n", want: func(c *Config) { c.CheckpointInterval = Duration(250 * time.Millisecond) }},
-		{name: "checkpoint interval too short", data: "checkpoint-interval: 1ms\n", wantErr: `config key "checkpoint-interval": must be at least 10ms`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseConfig([]byte(tc.data), DefaultConfig())
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := DefaultConfig()
-			tc.want(&want)
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("config (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-// TestLoadConfigFlagsOverrideFile checks the order: defaults, then the file, then explicit flags.
 func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	if err := os.WriteFile(path, []byte("relist-period: 5s\nplugin-name: from-file\nlog-level: debug\n"), 0o644); err != nil {
@@ -79,7 +18,7 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.RelistPeriod != Duration(7*time.Second) || cfg.PluginName != "from-file" || cfg.LogLevel != "info" {
+	if cfg.RelistPeriod != config.Duration(7*time.Second) || cfg.PluginName != "from-file" || cfg.LogLevel != "info" {
 		t.Errorf("cfg = %+v", cfg)
 	}
 	if _, _, err := loadConfig([]string{"--relist-period", "soon"}); err == nil {
@@ -88,59 +27,4 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	if _, _, err := loadConfig([]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
 		t.Error("a missing config file was accepted")
 	}
-}
-
-// TestExampleConfig checks that nri.conf.example parses and documents every key with its default.
-func TestExampleConfig(t *testing.T) {
-	data, err := os.ReadFile("../../nri.conf.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := ParseConfig(data, Config{})
-	if err != nil {
-		t.Fatalf("nri.conf.example: %v", err)
-	}
-	if diff := cmp.Diff(DefaultConfig(), cfg); diff != "" {
-		t.Errorf("nri.conf.example does not give every default (-defaults +example):\n%s", diff)
-	}
-}
-
-// FuzzParseConfig: whatever the data, ParseConfig does not panic; an error says what is wrong in one of
-// its forms (naming the key when a key is at fault); an accepted configuration is valid and reads back
-// the same once written out.
-func FuzzParseConfig(f *testing.F) {
-	if example, err := os.ReadFile("../../nri.conf.example"); err == nil {
-		f.Add(example)
-	}
-	for _, s := range []string{"", "relist-period: 3s\nsubscriber-queue: 10\n", "relist_period: 3s\n", "relist-period: -1s\n",
-		"subscriber-queue: -5\n", "subscriber-queue: 1e3\n", "log-level: [a]\n", "listen: tcp://[::1]:1\n", "{\"listen\": 5}",
-		"a: &x [1]\nb: *x\n", "- 1\n", "plugin-idx: 07\n", "metrics-address: ':'\n", "relist-period: 99999999999h\n"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, err := ParseConfig(data, DefaultConfig())
-		if err != nil {
-			msg := err.Error()
-			for _, prefix := range []string{"config key \"", "unknown config key \"", "invalid config"} {
-				if strings.HasPrefix(msg, prefix) {
-					return
-				}
-			}
-			t.Fatalf("error %q names no key", msg)
-		}
-		if err := cfg.Validate(); err != nil {
-			t.Fatalf("accepted an invalid configuration: %v", err)
-		}
-		out, err := yaml.Marshal(cfg)
-		if err != nil {
-			t.Fatalf("marshal %+v: %v", cfg, err)
-		}
-		back, err := ParseConfig(out, Config{})
-		if err != nil {
-			t.Fatalf("the configuration written out does not read back: %v\n%s", err, out)
-		}
-		if diff := cmp.Diff(cfg, back); diff != "" {
-			t.Fatalf("read back differently (-accepted +read back):\n%s", diff)
-		}
-	})
 }

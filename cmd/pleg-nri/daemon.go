@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/containerd"
 	"github.com/pleg-nri/pleg-nri/endpoint"
 	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -43,7 +43,7 @@ const coreStopTimeout = 5 * time.Second
 // subscription, the core's event socket and the metrics server; and it makes sure a front serves the
 // kubelet's CRI endpoint (ensureFront), which it leaves running when it stops. Each resource is
 // released by a defer made right after it; the long-running parts run as components.
-func runDaemon(ctx context.Context, cfg Config, configPath string) error {
+func runDaemon(ctx context.Context, cfg config.Config, configPath string) error {
 	if err := log.SetLevel(cfg.LogLevel); err != nil {
 		return fmt.Errorf("config key \"log-level\": %w", err)
 	}
@@ -126,7 +126,7 @@ func runDaemon(ctx context.Context, cfg Config, configPath string) error {
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.runDir()}}, ready)
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -185,7 +185,7 @@ func (c *components) wait() error { return c.g.Wait() }
 // pre-registered plugin runs before the core: its callbacks wait for Release (plugin.Config.Hold), and
 // Configure's first configuration goes to the daemon; a later one only gets a warning when it changes
 // keys that need a restart.
-func newPlugin(cfg Config, preRegistered bool, core func() *pleg.PLEG, m plugin.Metrics) (*plugin.Plugin, error) {
+func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m plugin.Metrics) (*plugin.Plugin, error) {
 	var configured atomic.Bool
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
 		Observer:       observerFunc(func(o pleg.Observation) { core().Observe(o) }),
@@ -193,12 +193,12 @@ func newPlugin(cfg Config, preRegistered bool, core func() *pleg.PLEG, m plugin.
 		Metrics:        m,
 		Hold:           preRegistered,
 		Configure: func(ctx context.Context, data []byte) error {
-			newCfg, err := ParseConfig(data, cfg)
+			newCfg, err := config.Parse(data, cfg)
 			if err != nil {
 				return err
 			}
 			if configured.Swap(true) {
-				if changed := changedKeys(cfg, newCfg); len(changed) > 0 {
+				if changed := config.ChangedKeys(cfg, newCfg); len(changed) > 0 {
 					log.G(ctx).WithField("keys", changed).Warn("configuration from NRI changed keys that need a restart of pleg-nri to take effect")
 				}
 			}
@@ -211,10 +211,10 @@ func newPlugin(cfg Config, preRegistered bool, core func() *pleg.PLEG, m plugin.
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
 // Configure and returns cfg with it. serve is false when this process has nothing to do: ctx ended,
 // or a core launched by a previous containerd still serves the run directory.
-func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan []byte) (_ Config, serve bool, err error) {
+func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan []byte) (_ config.Config, serve bool, err error) {
 	select {
 	case data := <-configured:
-		if cfg, err = ParseConfig(data, cfg); err != nil {
+		if cfg, err = config.Parse(data, cfg); err != nil {
 			return cfg, false, fmt.Errorf("configuration from NRI: %w", err)
 		}
 		log.G(ctx).Info("configured by containerd through NRI")
@@ -226,9 +226,9 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 	// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by the
 	// previous containerd may have reconnected through the NRI socket and still serve. Then it goes on
 	// (its state is current) and this one ends.
-	if c, err := net.DialTimeout("unix", filepath.Join(cfg.runDir(), front.CoreSocketName), time.Second); err == nil {
+	if c, err := net.DialTimeout("unix", filepath.Join(cfg.RunDirectory(), front.CoreSocketName), time.Second); err == nil {
 		_ = c.Close()
-		log.G(ctx).WithField("run-dir", cfg.runDir()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
+		log.G(ctx).WithField("run-dir", cfg.RunDirectory()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
 		return cfg, false, nil
 	}
 	return cfg, true, nil
@@ -236,7 +236,7 @@ func configurePreRegistered(ctx context.Context, cfg Config, configured <-chan [
 
 // newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with
 // over conns, after it locked the state directory; closeCore unlocks it.
-func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
+func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
 	conn, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
@@ -278,7 +278,7 @@ func newCore(ctx context.Context, cfg Config, conns *dial.Conns, m pleg.Metrics)
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
-func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *endpoint.Server, stop func(), err error) {
+func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *endpoint.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	// It also answers the front's refresh requests (refresh-after-stop); only a front configured so asks.
 	proxy, err := endpoint.NewProxy(endpoint.ProxyConfig{Backend: backend, Events: eventSource{core},
@@ -286,7 +286,7 @@ func serveCoreEvents(ctx context.Context, cfg Config, backend *grpc.ClientConn, 
 	if err != nil {
 		return nil, nil, err
 	}
-	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.runDir(), front.CoreSocketName), proxy); err != nil {
+	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), proxy); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
@@ -342,18 +342,6 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}, nil
-}
-
-// changedKeys lists the keys whose values differ between a and b.
-func changedKeys(a, b Config) []string {
-	fa, fb := configFields(&a), configFields(&b)
-	var out []string
-	for k, v := range fa {
-		if !reflect.DeepEqual(v.Interface(), fb[k].Interface()) {
-			out = append(out, k)
-		}
-	}
-	return out
 }
 
 // observerFunc adapts a function to the plugin's and the event bridge's Observer interfaces.

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -583,7 +584,7 @@ func freeLoopbackAddr(t *testing.T) string {
 func TestRunDaemonStopsCleanly(t *testing.T) {
 	t.Setenv("NRI_PLUGIN_SOCKET", "")
 	dir := testutil.ShortTempDir(t, "pn-")
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.NRISocket = filepath.Join(dir, "absent-nri.sock")
 	cfg.ContainerdAddress = filepath.Join(dir, "absent-containerd.sock")
 	cfg.RuntimeEndpoint = "unix://" + cfg.ContainerdAddress

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
 // TestOperationsDocNamesWhatExists: docs/operations.md names every metric, config key and alert, and
@@ -52,9 +54,9 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 		}
 	}
 
-	// Config keys: both ways.
+	// config.Config keys: both ways.
 	keys := map[string]bool{}
-	for _, k := range knownKeys() {
+	for _, k := range config.Keys() {
 		keys[k] = true
 		if !strings.Contains(doc, "`"+k+"`") {
 			t.Errorf("docs/operations.md does not describe the config key %s", k)

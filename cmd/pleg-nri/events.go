@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/eventprint"
 )
 
@@ -24,7 +25,7 @@ func eventsCommand(getenv func(string) string, run func(context.Context, eventpr
 		UsageText: "pleg-nri events [flags]",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"},
-				Usage: fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, DefaultConfig().Listen)},
+				Usage: fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, config.Default().Listen)},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table",
 				Usage: "output format: table, json, yaml or go-template (json, yaml and go-template as crictl events)"},
 			&cli.StringFlag{Name: "template",
@@ -58,7 +59,7 @@ func eventsOptionsFrom(cmd *cli.Command, getenv func(string) string) (eventprint
 	case getenv(runtimeEndpointEnv) != "":
 		o.Endpoint = getenv(runtimeEndpointEnv)
 	default:
-		o.Endpoint = DefaultConfig().Listen
+		o.Endpoint = config.Default().Listen
 	}
 	for _, s := range types {
 		t, err := eventprint.ParseEventType(s)

@@ -9,11 +9,12 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
 // frontConfig is the front's configuration for the daemon's cfg.
-func frontConfig(cfg Config) front.Config {
-	return front.Config{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: cfg.runDir(), LogLevel: cfg.LogLevel,
+func frontConfig(cfg config.Config) front.Config {
+	return front.Config{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: cfg.RunDirectory(), LogLevel: cfg.LogLevel,
 		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, Version: version}
 }
 
@@ -33,7 +34,7 @@ func frontCommand() *cli.Command {
 
 // runFront runs the front with its flags.
 func runFront(ctx context.Context, args []string) error {
-	cfg, err := front.ParseArgs(args, frontConfig(DefaultConfig()))
+	cfg, err := front.ParseArgs(args, frontConfig(config.Default()))
 	if err != nil {
 		return usageError{err}
 	}
@@ -50,7 +51,7 @@ func stopFrontCommand() *cli.Command {
 		Name:      "stop-front",
 		Usage:     "stop the front (ends the kubelet's event stream)",
 		UsageText: "pleg-nri stop-front [--run-dir DIR]",
-		Flags: []cli.Flag{&cli.StringFlag{Name: "run-dir", Value: DefaultConfig().runDir(),
+		Flags: []cli.Flag{&cli.StringFlag{Name: "run-dir", Value: config.Default().RunDirectory(),
 			Usage: "run directory of the front to stop"}},
 		OnUsageError: onUsageError,
 		Action: func(_ context.Context, cmd *cli.Command) error {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/kubeletconfig"
 )
 
@@ -24,7 +25,7 @@ func kubeletConfigCommand() *cli.Command {
 				Usage: "the kubelet's configuration file (KubeletConfiguration)"},
 			&cli.StringFlag{Name: "kubeadm-flags", Value: "/var/lib/kubelet/kubeadm-flags.env", TakesFile: true,
 				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine"},
-			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + DefaultConfig().Listen + ")"},
+			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + config.Default().Listen + ")"},
 			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
 		},
 		OnUsageError: onUsageError,

@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
+	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/eventprint"
 )
 
@@ -46,7 +47,7 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 		HideVersion: true,
 		Writer:      stdout,
 		ErrWriter:   stderr,
-		Flags:       daemonFlags(DefaultConfig()),
+		Flags:       daemonFlags(config.Default()),
 		// Errors are main's to print and turn into an exit status (exitStatus).
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 		OnUsageError:   onUsageError,
