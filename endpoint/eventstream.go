@@ -77,9 +77,12 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	logger.Info("event stream opened")
 	pumped := make(chan pumpedEvent)
 	pumpDone := make(chan struct{})
+	// leftover is the event the pump took and could not hand over before ctx ended (set before
+	// pumpDone is closed).
+	var leftover []byte
 	go func() {
 		defer close(pumpDone)
-		pump(ctx, stream, pumped)
+		leftover = pump(ctx, stream, pumped)
 	}()
 	defer func() {
 		// The pump's Next ends with ctx and with Close.
@@ -137,6 +140,15 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 				p.metrics.EventSent(0)
 			}
 		case <-p.shutdown:
+			// The subscription counts what the pump took as received (the core's checkpoint records
+			// it): the client gets it before the stream ends.
+			cancel()
+			<-pumpDone
+			if leftover != nil {
+				if err := send(leftover); err != nil {
+					return err
+				}
+			}
 			return errShuttingDown
 		case <-ctx.Done():
 			return p.eventStreamError(ss.Context(), ctx.Err())
@@ -152,8 +164,8 @@ type pumpedEvent struct {
 }
 
 // pump hands the events of stream to out, one at a time, until Next fails (the error is handed over
-// too) or ctx ends.
-func pump(ctx context.Context, stream EventStream, out chan<- pumpedEvent) {
+// too) or ctx ends. It returns the event it took from stream and could not hand over, if any.
+func pump(ctx context.Context, stream EventStream, out chan<- pumpedEvent) (leftover []byte) {
 	next := func(ctx context.Context) ([]byte, time.Time, error) {
 		ev, sourceTime, err := stream.Next(ctx)
 		if err != nil {
@@ -173,10 +185,13 @@ func pump(ctx context.Context, stream EventStream, out chan<- pumpedEvent) {
 		select {
 		case out <- pumpedEvent{b: b, sourceTime: sourceTime, err: err}:
 		case <-ctx.Done():
-			return
+			if err == nil {
+				return b
+			}
+			return nil
 		}
 		if err != nil {
-			return
+			return nil
 		}
 	}
 }
