@@ -293,10 +293,17 @@ E2E_NODE_QUICK_FOCUS ?= \[sig-node\] (Pods |Pod Extended|Container Lifecycle Hoo
 E2E_NODE_PROCS ?= 4
 # PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop).
 PLEG ?=
+# SHARD=i/N: make e2e-node runs only shard i of N of the selection (the specs listed with ginkgo
+# --dry-run, sorted, every N-th from the i-th), kept as selection <name>-shard-<i>of<N>; the report
+# merges the shards per setup.
+SHARD ?=
+# E2E_NODE_SELECTION: the name make e2e-node keeps its runs under (another name for another focus).
+E2E_NODE_SELECTION ?= job
 
 .PHONY: e2e-node
-e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection, per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=job E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection (SHARD=i/N: one shard of it), per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION='$(E2E_NODE_SELECTION)' E2E_NODE_SHARD='$(SHARD)' \
+	  E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
 
 .PHONY: e2e-node-quick

@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +23,18 @@ type selection struct {
 	Name  string `json:"name"`
 	Focus string `json:"focus"`
 	Skip  string `json:"skip"`
+	// Shard is set when the run ran one shard of the selection Focus and Skip select (E2E_NODE_SHARD).
+	Shard *shard `json:"shard,omitempty"`
+	// runFocus, when set, is the focus ginkgo runs with instead of Focus: a shard's exact names.
+	runFocus string
+}
+
+// ginkgoFocus is the focus ginkgo runs the selection with.
+func (s selection) ginkgoFocus() string {
+	if s.runFocus != "" {
+		return s.runFocus
+	}
+	return s.Focus
 }
 
 // testResult is one spec of a run, as ginkgo's JUnit report gives it.
@@ -241,29 +255,185 @@ func writeReport(version string) error {
 		"selection's latest run per setup. generic: GenericPLEG on containerd; containerd: EventedPLEG on\n" +
 		"containerd's own stream; pleg-nri: EventedPLEG on pleg-nri's endpoint. Same containerd, same kubelet\n" +
 		"binary, same machine, one setup after the other.\n")
-	bySel := map[string][]suiteRun{}
-	var sels []string
-	for _, run := range r.Runs {
-		if _, ok := bySel[run.Selection.Name]; !ok {
-			sels = append(sels, run.Selection.Name)
+	for _, sec := range reportSections(r.Runs) {
+		runs := make([]suiteRun, len(sec.Runs))
+		for i, m := range sec.Runs {
+			runs[i] = m.suiteRun
 		}
-		bySel[run.Selection.Name] = append(bySel[run.Selection.Name], run)
-	}
-	for _, sel := range sels {
-		runs := bySel[sel]
-		fmt.Fprintf(&b, "\n## Selection %q\n\n", sel)
-		fmt.Fprintf(&b, "focus `%s`, skip `%s`\n\n", runs[0].Selection.Focus, runs[0].Selection.Skip)
-		b.WriteString("| setup | passed | failed | skipped | wall time | procs | run started | commit |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
-		for _, run := range runs {
-			c := run.counts()
-			fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s | %s |\n", run.Setup, c.Passed, c.Failed, c.Skipped,
-				(time.Duration(run.WallSeconds) * time.Second).String(), run.Procs, run.Started, run.Commit)
+		if sec.Shards == 0 {
+			fmt.Fprintf(&b, "\n## Selection %q\n\n", sec.Name)
+			fmt.Fprintf(&b, "focus `%s`, skip `%s`\n\n", sec.Focus, sec.Skip)
+			b.WriteString("| setup | passed | failed | skipped | wall time | procs | run started | commit |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+			for _, run := range runs {
+				c := run.counts()
+				fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s | %s |\n", run.Setup, c.Passed, c.Failed, c.Skipped,
+					seconds(run.WallSeconds), run.Procs, run.Started, run.Commit)
+			}
+		} else {
+			writeShardedTables(&b, sec)
 		}
-		writeDifferences(&b, runs)
-		writeFailures(&b, runs)
+		writeDifferences(&b, runs, sec.Shards > 0)
+		writeFailures(&b, runs, sec.Shards > 0)
 		writeTerminations(&b, runs)
 	}
 	return atomicfile.WriteFile(docsPath(version, ".md"), []byte(b.String()), 0o644)
+}
+
+func seconds(s float64) string { return (time.Duration(s) * time.Second).String() }
+
+// reportSection is one selection of the report: its runs, one per setup; for a selection run in
+// shards (make e2e-node SHARD=i/N), the runs of its N shards merged per setup.
+type reportSection struct {
+	Name        string
+	Focus, Skip string
+	// Shards is N for a selection run in N shards (0: not sharded); Selected its number of specs.
+	Shards, Selected int
+	Runs             []mergedRun
+}
+
+// mergedRun is one setup's runs of a section: its specs, wall times summed, and which shards it has.
+type mergedRun struct {
+	suiteRun
+	// Parts are the shards' runs merged, by shard.
+	Parts []suiteRun
+}
+
+// shardsPresent are the shards of m, in order.
+func (m mergedRun) shardsPresent() []int {
+	var out []int
+	for _, p := range m.Parts {
+		out = append(out, p.Selection.Shard.Index)
+	}
+	return out
+}
+
+// reportSections groups runs by selection, in order of first appearance; the shards of a selection
+// cut into N shards are one section (shards of the same selection cut into another N, another).
+func reportSections(runs []suiteRun) []reportSection {
+	var out []reportSection
+	index := map[string]int{}
+	for _, run := range runs {
+		key, sec := run.Selection.Name, reportSection{Name: run.Selection.Name, Focus: run.Selection.Focus, Skip: run.Selection.Skip}
+		if sh := run.Selection.Shard; sh != nil {
+			key = fmt.Sprintf("%s\x00%d", sh.Of, sh.Count)
+			sec.Name, sec.Shards, sec.Selected = sh.Of, sh.Count, sh.Selected
+		}
+		i, ok := index[key]
+		if !ok {
+			i = len(out)
+			index[key] = i
+			out = append(out, sec)
+		}
+		out[i].Runs = append(out[i].Runs, mergedRun{suiteRun: run, Parts: []suiteRun{run}})
+	}
+	for i := range out {
+		if out[i].Shards > 0 {
+			out[i].Runs = mergeShards(out[i].Runs)
+		}
+	}
+	return out
+}
+
+// mergeShards makes one run per setup (in the setups' order) of the shards' runs: every spec of every
+// shard, the wall times summed, the earliest start, the commits and numbers of processes seen.
+func mergeShards(runs []mergedRun) []mergedRun {
+	bySetup := map[string]*mergedRun{}
+	var names []string
+	for _, r := range runs {
+		m, ok := bySetup[r.Setup]
+		if !ok {
+			m = &mergedRun{suiteRun: suiteRun{Setup: r.Setup, Selection: r.Selection, Procs: r.Procs, Started: r.Started}}
+			m.Selection.Name = r.Selection.Shard.Of
+			m.Selection.Shard = nil
+			bySetup[r.Setup] = m
+			names = append(names, r.Setup)
+		}
+		m.Parts = append(m.Parts, r.suiteRun)
+	}
+	sort.SliceStable(names, func(a, b int) bool { return setupIndex(names[a]) < setupIndex(names[b]) })
+	out := make([]mergedRun, 0, len(names))
+	for _, name := range names {
+		m := bySetup[name]
+		sort.SliceStable(m.Parts, func(a, b int) bool { return m.Parts[a].Selection.Shard.Index < m.Parts[b].Selection.Shard.Index })
+		var commits []string
+		for _, p := range m.Parts {
+			m.Tests = append(m.Tests, p.Tests...)
+			m.WallSeconds += p.WallSeconds
+			if p.Started < m.Started {
+				m.Started = p.Started
+			}
+			if p.Procs != m.Procs {
+				m.Procs = 0
+			}
+			if !slices.Contains(commits, p.Commit) {
+				commits = append(commits, p.Commit)
+			}
+		}
+		m.Commit = strings.Join(commits, ", ")
+		sort.SliceStable(m.Tests, func(a, b int) bool { return m.Tests[a].Name < m.Tests[b].Name })
+		out = append(out, *m)
+	}
+	return out
+}
+
+// writeShardedTables writes a sharded section's tables: per setup, its shards merged and which shards
+// it has (a missing shard shows there, and its specs are in no comparison of that setup); then per
+// shard and setup.
+func writeShardedTables(b *strings.Builder, sec reportSection) {
+	fmt.Fprintf(b, "\n## Selection %q, in %d shards\n\n", sec.Name, sec.Shards)
+	fmt.Fprintf(b, "focus `%s`, skip `%s`: %d specs, cut into %d shards (`make e2e-node SHARD=i/%d`: the names "+
+		"sorted, the k-th from 0 in shard k mod %d + 1). Per setup, the shards it has, merged: the wall time is "+
+		"their sum. Setups are compared only over the specs both ran.\n\n", sec.Focus, sec.Skip, sec.Selected, sec.Shards, sec.Shards, sec.Shards)
+	b.WriteString("| setup | passed | failed | skipped | wall time (sum) | shards present | shards missing | procs | runs started (first) | commits |\n" +
+		"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, m := range sec.Runs {
+		c := m.counts()
+		present := m.shardsPresent()
+		var have, missing []string
+		for i := 1; i <= sec.Shards; i++ {
+			if slices.Contains(present, i) {
+				have = append(have, strconv.Itoa(i))
+			} else {
+				missing = append(missing, strconv.Itoa(i))
+			}
+		}
+		procs := strconv.Itoa(m.Procs)
+		if m.Procs == 0 {
+			procs = "mixed"
+		}
+		fmt.Fprintf(b, "| %s | %d | %d | %d | %s | %s (%d of %d) | %s | %s | %s | %s |\n", m.Setup, c.Passed, c.Failed, c.Skipped,
+			seconds(m.WallSeconds), strings.Join(have, ", "), len(have), sec.Shards, orNone(strings.Join(missing, ", ")), procs, m.Started, m.Commit)
+	}
+	b.WriteString("\n#### Per shard (passed / failed / skipped, wall time)\n\n| shard | specs |")
+	for _, m := range sec.Runs {
+		fmt.Fprintf(b, " %s |", m.Setup)
+	}
+	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(sec.Runs)) + "\n")
+	for i := 1; i <= sec.Shards; i++ {
+		var cells []string
+		specs := 0
+		for _, m := range sec.Runs {
+			cell := "not run"
+			for _, p := range m.Parts {
+				if p.Selection.Shard.Index == i {
+					c := p.counts()
+					cell = fmt.Sprintf("%d / %d / %d, %s", c.Passed, c.Failed, c.Skipped, seconds(p.WallSeconds))
+					specs = p.Selection.Shard.Specs
+				}
+			}
+			cells = append(cells, cell)
+		}
+		if specs > 0 {
+			fmt.Fprintf(b, "| %d/%d | %d | %s |\n", i, sec.Shards, specs, strings.Join(cells, " | "))
+		}
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 // outcome maps a spec's name to its result in a run.
@@ -290,7 +460,10 @@ func allNames(runs []suiteRun) []string {
 	return names
 }
 
-func writeDifferences(b *strings.Builder, runs []suiteRun) {
+// writeDifferences names every spec whose outcome differs between runs. With ranOnly (a sharded
+// selection, where a setup may lack a shard) a spec differs only if setups that ran it disagree; else
+// a spec missing from a run differs too.
+func writeDifferences(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 	b.WriteString("\n### Specs whose outcome differs between setups\n\n")
 	outs := make([]map[string]testResult, len(runs))
 	for i, run := range runs {
@@ -298,9 +471,15 @@ func writeDifferences(b *strings.Builder, runs []suiteRun) {
 	}
 	n := 0
 	for _, name := range allNames(runs) {
-		differ := false
+		differ, seen, first := false, false, ""
 		for i := range runs {
-			if outs[i][name].Status != outs[0][name].Status {
+			t, ok := outs[i][name]
+			if !ok && ranOnly {
+				continue
+			}
+			if !seen {
+				seen, first = true, t.Status
+			} else if t.Status != first {
 				differ = true
 			}
 		}
@@ -312,6 +491,8 @@ func writeDifferences(b *strings.Builder, runs []suiteRun) {
 		for i, run := range runs {
 			t, ok := outs[i][name]
 			switch {
+			case !ok && ranOnly:
+				fmt.Fprintf(b, "  - %s: not run (its shard is missing)\n", run.Setup)
 			case !ok:
 				fmt.Fprintf(b, "  - %s: not in the run\n", run.Setup)
 			case t.Failure != "":
@@ -326,7 +507,9 @@ func writeDifferences(b *strings.Builder, runs []suiteRun) {
 	}
 }
 
-func writeFailures(b *strings.Builder, runs []suiteRun) {
+// writeFailures names the specs that failed in every run; with ranOnly, in every run that ran them
+// (saying which, when not all did).
+func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 	b.WriteString("\n### Specs that failed in every setup (the node's, not the event source's)\n\n")
 	outs := make([]map[string]testResult, len(runs))
 	for i, run := range runs {
@@ -334,16 +517,28 @@ func writeFailures(b *strings.Builder, runs []suiteRun) {
 	}
 	n := 0
 	for _, name := range allNames(runs) {
-		all := true
-		for i := range runs {
-			s := outs[i][name].Status
-			if s == "passed" || s == "skipped" || s == "pending" || s == "" {
+		all, first := true, ""
+		var ran []string
+		for i, run := range runs {
+			t, ok := outs[i][name]
+			if !ok && ranOnly {
+				continue
+			}
+			if s := t.Status; s == "passed" || s == "skipped" || s == "pending" || s == "" {
 				all = false
 			}
+			if len(ran) == 0 {
+				first = t.Failure
+			}
+			ran = append(ran, run.Setup)
 		}
 		if all {
 			n++
-			fmt.Fprintf(b, "- `%s`: %s\n", name, outs[0][name].Failure)
+			fmt.Fprintf(b, "- `%s`: %s", name, first)
+			if len(ran) < len(runs) {
+				fmt.Fprintf(b, " (ran in %s only: the other setups lack its shard)", strings.Join(ran, ", "))
+			}
+			b.WriteString("\n")
 		}
 	}
 	if n == 0 {
@@ -467,6 +662,14 @@ func reimport(version, sel, results string) error {
 		run := suiteRun{Setup: s.Name, Selection: selection{Name: sel}, WallSeconds: j.Time, Tests: tests, Commit: "unknown"}
 		if len(j.Suites) > 0 {
 			run.Started = j.Suites[0].Timestamp
+		}
+		// The selection the run wrote beside its report (a shard's says which shard), else the report's
+		// focus and skip.
+		if saved, err := os.ReadFile(filepath.Join(filepath.Dir(path), "selection.json")); err == nil {
+			if err := json.Unmarshal(saved, &run.Selection); err != nil {
+				return fmt.Errorf("%s: %w", filepath.Join(filepath.Dir(path), "selection.json"), err)
+			}
+		} else if len(j.Suites) > 0 {
 			for _, p := range j.Suites[0].Properties {
 				switch p.Name {
 				case "FocusStrings":

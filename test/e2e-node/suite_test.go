@@ -2,6 +2,7 @@ package e2enode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -83,6 +84,20 @@ func TestNodeE2E(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	results := envOr(resultsEnv, "/tmp/pleg-nri-e2e-node")
+	if s := os.Getenv(shardEnv); s != "" {
+		index, count, err := parseShard(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var part []string
+		sel, part, err = cutShard(ctx, sel, index, count, filepath.Join(results, version, shardName(sel.Name, index, count), "list"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("shard %d of %d: %d of the selection's %d specs, stored as selection %q:\n  %s", index, count,
+			len(part), sel.Shard.Selected, sel.Name, strings.Join(part, "\n  "))
+	}
 	names, err := suiteImages(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +131,6 @@ func TestNodeE2E(t *testing.T) {
 	} else {
 		t.Logf("NO REGISTRY (%s is not set): the specs that pull an image fail alike in every setup", registryEnv)
 	}
-	results := envOr(resultsEnv, "/tmp/pleg-nri-e2e-node")
 	var runs []suiteRun
 	for _, s := range chosen {
 		t.Run(s.Name, func(t *testing.T) {
@@ -177,6 +191,12 @@ func runSetup(t *testing.T, ctx context.Context, s setup, sel selection, procs i
 	}
 	if err := cleanNode(ctx, dir); err != nil {
 		t.Fatalf("cleaning the node before the run: %v", err)
+	}
+	// What the run ran, for reimport (E2E_NODE_REIMPORT) should saving it fail.
+	if data, err := json.Marshal(sel); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(filepath.Join(dir, "selection.json"), data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := cleanNode(context.Background(), dir); err != nil {
@@ -259,8 +279,8 @@ func suiteCommand(s setup, sel selection, procs int, timeout time.Duration, dir,
 	args := []string{filepath.Join(suiteDir, "ginkgo"),
 		"--procs=" + strconv.Itoa(procs), "--timeout=" + timeout.String(), "--no-color",
 		"--output-dir=" + dir, "--junit-report=junit.xml", "--poll-progress-after=5m"}
-	if sel.Focus != "" {
-		args = append(args, "--focus="+sel.Focus)
+	if focus := sel.ginkgoFocus(); focus != "" {
+		args = append(args, "--focus="+focus)
 	}
 	if sel.Skip != "" {
 		args = append(args, "--skip="+sel.Skip)
