@@ -10,13 +10,11 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
-// TestListenerHandoff: a listener opened by Listen, handed to a successor over a unix connection,
-// serves there; the old one closed with KeepSocketFile leaves the socket file in place, and the
-// successor's Close removes it.
-func TestListenerHandoff(t *testing.T) {
-	dir := testutil.ShortTempDir(t, "eb-")
-	path := filepath.Join(dir, "cri.sock")
-	old, err := Listen(context.Background(), "unix://"+path)
+// sendListener listens on path and sends the listener's socket with msg over a socket pair: it returns
+// the listener and the pair's receiving end, both closed when the test ends.
+func sendListener(t *testing.T, path string, msg []byte) (net.Listener, *net.UnixConn) {
+	t.Helper()
+	l, err := Listen(context.Background(), "unix://"+path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,16 +22,25 @@ func TestListenerHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
-	defer b.Close()
-	f, err := ListenerFile(old)
+	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
+	f, err := ListenerFile(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := SendFiles(a, []byte("hello"), f); err != nil {
+	defer f.Close()
+	if err := SendFiles(a, msg, f); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
+	return l, b
+}
+
+// TestListenerHandoff: a listener opened by Listen, handed to a successor over a unix connection,
+// serves there; the old one closed with KeepSocketFile leaves the socket file in place, and the
+// successor's Close removes it.
+func TestListenerHandoff(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "eb-")
+	path := filepath.Join(dir, "cri.sock")
+	old, b := sendListener(t, path, []byte("hello"))
 	msg, files, err := ReceiveFiles(b, 64, 2)
 	if err != nil || string(msg) != "hello" || len(files) != 1 {
 		t.Fatalf("received %q, %d files, %v", msg, len(files), err)
@@ -104,24 +111,7 @@ func socketPair() (*net.UnixConn, *net.UnixConn, error) {
 // Close waited for it for ever: a front whose takeover failed could not stop.
 func TestFailedHandoffListenerStops(t *testing.T) {
 	path := filepath.Join(testutil.ShortTempDir(t, "eb-"), "cri.sock")
-	l, err := Listen(context.Background(), "unix://"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b, err := socketPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	defer b.Close()
-	f, err := ListenerFile(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := SendFiles(a, nil, f); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	l, b := sendListener(t, path, nil)
 	_, files, err := ReceiveFiles(b, 64, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -36,21 +36,27 @@ func (oneSandbox) ListPodSandbox(context.Context) ([]*runtimeapi.PodSandbox, err
 
 func (oneSandbox) ListContainers(context.Context) ([]*runtimeapi.Container, error) { return nil, nil }
 
-// TestEventSourceAdapter: the core's subscriptions, as the core's event socket reads them (Next and the
-// shared encoding of NextEncoded), and the observer adapter the plugin and the task events feed.
-func TestEventSourceAdapter(t *testing.T) {
+// runCore runs a core on oneSandbox until the test ends.
+func runCore(t *testing.T) (context.Context, *pleg.PLEG) {
+	t.Helper()
 	core, err := pleg.New(pleg.Config{Status: oneSandbox{}, Lister: oneSandbox{}, RelistPeriod: time.Hour, VerifyDelay: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- core.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		<-done
-	}()
+	})
+	return ctx, core
+}
+
+// TestEventSourceAdapter: the core's subscriptions, as the core's event socket reads them (Next and the
+// shared encoding of NextEncoded), and the observer adapter the plugin and the task events feed.
+func TestEventSourceAdapter(t *testing.T) {
+	ctx, core := runCore(t)
 	src := eventSource{core}
 	first, second := src.Subscribe().(eventStream), src.Subscribe().(eventStream)
 	defer first.Close()
@@ -92,18 +98,7 @@ func TestCoreProxyMetrics(t *testing.T) {
 // TestNewPlugin: the daemon's plugin checks NRI's configurations (a later change of a key that needs a
 // restart is only logged), and hands its observations and resynchronizations to the core.
 func TestNewPlugin(t *testing.T) {
-	core, err := pleg.New(pleg.Config{Status: oneSandbox{}, Lister: oneSandbox{}, RelistPeriod: time.Hour, VerifyDelay: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- core.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	ctx, core := runCore(t)
 	sub := core.Subscribe()
 	defer sub.Close()
 	nri, err := newPlugin(config.Default(), true, func() *pleg.PLEG { return core }, plugin.NopMetrics{})
