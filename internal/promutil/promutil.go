@@ -20,9 +20,9 @@ const Namespace = "pleg_nri"
 // LatencyBuckets are the buckets of every latency histogram but the NRI callbacks'.
 var LatencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
-// NewUpstreamGauge returns pleg_nri_upstream_connected, by upstream. The core and the front register
+// newUpstreamGauge returns pleg_nri_upstream_connected, by upstream (for Upstreams). The core and the front register
 // one each, in their own processes; one scrape of the core shows both.
-func NewUpstreamGauge() *prometheus.GaugeVec {
+func newUpstreamGauge() *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "upstream_connected",
 		Help: "1 while the upstream connection is up: the core's to containerd's NRI (nri), task events (events) and CRI (cri); the front's to containerd's CRI, for the kubelet's forwarded calls (front_cri)."},
 		[]string{"upstream"})
@@ -43,7 +43,7 @@ type Upstreams struct {
 
 // NewUpstreams registers the upstream metrics on reg, with the named upstreams down.
 func NewUpstreams(reg prometheus.Registerer, names ...string) *Upstreams {
-	u := &Upstreams{connected: NewUpstreamGauge(),
+	u := &Upstreams{connected: newUpstreamGauge(),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "upstream_reconnects_total",
 			Help: "Reconnections after a lost upstream connection."}, []string{"upstream"}),
 		seen: map[string]bool{}, up: map[string]bool{}}
@@ -64,7 +64,7 @@ func (u *Upstreams) Set(name string, up, counted bool) {
 	u.seen[name] = u.seen[name] || up
 	u.up[name] = up
 	u.mu.Unlock()
-	SetGauge(u.connected.WithLabelValues(name), up)
+	setGauge(u.connected.WithLabelValues(name), up)
 }
 
 // Reconnected counts a reconnect of the upstream name, for a caller that knows better than its states.
@@ -77,8 +77,8 @@ func RegisterProcessCollectors(reg prometheus.Registerer, process string) {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }
 
-// SetGauge sets a gauge that is 1 while up and 0 otherwise.
-func SetGauge(g prometheus.Gauge, up bool) {
+// setGauge sets a gauge that is 1 while up and 0 otherwise.
+func setGauge(g prometheus.Gauge, up bool) {
 	if up {
 		g.Set(1)
 	} else {

@@ -26,10 +26,10 @@ func TestMethodLabel(t *testing.T) {
 
 func TestWriteAndGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	up := NewUpstreamGauge()
+	up := newUpstreamGauge()
 	reg.MustRegister(up)
-	SetGauge(up.WithLabelValues("cri"), true)
-	SetGauge(up.WithLabelValues("nri"), false)
+	setGauge(up.WithLabelValues("cri"), true)
+	setGauge(up.WithLabelValues("nri"), false)
 	RegisterProcessCollectors(reg, "test")
 	var b bytes.Buffer
 	if err := Write(&b, reg); err != nil {
