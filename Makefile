@@ -294,8 +294,8 @@ E2E_NODE_PROCS ?= 4
 # PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop).
 PLEG ?=
 # SHARD=i/N: make e2e-node runs only shard i of N of the selection (the specs listed with ginkgo
-# --dry-run, sorted, every N-th from the i-th), kept as selection <name>-shard-<i>of<N>; the report
-# merges the shards per setup.
+# --dry-run; the specs of each Ordered container kept in one shard, the rest dealt so the shards are
+# even), kept as selection <name>-ordered-shard-<i>of<N>; the report merges the shards per setup.
 SHARD ?=
 # E2E_NODE_SELECTION: the name make e2e-node keeps its runs under (another name for another focus).
 E2E_NODE_SELECTION ?= job

@@ -244,13 +244,22 @@ func readTarFile(path, name string) ([]byte, error) {
 
 // moduleDir is k8s.io/kubernetes at the suite's version in the module cache (the build downloaded it).
 func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	modcache, err := goEnv("GOMODCACHE")
 	if err != nil {
-		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+		return "", err
 	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "k8s.io", "kubernetes@"+version)
+	dir := filepath.Join(modcache, "k8s.io", "kubernetes@"+version)
 	if _, err := os.Stat(dir); err != nil {
 		return "", fmt.Errorf("k8s.io/kubernetes@%s is not in the module cache: %w", version, err)
 	}
 	return dir, nil
+}
+
+// goEnv is the go command's setting name (go env name).
+func goEnv(name string) (string, error) {
+	out, err := exec.Command("go", "env", name).Output()
+	if err != nil {
+		return "", fmt.Errorf("go env %s: %w", name, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }

@@ -286,8 +286,10 @@ func seconds(s float64) string { return (time.Duration(s) * time.Second).String(
 type reportSection struct {
 	Name        string
 	Focus, Skip string
-	// Shards is N for a selection run in N shards (0: not sharded); Selected its number of specs.
+	// Shards is N for a selection run in N shards (0: not sharded); Selected its number of specs;
+	// Split how it was cut (shard.Split).
 	Shards, Selected int
+	Split            string
 	Runs             []mergedRun
 }
 
@@ -308,15 +310,15 @@ func (m mergedRun) shardsPresent() []int {
 }
 
 // reportSections groups runs by selection, in order of first appearance; the shards of a selection
-// cut into N shards are one section (shards of the same selection cut into another N, another).
+// cut into N shards the same way are one section (cut into another N, or another way, another).
 func reportSections(runs []suiteRun) []reportSection {
 	var out []reportSection
 	index := map[string]int{}
 	for _, run := range runs {
 		key, sec := run.Selection.Name, reportSection{Name: run.Selection.Name, Focus: run.Selection.Focus, Skip: run.Selection.Skip}
 		if sh := run.Selection.Shard; sh != nil {
-			key = fmt.Sprintf("%s\x00%d", sh.Of, sh.Count)
-			sec.Name, sec.Shards, sec.Selected = sh.Of, sh.Count, sh.Selected
+			key = fmt.Sprintf("%s\x00%d\x00%s", sh.Of, sh.Count, sh.Split)
+			sec.Name, sec.Shards, sec.Selected, sec.Split = sh.Of, sh.Count, sh.Selected, sh.Split
 		}
 		i, ok := index[key]
 		if !ok {
@@ -331,8 +333,13 @@ func reportSections(runs []suiteRun) []reportSection {
 			out[i].Runs = mergeShards(out[i].Runs)
 		}
 	}
+	// The first split's runs, superseded, after the rest.
+	sort.SliceStable(out, func(a, b int) bool { return !out[a].superseded() && out[b].superseded() })
 	return out
 }
+
+// superseded says the section holds runs of the first, round-robin split.
+func (s reportSection) superseded() bool { return s.Shards > 0 && s.Split == "" }
 
 // mergeShards makes one run per setup (in the setups' order) of the shards' runs: every spec of every
 // shard, the wall times summed, the earliest start, the commits and numbers of processes seen.
@@ -380,10 +387,21 @@ func mergeShards(runs []mergedRun) []mergedRun {
 // it has (a missing shard shows there, and its specs are in no comparison of that setup); then per
 // shard and setup.
 func writeShardedTables(b *strings.Builder, sec reportSection) {
-	fmt.Fprintf(b, "\n## Selection %q, in %d shards\n\n", sec.Name, sec.Shards)
-	fmt.Fprintf(b, "focus `%s`, skip `%s`: %d specs, cut into %d shards (`make e2e-node SHARD=i/%d`: the names "+
-		"sorted, the k-th from 0 in shard k mod %d + 1). Per setup, the shards it has, merged: the wall time is "+
-		"their sum. Setups are compared only over the specs both ran.\n\n", sec.Focus, sec.Skip, sec.Selected, sec.Shards, sec.Shards, sec.Shards)
+	switch sec.Split {
+	case splitOrdered:
+		fmt.Fprintf(b, "\n## Selection %q, in %d shards\n\n", sec.Name, sec.Shards)
+		fmt.Fprintf(b, "focus `%s`, skip `%s`: %d specs, cut into %d shards (`make e2e-node SHARD=i/%d`: the specs "+
+			"of each Ordered container together, every other spec alone; the groups dealt largest first, each to "+
+			"the shard with the fewest specs).", sec.Focus, sec.Skip, sec.Selected, sec.Shards, sec.Shards)
+	default:
+		fmt.Fprintf(b, "\n## Selection %q, in %d shards, the first split (superseded)\n\n", sec.Name, sec.Shards)
+		fmt.Fprintf(b, "focus `%s`, skip `%s`: %d specs, cut into %d shards (the names sorted, the k-th from 0 in "+
+			"shard k mod %d + 1). This split ran the later specs of an Ordered container without the earlier "+
+			"ones they build on, which failed them alike in every setup; the split that keeps Ordered containers "+
+			"whole replaces it, and these runs are kept as they ran.", sec.Focus, sec.Skip, sec.Selected, sec.Shards, sec.Shards)
+	}
+	b.WriteString(" Per setup, the shards it has, merged: the wall time is their sum. Setups are compared only " +
+		"over the specs both ran.\n\n")
 	b.WriteString("| setup | passed | failed | skipped | wall time (sum) | shards present | shards missing | procs | runs started (first) | commits |\n" +
 		"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, m := range sec.Runs {

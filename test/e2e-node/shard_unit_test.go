@@ -3,6 +3,7 @@ package e2enode
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -22,26 +23,50 @@ func TestParseShard(t *testing.T) {
 			t.Errorf("parseShard(%q) accepted", in)
 		}
 	}
-	if got := shardName("job", 3, 12); got != "job-shard-3of12" {
+	if got := shardName("job", splitOrdered, 3, 12); got != "job-ordered-shard-3of12" {
 		t.Errorf("shardName = %q", got)
+	}
+	if got := shardName("job", "", 3, 12); got != "job-shard-3of12" {
+		t.Errorf("shardName of the first split = %q, want the name its runs were stored under", got)
 	}
 }
 
-// TestShardOf: the shards of a list are disjoint, cover it (each name once, duplicates of a name
-// together), differ in size by one at most, and do not depend on the list's order.
+// singletons is names, one group each.
+func singletons(names []string) [][]string {
+	out := make([][]string, len(names))
+	for i, n := range names {
+		out[i] = []string{n}
+	}
+	return out
+}
+
+// TestShardOf: the shards of a list of groups are disjoint, cover it (each name once), keep each group
+// whole, differ in size by one at most (by less than the largest group with groups), do not depend on
+// the order of the list or of a group, and with groups of one are the round robin the first runs used.
 func TestShardOf(t *testing.T) {
 	var names []string
 	for i := range 534 {
 		names = append(names, fmt.Sprintf("[sig-node] spec %03d [NodeConformance]", (i*7919)%534))
 	}
-	names = append(names, names[10]) // a name twice (two specs with the same text) goes to one shard
-	reversed := slices.Clone(names)
+	// Three Ordered containers of 12, 5 and 2 specs; the rest alone.
+	groups := [][]string{names[0:12], names[100:105], names[300:302]}
+	for _, n := range names[12:100] {
+		groups = append(groups, []string{n})
+	}
+	for _, n := range append(slices.Clone(names[105:300]), names[302:]...) {
+		groups = append(groups, []string{n})
+	}
+	reversed := slices.Clone(groups)
 	slices.Reverse(reversed)
-	for _, count := range []int{1, 5, 12, 534} {
-		seen := map[string]int{}
+	for i, g := range reversed {
+		reversed[i] = slices.Clone(g)
+		slices.Reverse(reversed[i])
+	}
+	for _, count := range []int{1, 5, 12, 100} {
+		where := map[string]int{}
 		minSize, maxSize := len(names), 0
 		for index := 1; index <= count; index++ {
-			part := shardOf(names, index, count)
+			part := shardOf(groups, index, count)
 			if !reflect.DeepEqual(part, shardOf(reversed, index, count)) {
 				t.Fatalf("%d/%d depends on the order of the list", index, count)
 			}
@@ -49,24 +74,119 @@ func TestShardOf(t *testing.T) {
 				t.Errorf("%d/%d not sorted", index, count)
 			}
 			for _, n := range part {
-				seen[n]++
+				if _, dup := where[n]; dup {
+					t.Errorf("%d shards: %q in two shards", count, n)
+				}
+				where[n] = index
 			}
 			minSize, maxSize = min(minSize, len(part)), max(maxSize, len(part))
 		}
-		if len(seen) != 534 {
-			t.Errorf("%d shards cover %d names, want 534", count, len(seen))
+		if len(where) != 534 {
+			t.Errorf("%d shards cover %d names, want 534", count, len(where))
 		}
-		for n, k := range seen {
-			if k != 1 {
-				t.Errorf("%d shards: %q in %d shards", count, n, k)
+		for _, g := range groups[:3] {
+			for _, n := range g {
+				if where[n] != where[g[0]] {
+					t.Errorf("%d shards: the group of %q split (%q in shard %d, not %d)", count, g[0], n, where[n], where[g[0]])
+				}
 			}
 		}
-		if maxSize-minSize > 1 {
+		if maxSize-minSize > 1 && maxSize-minSize >= 12 {
 			t.Errorf("%d shards: sizes %d to %d", count, minSize, maxSize)
 		}
 	}
-	if got := shardOf([]string{"d", "a", "c", "b", "e"}, 2, 2); !reflect.DeepEqual(got, []string{"b", "d"}) {
+	// Groups of one: round robin over the sorted names, the split the first runs used.
+	if got := shardOf(singletons([]string{"d", "a", "c", "b", "e"}), 2, 2); !reflect.DeepEqual(got, []string{"b", "d"}) {
 		t.Errorf("shardOf(a..e, 2, 2) = %q, want b, d", got)
+	}
+	// The largest group first, to shard 1; then each to the smallest shard.
+	g := [][]string{{"z"}, {"a"}, {"m1", "m2", "m3"}, {"b"}, {"c"}}
+	for index, want := range map[int][]string{1: {"m1", "m2", "m3"}, 2: {"a", "c"}, 3: {"b", "z"}} {
+		if got := shardOf(g, index, 3); !reflect.DeepEqual(got, want) {
+			t.Errorf("shardOf(%q, %d, 3) = %q, want %q", g, index, got, want)
+		}
+	}
+}
+
+// TestOrderedGroups: the specs under one outermost Ordered container are one group, whatever decorates
+// the containers inside it, read from the source the locations point at; a container named Ordered
+// in a string is not Ordered; a name listed twice is one spec; a location the source does not have is
+// an error, not a guess.
+func TestOrderedGroups(t *testing.T) {
+	root := t.TempDir()
+	const file = "k8s.io/kubernetes@v9.9.9/test/e2e_node/x_test.go"
+	src := `package e2enode
+
+var _ = SIGDescribe("Lifecycle", func() {
+	ginkgo.When("plain", func() {
+		ginkgo.It("a", func() {})
+	})
+	ginkgo.When("ordered", ginkgo.Ordered, func() {
+		ginkgo.When("inner", ginkgo.Ordered, func() {
+			ginkgo.It("b", func() {})
+		})
+		ginkgo.It("c", func() {})
+	})
+	ginkgo.When("Ordered in its text, not decorated", func() {
+		ginkgo.It("d", func() {})
+	})
+	ginkgo.When(
+		"split over lines", Ordered,
+		func() {
+			ginkgo.It("e", func() {})
+			ginkgo.It("f", func() {})
+		})
+})
+`
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(file)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, file), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	at := func(lines ...int) []codeLocation {
+		var out []codeLocation
+		for _, l := range lines {
+			out = append(out, codeLocation{FileName: file, LineNumber: l})
+		}
+		return out
+	}
+	specs := []dryRunSpec{
+		{Name: "Lifecycle plain a", Containers: at(3, 4)},
+		{Name: "Lifecycle ordered inner b", Containers: at(3, 7, 8)},
+		{Name: "Lifecycle ordered c", Containers: at(3, 7)},
+		{Name: "Lifecycle Ordered in its text d", Containers: at(3, 13)},
+		{Name: "Lifecycle split e", Containers: at(3, 16)},
+		{Name: "Lifecycle split f", Containers: at(3, 16)},
+		{Name: "Lifecycle plain a", Containers: at(3, 4)},
+	}
+	d := &sourceDecorators{root: root}
+	got, err := orderedGroups(specs, d.isOrdered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{
+		{"Lifecycle plain a"},
+		{"Lifecycle ordered inner b", "Lifecycle ordered c"},
+		{"Lifecycle Ordered in its text d"},
+		{"Lifecycle split e", "Lifecycle split f"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("orderedGroups = %q, want %q", got, want)
+	}
+	for _, l := range []int{7, 8, 16} {
+		if ok, err := d.isOrdered(codeLocation{FileName: file, LineNumber: l}); !ok || err != nil {
+			t.Errorf("line %d: Ordered = %v, %v; want true", l, ok, err)
+		}
+	}
+	for _, l := range []int{3, 4, 13, 17, 18} {
+		if ok, err := d.isOrdered(codeLocation{FileName: file, LineNumber: l}); ok || err != nil {
+			t.Errorf("line %d: Ordered = %v, %v; want false", l, ok, err)
+		}
+	}
+	missing := []dryRunSpec{{Name: "gone", Containers: []codeLocation{{FileName: "k8s.io/kubernetes@v9.9.9/nope_test.go", LineNumber: 3}}}}
+	if _, err := orderedGroups(missing, d.isOrdered); err == nil {
+		t.Error("orderedGroups guessed for a file the source does not have")
 	}
 }
 
@@ -105,16 +225,19 @@ func TestShardFocus(t *testing.T) {
 func TestReadDryRun(t *testing.T) {
 	const report = `[{"SuiteDescription": "E2eNode Suite", "SpecReports": [
   {"ContainerHierarchyTexts": null, "LeafNodeType": "SynchronizedBeforeSuite", "LeafNodeText": "", "State": "passed"},
-  {"ContainerHierarchyTexts": ["[sig-node] Pods", "", "when x"], "LeafNodeType": "It", "LeafNodeText": "should y [NodeConformance]", "State": "passed"},
+  {"ContainerHierarchyTexts": ["[sig-node] Pods", "", "when x"], "ContainerHierarchyLocations": [{"FileName": "k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", "LineNumber": 40}, {"FileName": "k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", "LineNumber": 52}, {"FileName": "k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", "LineNumber": 60}], "LeafNodeType": "It", "LeafNodeText": "should y [NodeConformance]", "State": "passed"},
   {"ContainerHierarchyTexts": ["[sig-node] Slow"], "LeafNodeType": "It", "LeafNodeText": "z [Slow]", "State": "skipped"},
   {"ContainerHierarchyTexts": ["[sig-node] A"], "LeafNodeType": "It", "LeafNodeText": "b [Feature:C]", "State": "passed"}
 ]}]`
-	desc, names, err := readDryRun([]byte(report))
+	desc, specs, err := readDryRun([]byte(report))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"[sig-node] A b [Feature:C]", "[sig-node] Pods when x should y [NodeConformance]"}; desc != "E2eNode Suite" || !reflect.DeepEqual(names, want) {
-		t.Errorf("readDryRun = %q, %q; want E2eNode Suite, %q", desc, names, want)
+	if want := []string{"[sig-node] A b [Feature:C]", "[sig-node] Pods when x should y [NodeConformance]"}; desc != "E2eNode Suite" || !reflect.DeepEqual(specNames(specs), want) {
+		t.Errorf("readDryRun = %q, %q; want E2eNode Suite, %q", desc, specNames(specs), want)
+	}
+	if want := []codeLocation{{"k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", 40}, {"k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", 52}, {"k8s.io/kubernetes@v1.37.2/test/e2e_node/pods_test.go", 60}}; !reflect.DeepEqual(specs[1].Containers, want) {
+		t.Errorf("the containers' locations: %+v, want %+v", specs[1].Containers, want)
 	}
 	if _, _, err := readDryRun([]byte(`[]`)); err == nil {
 		t.Error("readDryRun accepted a report without a suite")
@@ -134,8 +257,8 @@ func TestShardedReport(t *testing.T) {
 		return testResult{Name: name, Status: "failed", Seconds: 3, Failure: why}
 	}
 	run := func(setup string, index int, wall float64, tests ...testResult) suiteRun {
-		sel := selection{Name: shardName("job", index, 3), Focus: "F", Skip: "S",
-			Shard: &shard{Of: "job", Index: index, Count: 3, Specs: len(tests), Selected: 6}}
+		sel := selection{Name: shardName("job", splitOrdered, index, 3), Focus: "F", Skip: "S",
+			Shard: &shard{Of: "job", Split: splitOrdered, Index: index, Count: 3, Specs: len(tests), Selected: 6}}
 		return suiteRun{Setup: setup, Selection: sel, Procs: 4, WallSeconds: wall, Started: fmt.Sprintf("2026-11-26T0%d:00:00Z", index), Commit: "abc", Tests: tests}
 	}
 	shard1 := []testResult{pass("a", 1), fail("d", "no image")}
@@ -151,7 +274,13 @@ func TestShardedReport(t *testing.T) {
 		run("generic", 2, 200, pass("b", 1), fail("e", "generic only")),
 		// An unsharded run of the same selection stays a section of its own.
 		{Setup: "generic", Selection: selection{Name: "job", Focus: "F", Skip: "S"}, Procs: 4, WallSeconds: 7000, Tests: []testResult{pass("a", 1)}},
+		// A shard of the first split, stored before the others: a section of its own, after them.
+		{Setup: "generic", Selection: selection{Name: shardName("job", "", 1, 3), Focus: "F", Skip: "S",
+			Shard: &shard{Of: "job", Index: 1, Count: 3, Specs: 2, Selected: 6}}, Procs: 4, WallSeconds: 50,
+			Tests: []testResult{pass("a", 1), fail("c", "init-3 never started")}},
 	}
+	// The first split's shard was saved first.
+	runs = append(runs[len(runs)-1:], runs[:len(runs)-1]...)
 	for _, r := range runs {
 		if err := saveRun("v1.2.3", r); err != nil {
 			t.Fatal(err)
@@ -170,12 +299,12 @@ func TestShardedReport(t *testing.T) {
 		t.Fatalf("kept %d runs, want %d", len(got.Runs), len(runs))
 	}
 	secs := reportSections(got.Runs)
-	if len(secs) != 2 {
+	if len(secs) != 3 || !secs[2].superseded() || secs[0].superseded() || secs[1].superseded() {
 		t.Fatalf("sections: %+v", secs)
 	}
 	var sharded reportSection
 	for _, s := range secs {
-		if s.Shards == 3 {
+		if s.Shards == 3 && s.Split == splitOrdered {
 			sharded = s
 		}
 	}
@@ -199,7 +328,9 @@ func TestShardedReport(t *testing.T) {
 	md := string(data)
 	for _, want := range []string{
 		"## Selection \"job\", in 3 shards\n",
-		"focus `F`, skip `S`: 6 specs, cut into 3 shards",
+		"focus `F`, skip `S`: 6 specs, cut into 3 shards (`make e2e-node SHARD=i/3`: the specs of each Ordered container together",
+		"## Selection \"job\", in 3 shards, the first split (superseded)\n",
+		"| generic | 1 | 1 | 0 | 50s | 1 (1 of 3) | 2, 3 | 4 |",
 		"| generic | 4 | 2 | 0 | 15m10s | 1, 2, 3 (3 of 3) | none | 4 | 2026-11-26T01:00:00Z | abc |",
 		"| containerd | 2 | 2 | 0 | 12m10s | 1, 3 (2 of 3) | 2 | 4 |",
 		"| pleg-nri | 3 | 1 | 0 | 11m20s | 1, 3 (2 of 3) | 2 | 4 |",

@@ -91,12 +91,13 @@ func TestNodeE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 		var part []string
-		sel, part, err = cutShard(ctx, sel, index, count, filepath.Join(results, version, shardName(sel.Name, index, count), "list"))
+		var ordered []int
+		sel, part, ordered, err = cutShard(ctx, sel, index, count, filepath.Join(results, version, shardName(sel.Name, splitOrdered, index, count), "list"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("shard %d of %d: %d of the selection's %d specs, stored as selection %q:\n  %s", index, count,
-			len(part), sel.Shard.Selected, sel.Name, strings.Join(part, "\n  "))
+		t.Logf("shard %d of %d: %d of the selection's %d specs (the selection's %d Ordered containers kept whole, of %v specs), stored as selection %q:\n  %s",
+			index, count, len(part), sel.Shard.Selected, len(ordered), ordered, sel.Name, strings.Join(part, "\n  "))
 	}
 	names, err := suiteImages(ctx)
 	if err != nil {
