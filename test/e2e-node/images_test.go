@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -51,11 +53,16 @@ func suiteImages(ctx context.Context) ([]string, error) {
 //     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
 //     tools upstream's alpine image installs (agnhostPackages), with the entrypoint, the agnhost-2
 //     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds;
-//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image, and
-//     a stand-in for the one applet the tests call that Debian's build leaves out, nmeter (./nmeter);
+//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image, each
+//     also linked in /bin as in upstream's image, and a stand-in for the one applet the tests call
+//     that Debian's build leaves out, nmeter (./nmeter);
 //   - nginx (every tag): Debian bookworm's nginx-light on a minbase root (upstream: the official
 //     nginx alpine image), serving its welcome page on port 80, logging to the container's stdout and
 //     stderr, stopped with SIGQUIT, as upstream's;
+//   - glibc-dns-testing: Debian bookworm with dnsutils, as upstream's (without its CoreDNS);
+//   - ipc-utils: Debian bookworm's util-linux (ipcs, ipcmk) and awk (upstream: alpine's util-linux);
+//   - nonewprivs: upstream's nnp program, setuid root, on the busybox root (upstream: on alpine);
+//   - nonroot: the busybox root run as user 1234 (upstream: debian-base, USER 1234);
 //   - pause: the harness's pause image under the suite's name.
 //
 // An image pinned by digest cannot be rebuilt (its content would differ): it is listed, not built.
@@ -64,6 +71,7 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 	if err != nil {
 		return nil, err
 	}
+	bb = withEveryAppletInBin(bb)
 	pause, err := harness.PauseFiles(ctx, env.Cache)
 	if err != nil {
 		return nil, err
@@ -122,6 +130,43 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 				{Name: "var/log/nginx/access.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stdout"},
 				{Name: "var/log/nginx/error.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stderr"},
 			}, Cmd: []string{"nginx", "-g", "daemon off;"}, StopSignal: "SIGQUIT"})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"glibc-dns-testing":
+			// Upstream: debian bookworm-slim with dnsutils, and CoreDNS 1.5.0 downloaded from
+			// GitHub, which no spec of the node suite runs (left out: not on the module proxy at
+			// that version). The Hostname specs run hostname and hostname -f in sh.
+			base, err := script(ctx, "e2e-node/hack/build-rootfs.sh", "glibc-dns-testing", "dnsutils")
+			if err != nil {
+				return nil, err
+			}
+			images = append(images, harness.Image{Name: name, Base: base, Cmd: []string{"bash"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"ipc-utils":
+			// Upstream: alpine with util-linux (ipcs, ipcmk); here Debian's util-linux, the same
+			// programs, with awk (mawk), which the HostIPC specs pipe ipcs into.
+			base, err := script(ctx, "e2e-node/hack/build-rootfs.sh", "ipc-utils", "util-linux", "mawk")
+			if err != nil {
+				return nil, err
+			}
+			images = append(images, harness.Image{Name: name, Base: base, Cmd: []string{"sh"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"nonewprivs":
+			// Upstream: alpine with nnp (test/images/nonewprivs/nnp.go, printing its effective
+			// uid) setuid root at /usr/local/bin/nnp, run by default; here on the busybox root.
+			nnp, err := buildUpstreamProgram(ctx, "nonewprivs", "nnp.go")
+			if err != nil {
+				return nil, err
+			}
+			files := append(append([]harness.File{}, bb...),
+				harness.File{Name: "usr/local", Mode: 0o755, Type: harness.Dir},
+				harness.File{Name: "usr/local/bin", Mode: 0o755, Type: harness.Dir},
+				harness.File{Name: "usr/local/bin/nnp", Mode: 0o4755, Type: harness.Reg, Data: nnp})
+			images = append(images, harness.Image{Name: name, Files: files, Cmd: []string{"nnp"},
+				Env: []string{"PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}})
+			out = append(out, suiteImage{Name: name, Built: true})
+		case repo == e2eImages+"nonroot":
+			// Upstream: debian-base with USER 1234; here the busybox root (the specs run id).
+			images = append(images, harness.Image{Name: name, Files: bb, Cmd: []string{"sh"}, User: "1234"})
 			out = append(out, suiteImage{Name: name, Built: true})
 		case repo == "registry.k8s.io/pause":
 			images = append(images, harness.Image{Name: name, Files: pause, Entrypoint: []string{"/pause"}})
@@ -200,6 +245,51 @@ func agnhostImage(base string) ([]harness.File, error) {
 		files = append(files, harness.File{Name: f, Mode: 0o644, Type: harness.Reg, Data: data})
 	}
 	return files, nil
+}
+
+// withEveryAppletInBin adds a /bin link for every busybox applet linked elsewhere (Debian's build
+// puts top in /usr/bin, say): upstream's busybox image has every applet in /bin, and specs call
+// /bin/top.
+func withEveryAppletInBin(files []harness.File) []harness.File {
+	have := map[string]bool{}
+	for _, f := range files {
+		have[f.Name] = true
+	}
+	out := slices.Clone(files)
+	for _, f := range files {
+		if f.Type != harness.Symlink || f.Link != "/bin/busybox" {
+			continue
+		}
+		if bin := "bin/" + path.Base(f.Name); !have[bin] {
+			have[bin] = true
+			out = append(out, harness.File{Name: bin, Mode: 0o777, Type: harness.Symlink, Link: "/bin/busybox"})
+		}
+	}
+	return out
+}
+
+// buildUpstreamProgram builds test/images/<dir>/<file> of k8s.io/kubernetes at the suite's version,
+// a program of one file using only the standard library, as a static binary (cached by its source).
+func buildUpstreamProgram(ctx context.Context, dir, file string) ([]byte, error) {
+	src, err := moduleDir()
+	if err != nil {
+		return nil, err
+	}
+	code, err := os.ReadFile(filepath.Join(src, "test", "images", dir, file))
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "e2e-node-"+dir)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	for name, data := range map[string][]byte{"main.go": code, "go.mod": []byte("module " + dir + "\n\ngo 1.24\n")} {
+		if err := os.WriteFile(filepath.Join(tmp, name), data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return harness.BuildStatic(ctx, env.Cache, tmp, strings.TrimSuffix(file, ".go"))
 }
 
 // webserverFiles are the files upstream's kitten or nautilus Dockerfile adds to agnhost: the picture
