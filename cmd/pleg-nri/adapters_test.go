@@ -36,13 +36,16 @@ func (oneSandbox) ListPodSandbox(context.Context) ([]*runtimeapi.PodSandbox, err
 
 func (oneSandbox) ListContainers(context.Context) ([]*runtimeapi.Container, error) { return nil, nil }
 
-// runCore runs a core on oneSandbox until the test ends.
-func runCore(t *testing.T) (context.Context, *pleg.PLEG) {
+// runCore runs a core on oneSandbox until the test ends; before it runs, subscribe subscribes to it:
+// its startup reconciliation finds s1 and emits its events, which a subscription made after them
+// would never see (no startup replay is configured), and an observation of s1 after it changes nothing.
+func runCore(t *testing.T, subscribe func(*pleg.PLEG)) (context.Context, *pleg.PLEG) {
 	t.Helper()
 	core, err := pleg.New(pleg.Config{Status: oneSandbox{}, Lister: oneSandbox{}, RelistPeriod: time.Hour, VerifyDelay: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
+	subscribe(core)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	done := make(chan error, 1)
 	go func() { done <- core.Run(ctx) }()
@@ -56,9 +59,11 @@ func runCore(t *testing.T) (context.Context, *pleg.PLEG) {
 // TestEventSourceAdapter: the core's subscriptions, as the core's event socket reads them (Next and the
 // shared encoding of NextEncoded), and the observer adapter the plugin and the task events feed.
 func TestEventSourceAdapter(t *testing.T) {
-	ctx, core := runCore(t)
-	src := eventSource{core}
-	first, second := src.Subscribe().(eventStream), src.Subscribe().(eventStream)
+	var first, second eventStream
+	ctx, core := runCore(t, func(core *pleg.PLEG) {
+		src := eventSource{core}
+		first, second = src.Subscribe().(eventStream), src.Subscribe().(eventStream)
+	})
 	defer first.Close()
 	defer second.Close()
 	observerFunc(core.Observe).Observe(pleg.Observation{Source: pleg.SourceNRI, Kind: pleg.KindSandbox, ID: "s1", SandboxID: "s1",
@@ -98,8 +103,8 @@ func TestCoreProxyMetrics(t *testing.T) {
 // TestNewPlugin: the daemon's plugin checks NRI's configurations (a later change of a key that needs a
 // restart is only logged), and hands its observations and resynchronizations to the core.
 func TestNewPlugin(t *testing.T) {
-	ctx, core := runCore(t)
-	sub := core.Subscribe()
+	var sub *pleg.Subscription
+	ctx, core := runCore(t, func(core *pleg.PLEG) { sub = core.Subscribe() })
 	defer sub.Close()
 	nri, err := newPlugin(config.Default(), true, func() *pleg.PLEG { return core }, plugin.NopMetrics{})
 	if err != nil {
