@@ -207,7 +207,9 @@ var oneObject = map[string]bool{
 }
 
 // mutating says whether a call of method may change what a read answers.
-func mutating(method string) bool { return !readOnly[method] && !strings.HasPrefix(method, "/plegnri.") }
+func mutating(method string) bool {
+	return !readOnly[method] && !strings.HasPrefix(method, "/plegnri.")
+}
 
 // begin records a mutating call of method naming id (its request's first field; "" for a wide call);
 // end, called once the runtime answered, forgets it.

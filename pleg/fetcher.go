@@ -26,7 +26,7 @@ type fetchReq struct {
 	// refresh asks again for a status that changed in a way no phase tells (a resource update)
 	refresh bool
 	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
-	oom    bool
+	oom bool
 	// entry also asks for the container's list entry (ContainerEntrySource), for the reads
 	entry  bool
 	cgroup string    // the container's cgroupsPath, for an oom request
@@ -43,8 +43,8 @@ type fetchResult struct {
 	// nil when not asked or not given)
 	info  map[string]string
 	entry *runtimeapi.Container
-	err       error
-	at        time.Time // when the answer came
+	err   error
+	at    time.Time // when the answer came
 }
 
 // fetcher queues status calls: ready ones for the workers, delayed ones (retries, verifications) in a

@@ -76,6 +76,7 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	p.st.relistGen, p.st.relisted, p.st.repaired = gen, true, len(repairs) > 0
 	if p.st.serveReads {
 		p.st.keepEntries(containers)
+		p.st.reaskUnsettled()
 	}
 	// The first successful relist is the startup reconciliation: what it finds changed while pleg-nri
 	// was not running (against the checkpoint's state, or everything on a first start).
@@ -116,6 +117,19 @@ func (s *state) keepEntries(containers []*runtimeapi.Container) {
 		if o := s.objects[c.GetId()]; o != nil && o.kind == KindContainer && o.entry == nil && c.GetPodSandboxId() == o.pod.id {
 			o.entry = c
 		}
+	}
+}
+
+// reaskUnsettled asks containerd again for the status of every object that is not settled (reads.go)
+// and has no call outstanding: an exit whose verification gave up before containerd showed it, say.
+// Without it such an object would keep every list forwarded.
+func (s *state) reaskUnsettled() {
+	for _, o := range s.objects {
+		if o.dropped || o.phase == PhaseNone || o.phase == PhaseRemoved || o.emitted != o.phase || o.queued ||
+			o.fetching || o.verifying || o.refreshing || o.oomChecking || settled(o) {
+			continue
+		}
+		s.verify(o, o.phase == PhaseExited)
 	}
 }
 
