@@ -80,7 +80,9 @@ func (p *Proxy) serveRead(ss grpc.ServerStream, method string, fix *readFix) err
 	if !blocked {
 		before, ok = p.reads.state.ReadState(ctx, method, req)
 	}
-	if ok && p.reads.source == ReadSourceState && p.reads.muts.quietSince(begun) {
+	// NOTE: a mutating call that begins after blocks is concurrent with this read: either answer, before
+	// or after its change, is one the runtime could give.
+	if ok && p.reads.source == ReadSourceState {
 		p.stateRead(method, StateReadState)
 		c.resp.data = before
 		return c.reply(ss)

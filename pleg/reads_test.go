@@ -20,7 +20,9 @@ var (
 	_ ContainerEntrySource  = readCRI{}
 )
 
-func sandboxInfo(id string) map[string]string { return map[string]string{"info": `{"id":"` + id + `"}`} }
+func sandboxInfo(id string) map[string]string {
+	return map[string]string{"info": `{"id":"` + id + `"}`}
+}
 
 func (r readCRI) PodSandboxStatusResponse(ctx context.Context, id string) (*runtimeapi.PodSandboxStatusResponse, error) {
 	st, err := r.PodSandboxStatus(ctx, id)
