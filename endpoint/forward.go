@@ -19,6 +19,9 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 	if err := ss.RecvMsg(&c.req); err != nil {
 		return err
 	}
+	if p.reads != nil && mutating(method) {
+		defer p.reads.muts.begin(method, firstString(c.req.bytes()))()
+	}
 	var settleID string
 	if p.settle != nil && p.settle.wants(method) {
 		settleID = firstString(c.req.bytes())
@@ -43,12 +46,26 @@ type unaryCall struct {
 	resp     frame
 	hdr, trl metadata.MD
 	err      error
+	// raw is the runtime's answer before the overlay rewrote it (nil: resp is the runtime's answer).
+	raw []byte
+}
+
+// recv reads the client's request and keeps its bytes (the call may send it more than once, or read
+// it).
+func (c *unaryCall) recv(ss grpc.ServerStream) error {
+	if err := ss.RecvMsg(&c.req); err != nil {
+		return err
+	}
+	b := c.req.bytes()
+	c.req.free()
+	c.req.data = b
+	return nil
 }
 
 // invoke sends the request to the runtime; its answer replaces the previous one.
 func (c *unaryCall) invoke(ctx context.Context, backend *grpc.ClientConn) {
 	c.resp.free()
-	c.hdr, c.trl = nil, nil
+	c.hdr, c.trl, c.raw = nil, nil, nil
 	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
 }
 

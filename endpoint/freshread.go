@@ -60,6 +60,7 @@ func (p *Proxy) invokeOverlaid(ctx context.Context, c *unaryCall, fix *readFix) 
 	if b := fix.overlay(p.fresh, c.req.data, answer); b != nil {
 		c.resp.free()
 		c.resp.data = b
+		c.raw = answer
 		if m, ok := p.metrics.(FreshnessMetrics); ok {
 			m.OverlaidRead(c.method)
 		}

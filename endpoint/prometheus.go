@@ -21,6 +21,8 @@ type PrometheusMetrics struct {
 	overlaidReads *prometheus.CounterVec
 	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
+	stateReads    *prometheus.CounterVec
+	differences   *prometheus.CounterVec
 	// upstreams and upstream are where the runtime connection's state goes.
 	upstreams *promutil.Upstreams
 	upstream  string
@@ -46,10 +48,19 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
 		resubscribed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "front_resubscriptions_total",
 			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
+		stateReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_reads_total",
+			Help: "Reads the endpoint can answer from pleg-nri's state (read-source state or check), by method and result: state (answered from the state), runtime (forwarded: the state was not current, or a call in flight could change the answer), equal or differ (check: compared with containerd's answer), inconclusive (check: something changed while comparing)."}, []string{"method", "result"}),
+		differences: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_read_differences_total",
+			Help: "Reads whose answer from pleg-nri's state differed from containerd's (read-source check), by method: each one is a bug."}, []string{"method"}),
 		upstreams: upstreams,
 		upstream:  upstream,
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed)
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed,
+		m.stateReads, m.differences)
+	// Every method has its series from the start, so that a difference shows as an increase from 0.
+	for _, method := range []string{ListPodSandboxMethod, ListContainersMethod, PodSandboxStatusMethod, ContainerStatusMethod} {
+		m.differences.WithLabelValues(promutil.MethodLabel(method))
+	}
 	return m
 }
 
@@ -57,7 +68,17 @@ var (
 	_ Metrics          = (*PrometheusMetrics)(nil)
 	_ FreshnessMetrics = (*PrometheusMetrics)(nil)
 	_ RefreshMetrics   = (*PrometheusMetrics)(nil)
+	_ StateReadMetrics = (*PrometheusMetrics)(nil)
 )
+
+// StateRead is StateReadMetrics' hook.
+func (m *PrometheusMetrics) StateRead(method, result string) {
+	label := promutil.MethodLabel(method)
+	m.stateReads.WithLabelValues(label, result).Inc()
+	if result == StateReadDiffer {
+		m.differences.WithLabelValues(label).Inc()
+	}
+}
 
 func (m *PrometheusMetrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
 	m.forwarded.WithLabelValues(promutil.MethodLabel(method), code.String()).Observe(d.Seconds())

@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -44,6 +45,10 @@ type Proxy struct {
 	// afterstop.go); refreshStopped, on the core, answers those requests.
 	settle         *settler
 	refreshStopped func(id string)
+	// reads, unless nil (ReadSourceRuntime), answers the reads from the state or checks them
+	// (stateread.go, readcheck.go); serveState answers StateMethodPrefix (the core's socket).
+	reads      *reads
+	serveState EncodedStateReader
 
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
@@ -78,6 +83,20 @@ type ProxyConfig struct {
 	RefreshAfterStop func(ctx context.Context, id string) error
 	// RefreshStopped, when set, answers RefreshStoppedMethod (the core's socket): it is handed the id.
 	RefreshStopped func(id string)
+	// ReadSource says where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are
+	// answered; "" is DefaultReadSource. ReadSourceState answers them from State when it says it is
+	// current for what is asked, and no mutating call forwarded by this proxy that may change the
+	// answer is in flight; otherwise they are forwarded (with ReadFreshness). ReadSourceCheck forwards
+	// them, and compares each answer with State's where State is current and nothing changed while it
+	// asked (StateReadMetrics counts every read and every difference; the first differences are
+	// logged). ReadSourceRuntime forwards them as any call.
+	ReadSource ReadSource
+	// State answers the reads for ReadSourceState and ReadSourceCheck: on the front, its Relay (the
+	// core's state); required by those modes.
+	State EncodedStateReader
+	// ServeState, when set, answers StateMethodPrefix (the core's socket): EncodeStateReader of the
+	// core's state.
+	ServeState EncodedStateReader
 }
 
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
@@ -86,6 +105,13 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	mode, err := ParseReadFreshness(string(cfg.ReadFreshness))
 	if err != nil {
 		return nil, err
+	}
+	source, err := ParseReadSource(string(cfg.ReadSource))
+	if err != nil {
+		return nil, err
+	}
+	if source != ReadSourceRuntime && cfg.State == nil {
+		return nil, fmt.Errorf("read source %q needs a state to read", source)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
@@ -113,6 +139,10 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		p.settle = newSettler(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.RefreshAfterStop, now, p.shutdown)
 	}
 	p.refreshStopped = cfg.RefreshStopped
+	p.serveState = cfg.ServeState
+	if source != ReadSourceRuntime {
+		p.reads = &reads{source: source, state: cfg.State}
+	}
 	if p.freshMode == ReadFreshnessHold && p.events != nil {
 		var sent func(bool)
 		if m, ok := p.metrics.(RefreshMetrics); ok {
@@ -155,11 +185,20 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	if method == RefreshStoppedMethod && p.refreshStopped != nil {
 		return p.serveRefreshStopped(ss)
 	}
+	if p.serveState != nil && strings.HasPrefix(method, StateMethodPrefix) {
+		return p.serveStateMethod(ss, method)
+	}
+	if p.reads.wants(method) {
+		return p.serveRead(ss, method, p.readFixOf(method))
+	}
 	start := p.now()
 	var err error
 	if isUnary(method) {
 		err = p.forwardUnary(ss, method, p.readFixOf(method))
 	} else {
+		if p.reads != nil && mutating(method) {
+			defer p.reads.muts.begin(method, "")()
+		}
 		err = p.forward(ss, method)
 	}
 	p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))

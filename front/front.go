@@ -74,12 +74,24 @@ type Info struct {
 	ReadFreshness   string `json:"read_freshness"`
 	// RefreshAfterStop is absent from the answer of a front older than the key (false).
 	RefreshAfterStop bool `json:"refresh_after_stop,omitempty"`
+	// ReadSource is absent from the answer of a front older than the key (runtime: it forwards every
+	// read).
+	ReadSource string `json:"read_source,omitempty"`
 }
 
 // compatible says whether the front that answered info serves what fc asks for.
 func (info Info) compatible(fc Config) bool {
 	return info.Protocol == Protocol && info.Listen == fc.Listen && info.RuntimeEndpoint == fc.RuntimeEndpoint &&
-		info.ReadFreshness == fc.ReadFreshness && info.RefreshAfterStop == fc.RefreshAfterStop
+		info.ReadFreshness == fc.ReadFreshness && info.RefreshAfterStop == fc.RefreshAfterStop &&
+		readSource(info.ReadSource) == readSource(fc.ReadSource)
+}
+
+// readSource is a read-source key's value, "" (a front older than the key) being the runtime.
+func readSource(s string) string {
+	if s == "" {
+		return string(endpoint.ReadSourceRuntime)
+	}
+	return s
 }
 
 // request is one request on the control socket.
@@ -103,6 +115,9 @@ type Config struct {
 	ReadFreshness string
 	// RefreshAfterStop is the daemon's refresh-after-stop key.
 	RefreshAfterStop bool
+	// ReadSource is the daemon's read-source key (endpoint.ReadSource): the front answers reads from
+	// the core's state (asked on its socket) with state, and compares them with check.
+	ReadSource string
 	// Version is the binary's version, which the front tells on its control socket (not a flag: a
 	// spawned front is this binary).
 	Version string
@@ -118,6 +133,9 @@ func (c Config) Args() []string {
 	}
 	if c.RefreshAfterStop {
 		a = append(a, "--refresh-after-stop")
+	}
+	if c.ReadSource != "" {
+		a = append(a, "--read-source", c.ReadSource)
 	}
 	if c.LogFile != "" {
 		a = append(a, "--log-file", c.LogFile)
@@ -138,6 +156,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
+	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -209,13 +228,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer relay.Close()
 	pcfg := endpoint.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
-		ReadFreshness: endpoint.ReadFreshness(cfg.ReadFreshness)}
+		ReadFreshness: endpoint.ReadFreshness(cfg.ReadFreshness), ReadSource: endpoint.ReadSource(cfg.ReadSource), State: relay}
 	if cfg.RefreshAfterStop {
 		pcfg.RefreshAfterStop = relay.RefreshStopped
 	}
 	proxy, err := endpoint.NewProxy(pcfg)
 	if err != nil {
-		return fmt.Errorf("--read-freshness: %w", err)
+		return fmt.Errorf("--read-freshness or --read-source: %w", err)
 	}
 	srv, err := endpoint.NewServer(cfg.Listen, proxy)
 	if err != nil {
@@ -309,7 +328,7 @@ func (f *front) serveControl(ctx context.Context) {
 
 func (f *front) info() Info {
 	return Info{Protocol: Protocol, Version: f.cfg.Version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
-		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop}
+		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop, ReadSource: f.cfg.ReadSource}
 }
 
 func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {

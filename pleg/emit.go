@@ -150,6 +150,9 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 			if o.kind == KindContainer && o.cbase.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
 				s.verify(o, true) // the exit came from fast inputs: check it (and a late OOM) against the CRI
 			}
+			if o.kind == KindSandbox && s.serveReads && o.sbase.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY && target == PhaseExited {
+				s.verify(o, true) // for the reads (reads.go): until containerd's status shows the exit
+			}
 		case PhaseRemoved:
 			if o.kind == KindContainer {
 				if i := slices.Index(p.listed, o); i >= 0 {

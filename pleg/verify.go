@@ -59,7 +59,7 @@ func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
 	if r.err != nil {
 		if !isNotFound(r.err) {
 			logger.WithError(r.err).Debug("verification status call failed")
-			if o.verifyExit {
+			if o.verifyExit || o.restored {
 				s.reverify(ctx, o)
 			}
 		}
@@ -75,6 +75,9 @@ func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
 	}
 	if o.verifyExit && o.kind == KindContainer && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
 		s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
+	}
+	if o.verifyExit && o.kind == KindSandbox && o.sbase.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+		s.reverify(ctx, o) // a sandbox exit's confirmation, for the reads: ask again
 	}
 	s.flush(ctx, o.pod)
 }

@@ -236,7 +236,7 @@ func configurePreRegistered(ctx context.Context, cfg config.Config, configured <
 
 // newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with
 // over conns, after it locked the state directory; closeCore unlocks it.
-func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m pleg.Metrics) (core *pleg.PLEG, closeCore func(), err error) {
+func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHooks) (core *pleg.PLEG, closeCore func(), err error) {
 	conn, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return nil, nil, fmt.Errorf("config key \"runtime-endpoint\": %w", err)
@@ -253,7 +253,8 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m pleg.M
 	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
-		CheckpointInterval: time.Duration(cfg.CheckpointInterval)}
+		CheckpointInterval: time.Duration(cfg.CheckpointInterval),
+		ServeReads:         cfg.ReadSource != string(endpoint.ReadSourceRuntime), Inputs: m.ready.inputs}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
@@ -280,9 +281,11 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m pleg.M
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
 func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *endpoint.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
-	// It also answers the front's refresh requests (refresh-after-stop); only a front configured so asks.
+	// It also answers the front's refresh requests (refresh-after-stop) and its reads from the state
+	// (read-source); only a front configured so asks.
 	proxy, err := endpoint.NewProxy(endpoint.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: m, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped})
+		Metrics: m, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped,
+		ServeState: endpoint.EncodeStateReader(core)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -380,6 +383,7 @@ var (
 	_ plugin.Observer             = observerFunc(nil)
 	_ containerd.Observer         = observerFunc(nil)
 	_ endpoint.EventSource        = eventSource{}
+	_ endpoint.StateReader        = (*pleg.PLEG)(nil)
 	_ endpoint.EncodedEventStream = eventStream{}
 )
 

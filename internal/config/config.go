@@ -68,6 +68,10 @@ type Config struct {
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
 	// without waiting for its 5 s cache tick (endpoint.RefreshStoppedMethod).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
+	// ReadSource says where the CRI endpoint answers ListPodSandbox, ListContainers, PodSandboxStatus
+	// and ContainerStatus: runtime (forwarded), state (pleg-nri's state where it is current) or check
+	// (forwarded, and compared with the state's answer) (endpoint.ReadSource).
+	ReadSource string `json:"read-source"`
 }
 
 // Default returns the configuration used for every key not set. The packages' own defaults are
@@ -89,6 +93,7 @@ func Default() Config {
 		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:       Duration(time.Minute),
 		ReadFreshness:       string(endpoint.DefaultReadFreshness),
+		ReadSource:          string(endpoint.DefaultReadSource),
 	}
 }
 
@@ -235,6 +240,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := endpoint.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
+	}
+	if _, err := endpoint.ParseReadSource(c.ReadSource); err != nil || c.ReadSource == "" {
+		bad("read-source", "want runtime, state or check, got %q", c.ReadSource)
 	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

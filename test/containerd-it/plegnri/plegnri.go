@@ -83,13 +83,30 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		// Its checkpoint in the test's directory, never in the machine's default one (which other
 		// tests' daemons would share).
 		"--state-dir", filepath.Join(opts.Dir, "state"),
-	}, opts.Extra...)
+	}, ReadSourceArgs()...)
+	d.args = append(d.args, opts.Extra...)
 	if err := d.start(ctx); err != nil {
 		_ = d.Close()
 		return nil, err
 	}
 	return d, nil
 }
+
+// ReadSourceEnv names the environment variable that runs every pleg-nri of the integration tests with that
+// read-source ("check": each read compared with containerd's answer; the tests then fail on any
+// difference, see CheckMode).
+const ReadSourceEnv = "PLEG_NRI_IT_READ_SOURCE"
+
+// ReadSourceArgs are the flags that set the read-source ReadSourceEnv names (none when it is not set).
+func ReadSourceArgs() []string {
+	if s := os.Getenv(ReadSourceEnv); s != "" {
+		return []string{"--read-source", s}
+	}
+	return nil
+}
+
+// CheckMode says whether the integration tests run pleg-nri in the check mode (ReadSourceEnv).
+func CheckMode() bool { return os.Getenv(ReadSourceEnv) == "check" }
 
 func (d *Daemon) start(ctx context.Context) error {
 	cmd := exec.Command(d.binary, d.args...)
