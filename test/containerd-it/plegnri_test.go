@@ -2,7 +2,6 @@ package containerdit
 
 import (
 	"context"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -31,13 +30,10 @@ func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 		t.Fatal(err)
 	}
 	p := &plegNRI{d}
-	checkMode := plegnri.CheckMode() || readSourceOf(extra) == "check"
 	t.Cleanup(func() {
-		if checkMode && p.Running() {
-			// Every read the check mode compared equalled containerd's answer.
-			if n := p.metric(t, "pleg_nri_state_read_differences_total"); n != 0 {
-				t.Errorf("read-source check: %v reads answered from the state differed from containerd's (the log says which fields)", n)
-			}
+		// In the check mode, every read compared equalled containerd's answer.
+		if err := p.CheckReads(); err != nil {
+			t.Error(err)
 		}
 		// The front too: a test that leaves a process of pleg-nri behind fails.
 		if err := p.Close(); err != nil {
@@ -49,19 +45,6 @@ func startPlegNRI(t testing.TB, extra ...string) *plegNRI {
 		}
 	})
 	return p
-}
-
-// readSourceOf returns the read-source the flags set ("" when none).
-func readSourceOf(flags []string) string {
-	for i, f := range flags {
-		if v, ok := strings.CutPrefix(f, "--read-source="); ok {
-			return v
-		}
-		if f == "--read-source" && i+1 < len(flags) {
-			return flags[i+1]
-		}
-	}
-	return ""
 }
 
 // start starts pleg-nri again, with the same flags, after a stop or a kill.

@@ -127,6 +127,11 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
+			// In the check mode (PLEG_NRI_IT_READ_SOURCE=check), every read compared equalled
+			// containerd's answer.
+			if err := n.p.CheckReads(); err != nil {
+				t.Error(err)
+			}
 			// The front too: a test that leaves a process of pleg-nri behind fails.
 			if err := n.p.Close(); err != nil {
 				t.Error(err)

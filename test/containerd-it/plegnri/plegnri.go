@@ -108,6 +108,37 @@ func ReadSourceArgs() []string {
 // CheckMode says whether the integration tests run pleg-nri in the check mode (ReadSourceEnv).
 func CheckMode() bool { return os.Getenv(ReadSourceEnv) == "check" }
 
+// CheckReads fails when the daemon runs in the check mode (its flags say --read-source check, as
+// ReadSourceEnv=check makes them) and a read it answered from its state differed from containerd's
+// answer (pleg_nri_state_read_differences_total; its log names the fields). It checks nothing when the
+// daemon is not running or not in the check mode.
+func (d *Daemon) CheckReads() error {
+	if readSourceOf(d.args) != "check" || !d.Running() {
+		return nil
+	}
+	n, err := d.Metric("pleg_nri_state_read_differences_total")
+	if err != nil {
+		return fmt.Errorf("read-source check: %w", err)
+	}
+	if n != 0 {
+		return fmt.Errorf("read-source check: %v reads answered from the state differed from containerd's (the log says which fields)", n)
+	}
+	return nil
+}
+
+// readSourceOf returns the read-source the flags set, the last one winning ("" when none).
+func readSourceOf(flags []string) string {
+	source := ""
+	for i, f := range flags {
+		if v, ok := strings.CutPrefix(f, "--read-source="); ok {
+			source = v
+		} else if f == "--read-source" && i+1 < len(flags) {
+			source = flags[i+1]
+		}
+	}
+	return source
+}
+
 func (d *Daemon) start(ctx context.Context) error {
 	cmd := exec.Command(d.binary, d.args...)
 	pr, pw := io.Pipe()
