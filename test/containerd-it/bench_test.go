@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -285,71 +286,122 @@ func BenchmarkProxyUnary(b *testing.B) {
 	p := startPlegNRI(b, benchPlegFlags...)
 	direct := benchRuntime(b, env.Address)
 	proxied := benchRuntime(b, p.Socket)
-	// Something to list: a few pods with sleeping containers.
+	benchSleepers(b, direct, "bench-proxy")
+	time.Sleep(500 * time.Millisecond) // let the events of the setup settle
+	res := &benchreport.Proxy{Methods: []benchreport.ProxyMethod{
+		benchInterleaved(b, "Version", direct, proxied, func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+			_, err := rt.Version(b.Context(), &runtimeapi.VersionRequest{})
+			return 0, err
+		}),
+		benchInterleaved(b, "ListContainers", direct, proxied, benchListContainers(b)),
+	}}
+	b.ReportMetric(0, "ns/op")
+	saveBench(b, func(r *benchreport.Results) { r.Proxy = res })
+}
+
+// BenchmarkStateReads measures the kubelet's reads answered from pleg-nri's state (read-source state)
+// against the same calls made directly to containerd, alternating A/B per iteration, on a quiet node
+// (nothing changes while it calls, so the state is current and answers every one: it fails otherwise,
+// which would be a benchmark of forwarding).
+func BenchmarkStateReads(b *testing.B) {
+	p := startPlegNRI(b, append(slices.Clone(benchPlegFlags), "--read-source", "state")...)
+	direct := benchRuntime(b, env.Address)
+	state := benchRuntime(b, p.Socket)
+	containers := benchSleepers(b, direct, "bench-state")
+	// The state is current once pleg-nri's relist after the setup repaired nothing and every object
+	// is settled: wait until a list is answered from it.
+	err := harness.WaitFor(b.Context(), 60*time.Second, "pleg-nri to answer ListContainers from its state", func() (bool, error) {
+		if _, err := state.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{}); err != nil {
+			return false, err
+		}
+		n, err := p.Metric("pleg_nri_state_reads_total", `result="state"`)
+		return n > 0, err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	before, err := p.Metric("pleg_nri_state_reads_total", `result="runtime"`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res := &benchreport.Proxy{Methods: []benchreport.ProxyMethod{
+		benchInterleaved(b, "ListContainers", direct, state, benchListContainers(b)),
+		benchInterleaved(b, "ContainerStatus", direct, state, func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+			_, err := rt.ContainerStatus(b.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: containers[0]})
+			return 0, err
+		}),
+	}}
+	if after, err := p.Metric("pleg_nri_state_reads_total", `result="runtime"`); err != nil || after != before {
+		b.Fatalf("pleg-nri forwarded %v of the reads to containerd (%v): this measured forwarding, not the state", after-before, err)
+	}
+	b.ReportMetric(0, "ns/op")
+	saveBench(b, func(r *benchreport.Results) { r.StateReads = res })
+}
+
+// benchSleepers runs four pods with three sleeping containers each on rt (something to list), and
+// returns the containers' ids.
+func benchSleepers(b *testing.B, rt runtimeapi.RuntimeServiceClient, prefix string) []string {
+	var ids []string
 	for i := range 4 {
-		id, cfg := benchRunPod(b, direct, fmt.Sprintf("bench-proxy-%d", i))
+		id, cfg := benchRunPod(b, rt, fmt.Sprintf("%s-%d", prefix, i))
 		for j := range 3 {
 			c := harness.ContainerConfig(fmt.Sprintf("sleeper-%d", j), "sleep 3600")
-			resp, err := direct.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: c, SandboxConfig: cfg})
+			resp, err := rt.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: c, SandboxConfig: cfg})
 			if err != nil {
 				b.Fatalf("CreateContainer: %v", err)
 			}
-			if _, err := direct.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+			if _, err := rt.StartContainer(b.Context(), &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
 				b.Fatalf("StartContainer: %v", err)
 			}
+			ids = append(ids, resp.ContainerId)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // let the events of the setup settle
+	return ids
+}
 
-	methods := []struct {
-		name string
-		call func(rt runtimeapi.RuntimeServiceClient) (int, error)
-	}{
-		{"Version", func(rt runtimeapi.RuntimeServiceClient) (int, error) {
-			_, err := rt.Version(b.Context(), &runtimeapi.VersionRequest{})
-			return 0, err
-		}},
-		{"ListContainers", func(rt runtimeapi.RuntimeServiceClient) (int, error) {
-			resp, err := rt.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{})
-			return len(resp.GetContainers()), err
-		}},
+// benchListContainers lists every container, and says how many.
+func benchListContainers(b *testing.B) func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+	return func(rt runtimeapi.RuntimeServiceClient) (int, error) {
+		resp, err := rt.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{})
+		return len(resp.GetContainers()), err
 	}
-	res := &benchreport.Proxy{}
-	for _, m := range methods {
-		pm := benchreport.ProxyMethod{Method: m.name}
-		timed := func(rt runtimeapi.RuntimeServiceClient) float64 {
-			start := time.Now()
-			n, err := m.call(rt)
-			d := time.Since(start)
-			if err != nil {
-				b.Fatalf("%s: %v", m.name, err)
-			}
-			pm.Items = n
-			return float64(d.Nanoseconds()) / 1e3
+}
+
+// benchInterleaved times proxyCalls calls of method on direct and on other, alternating which goes
+// first, after proxyWarmup of each.
+func benchInterleaved(b *testing.B, method string, direct, other runtimeapi.RuntimeServiceClient, call func(runtimeapi.RuntimeServiceClient) (int, error)) benchreport.ProxyMethod {
+	pm := benchreport.ProxyMethod{Method: method}
+	timed := func(rt runtimeapi.RuntimeServiceClient) float64 {
+		start := time.Now()
+		n, err := call(rt)
+		d := time.Since(start)
+		if err != nil {
+			b.Fatalf("%s: %v", method, err)
 		}
-		for range proxyWarmup {
-			timed(direct)
-			timed(proxied)
-		}
-		for i := range proxyCalls {
-			if i%2 == 0 {
-				pm.DirectUs = append(pm.DirectUs, timed(direct))
-				pm.ProxiedUs = append(pm.ProxiedUs, timed(proxied))
-			} else {
-				pm.ProxiedUs = append(pm.ProxiedUs, timed(proxied))
-				pm.DirectUs = append(pm.DirectUs, timed(direct))
-			}
-		}
-		d50, p50 := benchreport.Median(pm.DirectUs), benchreport.Median(pm.ProxiedUs)
-		b.ReportMetric(d50, m.name+"-direct-p50-us")
-		b.ReportMetric(p50, m.name+"-proxied-p50-us")
-		b.ReportMetric(p50-d50, m.name+"-added-p50-us")
-		b.Logf("%s (%d calls each): direct p50 %.0f µs p90 %.0f µs, proxied p50 %.0f µs p90 %.0f µs, added p50 %.0f µs",
-			m.name, proxyCalls, d50, benchreport.Quantile(pm.DirectUs, .9), p50, benchreport.Quantile(pm.ProxiedUs, .9), p50-d50)
-		res.Methods = append(res.Methods, pm)
+		pm.Items = n
+		return float64(d.Nanoseconds()) / 1e3
 	}
-	b.ReportMetric(0, "ns/op")
-	saveBench(b, func(r *benchreport.Results) { r.Proxy = res })
+	for range proxyWarmup {
+		timed(direct)
+		timed(other)
+	}
+	for i := range proxyCalls {
+		if i%2 == 0 {
+			pm.DirectUs = append(pm.DirectUs, timed(direct))
+			pm.ProxiedUs = append(pm.ProxiedUs, timed(other))
+		} else {
+			pm.ProxiedUs = append(pm.ProxiedUs, timed(other))
+			pm.DirectUs = append(pm.DirectUs, timed(direct))
+		}
+	}
+	d50, p50 := benchreport.Median(pm.DirectUs), benchreport.Median(pm.ProxiedUs)
+	b.ReportMetric(d50, method+"-direct-p50-us")
+	b.ReportMetric(p50, method+"-proxied-p50-us")
+	b.ReportMetric(p50-d50, method+"-added-p50-us")
+	b.Logf("%s (%d calls each): direct p50 %.0f µs p90 %.0f µs p99 %.0f µs, through pleg-nri p50 %.0f µs p90 %.0f µs p99 %.0f µs, difference p50 %+.0f µs",
+		method, proxyCalls, d50, benchreport.Quantile(pm.DirectUs, .9), benchreport.Quantile(pm.DirectUs, .99),
+		p50, benchreport.Quantile(pm.ProxiedUs, .9), benchreport.Quantile(pm.ProxiedUs, .99), p50-d50)
+	return pm
 }
 
 // BenchmarkPodStart measures RunPodSandbox + CreateContainer + StartContainer with pleg-nri connected

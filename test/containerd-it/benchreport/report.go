@@ -101,6 +101,19 @@ func Markdown(r *Results, svgName string) string {
 			row(fmt.Sprintf("%s, p90", name), us(d90), us(p90), fmt.Sprintf("+%s", us(p90-d90)), "", "")
 		}
 	}
+	if p := r.StateReads; p != nil {
+		for _, m := range p.Methods {
+			d50, s50 := Median(m.DirectUs), Median(m.ProxiedUs)
+			d99, s99 := Quantile(m.DirectUs, .99), Quantile(m.ProxiedUs, .99)
+			name := m.Method
+			if m.Method == "ListContainers" {
+				name = fmt.Sprintf("%s (%d containers)", m.Method, m.Items)
+			}
+			row(fmt.Sprintf("%s from pleg-nri's state (read-source state), p50 (%d calls each)", name, len(m.DirectUs)), us(d50), us(s50),
+				fmt.Sprintf("%+.0f%%", (s50-d50)/d50*100), "below direct", yesNo(s50 < d50))
+			row(fmt.Sprintf("%s from the state, p99", name), us(d99), us(s99), fmt.Sprintf("%+.0f%%", (s99-d99)/d99*100), "below direct", yesNo(s99 < d99))
+		}
+	}
 	if s := r.PodStart; s != nil {
 		a, p := Median(s.WithoutMs), Median(s.WithMs)
 		pct := (p - a) / a * 100
@@ -176,6 +189,12 @@ func Markdown(r *Results, svgName string) string {
 		w("One client on containerd's socket and one on pleg-nri's, called alternately (direct then proxied, then\n")
 		w("proxied then direct, ...) after a warm-up, so both see the same machine load. The difference is what the\n")
 		w("extra hop costs: a unix-socket round trip, the frame copy and the proxy's bookkeeping.\n\n")
+	}
+	if p := r.StateReads; p != nil {
+		w("## Reads answered from pleg-nri's state\n\n")
+		w("The same alternation with pleg-nri run with `read-source: state`, on a quiet node (the same pods, nothing\n")
+		w("changing): the kubelet's reads answered by the front from the core's state (a round trip to the core's\n")
+		w("socket) against the same call made directly to containerd. The benchmark fails if any was forwarded.\n\n")
 	}
 	if s := r.PodStart; s != nil {
 		w("## Pod start\n\n")

@@ -85,6 +85,7 @@ func TestReport(t *testing.T) {
 	if err := Update(path, func(r *Results) {
 		r.Proxy = &Proxy{Methods: []ProxyMethod{{Method: "Version", DirectUs: []float64{100, 110}, ProxiedUs: []float64{150, 160}}}}
 		r.PodStart = &PodStart{Rounds: 1, WithMs: []float64{101}, WithoutMs: []float64{100}}
+		r.StateReads = &Proxy{Methods: []ProxyMethod{{Method: "ContainerStatus", DirectUs: []float64{200, 200}, ProxiedUs: []float64{150, 150}}}}
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,9 @@ func TestReport(t *testing.T) {
 		t.Fatalf("Update lost a section: %+v", r)
 	}
 	md := Markdown(r, "exit-latency.svg")
-	for _, want := range []string{"make bench", "2026-01-01", "| STOPPED events never received | 0 | 1 |", "+50 µs", "+1.00%", "**no**"} {
+	for _, want := range []string{"make bench", "2026-01-01", "| STOPPED events never received | 0 | 1 |", "+50 µs", "+1.00%", "**no**",
+		"| ContainerStatus from pleg-nri's state (read-source state), p50 (2 calls each) | 200 µs | 150 µs | -25% | below direct | yes |",
+		"## Reads answered from pleg-nri's state"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
