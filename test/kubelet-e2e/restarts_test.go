@@ -23,10 +23,15 @@ func gapPod(name string) kubelet.Pod {
 while [ ! -e /state/exit ]; do sleep 0.05; done; touch /state/done; exit 7`}}}
 }
 
-// restartLagBound is how soon after pleg-nri or containerd is back the kubelet must have received the
-// STOPPED of the container that exited while it was down, and restarted it (the issue's bound: without
-// the event, the kubelet would notice at its next relist, up to 300 s later with EventedPLEG on).
-const restartLagBound = time.Second
+// restartLagLimit tells the event path from the kubelet's fallback: after pleg-nri or containerd is
+// back, the kubelet must have received the STOPPED of the container that exited while it was down, and
+// restarted it, within it. Without the event a 1.35/1.36 kubelet notices at its next relist, up to 300 s
+// later with EventedPLEG on; the event path takes well under a second on a quiet machine (medians 39-215
+// ms, docs/restarts.md) and 1.2 s was seen at a load of 10 with two suites on two cores. How soon is a
+// figure the test logs (restart lags, per step), not a bound it asserts: a 1 s bound failed under load.
+// On 1.37, which relists every second anyway, the receipt of the STOPPED in the kubelet's log is what
+// tells the event path.
+const restartLagLimit = 30 * time.Second
 
 // kubeletCacheWait is how long a 1.35 or 1.36 kubelet's pod worker can hold a sync after an event that
 // arrived while it was syncing the pod: the next sync waits for a cache entry newer than the end of
@@ -41,11 +46,12 @@ const kubeletCacheWait = 5 * time.Second
 // pod crash-loops, and in each restart a container exits while the process is down. The kubelet's event
 // stream (through pleg-nri's front) never fails: evented_pleg_connection_error_count stays 0 and the
 // kubelet never reconnects or falls back to relisting; each exit in a gap reaches the kubelet as a
-// STOPPED within a second of pleg-nri (its /readyz) or containerd (its CRI) being back, and the kubelet
-// restarts the container within that second too (on 1.35/1.36, when the STOPPED came in during a sync
-// of the pod, within kubeletCacheWait after the STOPPED: the kubelet's own hold, shown by its log); no
-// two containers of one name ever run at once in a pod (the node's duplicate watcher); and at the end
-// the kubelet still acts on events.
+// STOPPED (its log) after pleg-nri (its /readyz) or containerd (its CRI) is back, and the kubelet
+// restarts the container, both within restartLagLimit, far below the kubelet's own fallback, and the
+// lags are logged (on 1.35/1.36, when the STOPPED came in during a sync of the pod, the kubelet holds
+// the pod up to kubeletCacheWait more: its own hold, shown by its log); no two containers of one name
+// ever run at once in a pod (the node's duplicate watcher); and at the end the kubelet still acts on
+// events.
 func TestRestartsKeepFastPath(t *testing.T) {
 	upgraded := plegnribin.Binary(t, plegnribin.Upgraded)
 	n := startNode(t, setupEventedPlegNRI)
@@ -139,11 +145,11 @@ func TestRestartsKeepFastPath(t *testing.T) {
 		}
 		lag := created.Sub(back)
 		lags = append(lags, lag)
-		allowed := restartLagBound
+		allowed := restartLagLimit
 		// A 1.37 kubelet can restart the container before the STOPPED comes (its relist runs every
-		// second): wait for the receipt until a little past the bound, so a late one is told with its time.
+		// second): wait for the receipt until a little past the limit, so a late one is told with its time.
 		var got receipt
-		err := testutil.Poll(ctx, time.Until(back.Add(restartLagBound))+2*time.Second, "the kubelet to receive the STOPPED", func() (bool, error) {
+		err := testutil.Poll(ctx, time.Until(back.Add(restartLagLimit))+2*time.Second, "the kubelet to receive the STOPPED", func() (bool, error) {
 			var err error
 			got, err = stoppedReceipt(n.k.LogPath, kubeletLog, exited, p.Metadata.Namespace+"/"+p.Metadata.Name)
 			return err == nil, err
@@ -151,12 +157,12 @@ func TestRestartsKeepFastPath(t *testing.T) {
 		switch {
 		case err != nil:
 			t.Errorf("%s: %v", step, err)
-		case got.at.Sub(back) > restartLagBound:
+		case got.at.Sub(back) > restartLagLimit:
 			t.Errorf("%s: the kubelet received the STOPPED of the container that exited in the gap %s after the restart, more than %s",
-				step, got.at.Sub(back).Round(time.Millisecond), restartLagBound)
+				step, got.at.Sub(back).Round(time.Millisecond), restartLagLimit)
 		case got.midSync && !eventsTriggerRelist():
-			allowed = max(allowed, got.at.Sub(back)+kubeletCacheWait+restartLagBound)
-			if lag > restartLagBound {
+			allowed = max(allowed, got.at.Sub(back)+kubeletCacheWait+restartLagLimit)
+			if lag > time.Second {
 				t.Logf("%s: the STOPPED reached the kubelet %s after the restart, during a sync of the pod: its next sync waited for its cache (up to %s)",
 					step, got.at.Sub(back).Round(time.Millisecond), kubeletCacheWait)
 			}
