@@ -147,6 +147,16 @@ func (h *readHarness) wantCurrent(sb, id string, want bool) {
 	}
 }
 
+// wantRuntimesStatus checks that p answers ContainerStatus of id from its state with the runtime's
+// status (what containerd answers).
+func (h *readHarness) wantRuntimesStatus(p *PLEG, id string) {
+	h.t.Helper()
+	got, ok := p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if !ok || !proto.Equal(got, h.runtimeContainerStatus(id)) {
+		h.t.Errorf("ContainerStatus(%s) = %v, %v; want the runtime's %v", id, got, ok, h.runtimeContainerStatus(id))
+	}
+}
+
 // wantContainerReads checks whether ContainerStatus of id and ListContainers are answered.
 func (h *readHarness) wantContainerReads(id string, want bool) {
 	h.t.Helper()
@@ -168,10 +178,7 @@ func TestReadsAnswerAsTheRuntimeWithFilters(t *testing.T) {
 	h.relist()
 
 	for _, id := range []string{"c1", "c2", "c3"} {
-		got, ok := h.p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
-		if !ok || !proto.Equal(got, h.runtimeContainerStatus(id)) {
-			t.Errorf("ContainerStatus(%s) = %v, %v; want the runtime's %v", id, got, ok, h.runtimeContainerStatus(id))
-		}
+		h.wantRuntimesStatus(h.p, id)
 	}
 	for _, id := range []string{"s1", "s2"} {
 		got, ok := h.p.PodSandboxStatus(h.ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
@@ -299,10 +306,7 @@ func TestReadsOfAStartWaitForContainerdsStartTime(t *testing.T) {
 	h.wantContainerReads("c2", false)
 	h.settle()
 	h.wantCurrent("s1", "c2", true)
-	got, _ := h.p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c2"})
-	if !proto.Equal(got, h.runtimeContainerStatus("c2")) {
-		t.Errorf("ContainerStatus = %v, want %v", got, h.runtimeContainerStatus("c2"))
-	}
+	h.wantRuntimesStatus(h.p, "c2")
 }
 
 // A stop: the exit is reported (and emitted) before containerd's status shows it; the reads wait for
@@ -322,10 +326,7 @@ func TestReadsOfAnExitWaitForContainerdsStatus(t *testing.T) {
 	h.cri.exitContainer("c1", 137, at)
 	h.settle()
 	h.wantCurrent("s1", "c1", true)
-	got, _ := h.p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if !proto.Equal(got, h.runtimeContainerStatus("c1")) {
-		t.Errorf("ContainerStatus = %v, want %v", got, h.runtimeContainerStatus("c1"))
-	}
+	h.wantRuntimesStatus(h.p, "c1")
 }
 
 // An exit containerd did not show within the verification's attempts: the next relist asks again.
@@ -377,10 +378,7 @@ func TestReadsDuringAResize(t *testing.T) {
 	h.observe(Observation{Source: SourceNRI, Kind: KindContainer, ID: "c1", SandboxID: "s1", StatusChanged: true, SourceTime: h.clock.Now()})
 	h.wantContainerReads("c1", false)
 	h.settle()
-	got, ok := h.p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if !ok || !proto.Equal(got, h.runtimeContainerStatus("c1")) {
-		t.Errorf("ContainerStatus after the resize = %v, %v; want the runtime's %v", got, ok, h.runtimeContainerStatus("c1"))
-	}
+	h.wantRuntimesStatus(h.p, "c1") // after the resize
 }
 
 // containerd restarting: the inputs go down; after they are back the reads wait for a relist that
@@ -415,10 +413,7 @@ func TestReadsAfterARelistRepair(t *testing.T) {
 	h.wantCurrent("s1", "c1", false) // the last relist repaired
 	h.relist()
 	h.wantCurrent("s1", "c1", true)
-	got, _ := h.p.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if !proto.Equal(got, h.runtimeContainerStatus("c1")) {
-		t.Errorf("ContainerStatus = %v, want %v", got, h.runtimeContainerStatus("c1"))
-	}
+	h.wantRuntimesStatus(h.p, "c1")
 }
 
 // A task event of an id the state does not know yet is held: the lists are forwarded meanwhile.
@@ -489,8 +484,5 @@ func TestReadsAfterARestart(t *testing.T) {
 	h2.settle()
 	h2.relist() // the startup relist's own verifications done, and a relist with nothing to repair
 	h2.wantCurrent("s1", "c1", true)
-	got, _ := p2.ContainerStatus(h.ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if !proto.Equal(got, h.runtimeContainerStatus("c1")) {
-		t.Errorf("ContainerStatus = %v, want %v", got, h.runtimeContainerStatus("c1"))
-	}
+	h.wantRuntimesStatus(p2, "c1")
 }

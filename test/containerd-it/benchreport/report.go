@@ -91,10 +91,7 @@ func Markdown(r *Results, svgName string) string {
 		for _, m := range p.Methods {
 			d50, p50 := Median(m.DirectUs), Median(m.ProxiedUs)
 			d90, p90 := Quantile(m.DirectUs, .9), Quantile(m.ProxiedUs, .9)
-			name := m.Method
-			if m.Method == "ListContainers" {
-				name = fmt.Sprintf("%s (%d containers)", m.Method, m.Items)
-			}
+			name := m.name()
 			row(fmt.Sprintf("%s, p50 (%d calls each)", name, len(m.DirectUs)), us(d50), us(p50),
 				fmt.Sprintf("+%s", us(p50-d50)), fmt.Sprintf("< %g µs added", GoalProxyAddedP50Us),
 				yesNo(p50-d50 < GoalProxyAddedP50Us))
@@ -105,10 +102,7 @@ func Markdown(r *Results, svgName string) string {
 		for _, m := range p.Methods {
 			d50, s50 := Median(m.DirectUs), Median(m.ProxiedUs)
 			d99, s99 := Quantile(m.DirectUs, .99), Quantile(m.ProxiedUs, .99)
-			name := m.Method
-			if m.Method == "ListContainers" {
-				name = fmt.Sprintf("%s (%d containers)", m.Method, m.Items)
-			}
+			name := m.name()
 			row(fmt.Sprintf("%s from pleg-nri's state (read-source state), p50 (%d calls each)", name, len(m.DirectUs)), us(d50), us(s50),
 				fmt.Sprintf("%+.0f%%", (s50-d50)/d50*100), "below direct", yesNo(s50 < d50))
 			row(fmt.Sprintf("%s from the state, p99", name), us(d99), us(s99), fmt.Sprintf("%+.0f%%", (s99-d99)/d99*100), "below direct", yesNo(s99 < d99))
@@ -359,4 +353,12 @@ func fmtMs(v float64) string {
 		return fmt.Sprintf("%gms", v)
 	}
 	return fmt.Sprintf("%gµs", v*1000)
+}
+
+// name is the method's name in the report, with the number of containers a ListContainers listed.
+func (m ProxyMethod) name() string {
+	if m.Method == "ListContainers" {
+		return fmt.Sprintf("%s (%d containers)", m.Method, m.Items)
+	}
+	return m.Method
 }
