@@ -101,6 +101,17 @@ func jsonEvents(t *testing.T, name, out string) []*runtimeapi.ContainerEventResp
 	return evs
 }
 
+// without leaves out the events of the objects ids names.
+func without(evs []*runtimeapi.ContainerEventResponse, ids map[string]bool) []*runtimeapi.ContainerEventResponse {
+	var out []*runtimeapi.ContainerEventResponse
+	for _, ev := range evs {
+		if !ids[ev.ContainerId] {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
 // ofPods keeps the events whose pod is one of names.
 func ofPods(evs []*runtimeapi.ContainerEventResponse, names ...string) []*runtimeapi.ContainerEventResponse {
 	var out []*runtimeapi.ContainerEventResponse
@@ -138,11 +149,26 @@ func TestEventsCommand(t *testing.T) {
 	}
 	c := newCRI(t, p.Socket)
 
-	// Every command is subscribed once each has printed the warm-up pod's sandbox id.
-	warmID, _ := c.runPod(warm)
-	c.stopPod(warmID)
-	c.removePod(warmID)
-	waitPrinted(t, procs, warmID)
+	// Every command is subscribed once each has printed the first event its filter keeps of a warm-up
+	// pod (then it was subscribed before that pod started): warm-up pods run one after the other until
+	// one is seen so by all, and the comparisons start with it (earlier ones are left out: a command
+	// that subscribed during one printed only its end).
+	var warmID string
+	earlier := map[string]bool{}
+	for attempt := 1; ; attempt++ {
+		warmID, _ = c.runPod(warm)
+		c.stopPod(warmID)
+		c.removePod(warmID)
+		late := waitSubscribed(procs, warmID)
+		if late == "" {
+			break
+		}
+		if attempt == 10 {
+			t.Fatalf("%s printed none of the first events of 10 warm-up pods: it never subscribed", late)
+		}
+		t.Logf("warm-up pod %d: %s subscribed after its start; another one", attempt, late)
+		earlier[warmID] = true
+	}
 
 	aID, aCfg := c.runPod(podA)
 	bID := runPodIn(t, c, podB, otherNS)
@@ -164,8 +190,8 @@ func TestEventsCommand(t *testing.T) {
 	// crictl v1.36 is built with cri-api v0.36, whose Signal enum names lack the SIGNAL_ prefix of
 	// v0.37 (pleg-nri's): the same value, another name.
 	crictlOut := regexp.MustCompile(`("stopSignal":\s*")(SIG)`).ReplaceAllString(procs["crictl"].output(), "${1}SIGNAL_$2")
-	crictlEvs := ofPods(jsonEvents(t, "crictl", crictlOut), podA, warm)
-	oursOnCtrd := jsonEvents(t, "pleg-nri events on containerd", procs["containerd-json"].output())
+	crictlEvs := without(ofPods(jsonEvents(t, "crictl", crictlOut), podA, warm), earlier)
+	oursOnCtrd := without(jsonEvents(t, "pleg-nri events on containerd", procs["containerd-json"].output()), earlier)
 	if len(oursOnCtrd) != len(crictlEvs) || len(crictlEvs) == 0 {
 		t.Errorf("on containerd: pleg-nri events printed %d events of the pods, crictl %d", len(oursOnCtrd), len(crictlEvs))
 	}
@@ -181,7 +207,7 @@ func TestEventsCommand(t *testing.T) {
 		typ runtimeapi.ContainerEventType
 	}
 	var got []ev
-	for _, e := range jsonEvents(t, "pleg-nri events -o json", procs["json"].output()) {
+	for _, e := range without(jsonEvents(t, "pleg-nri events -o json", procs["json"].output()), earlier) {
 		got = append(got, ev{e.ContainerId, e.ContainerEventType})
 	}
 	const (
@@ -199,7 +225,7 @@ func TestEventsCommand(t *testing.T) {
 	// --type stopped --namespace: the STOPPED events of the test namespace's pods, none of pod B's.
 	var lines []string
 	for _, l := range strings.Split(strings.TrimSpace(procs["template"].output()), "\n") {
-		if strings.HasSuffix(l, " "+warm) || strings.HasSuffix(l, " "+podA) || strings.HasSuffix(l, " "+podB) {
+		if f := strings.Fields(l); len(f) == 3 && !earlier[f[1]] && (f[2] == warm || f[2] == podA || f[2] == podB) {
 			lines = append(lines, l)
 		}
 	}
@@ -223,7 +249,9 @@ func TestEventsCommand(t *testing.T) {
 		if e.ContainerEventType != deleted {
 			t.Errorf("yaml --type deleted printed a %s", e.ContainerEventType)
 		}
-		deletedIDs = append(deletedIDs, e.ContainerId)
+		if !earlier[e.ContainerId] {
+			deletedIDs = append(deletedIDs, e.ContainerId)
+		}
 	}
 	if fmt.Sprint(deletedIDs) != fmt.Sprint([]string{warmID, ctrA, aID}) {
 		t.Errorf("yaml --type deleted printed the DELETED of %v, want %v", deletedIDs, []string{warmID, ctrA, aID})
@@ -243,15 +271,8 @@ func TestEventsCommand(t *testing.T) {
 func waitPrinted(t *testing.T, procs map[string]*cliProc, id string) {
 	t.Helper()
 	jsonDone := func(out string) bool {
-		dec := json.NewDecoder(strings.NewReader(out))
-		for dec.More() {
-			var raw json.RawMessage
-			if dec.Decode(&raw) != nil {
-				return false // an object still being written
-			}
-			ev := &runtimeapi.ContainerEventResponse{}
-			if protojson.Unmarshal(raw, ev) == nil && ev.ContainerId == id &&
-				ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT {
+		for _, ev := range decodeEvents(out) {
+			if ev.ContainerId == id && ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT {
 				return true
 			}
 		}
@@ -278,6 +299,59 @@ func waitPrinted(t *testing.T, procs map[string]*cliProc, id string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// waitSubscribed waits (up to 10 s) until every command printed the first event its filter keeps of pod
+// id (the sandbox's CREATED; the STOPPED for --type stopped, the DELETED for --type deleted), and
+// returns the name of one that did not ("" when all did).
+func waitSubscribed(procs map[string]*cliProc, id string) string {
+	jsonFirst := func(out string) bool {
+		for _, ev := range decodeEvents(out) {
+			if ev.ContainerId == id && ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT {
+				return true
+			}
+		}
+		return false
+	}
+	first := map[string]func(string) bool{
+		"json": jsonFirst, "containerd-json": jsonFirst, "crictl": jsonFirst,
+		"yaml":     func(out string) bool { return strings.Contains(out, "containerId: "+id) },
+		"template": func(out string) bool { return strings.Contains(out, "CONTAINER_STOPPED_EVENT "+id) },
+		"table": func(out string) bool {
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, " CREATED ") && strings.Contains(l, " "+id[:13]+" ") {
+					return true
+				}
+			}
+			return false
+		},
+	}
+	for name, p := range procs {
+		err := harness.WaitFor(context.Background(), 10*time.Second, name+" printing the first event of "+id, func() (bool, error) {
+			return first[name](p.output()), nil
+		})
+		if err != nil {
+			return name
+		}
+	}
+	return ""
+}
+
+// decodeEvents decodes the complete JSON events of out (one still being written is left out).
+func decodeEvents(out string) []*runtimeapi.ContainerEventResponse {
+	var evs []*runtimeapi.ContainerEventResponse
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var raw json.RawMessage
+		if dec.Decode(&raw) != nil {
+			break
+		}
+		ev := &runtimeapi.ContainerEventResponse{}
+		if protojson.Unmarshal(raw, ev) == nil {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
 }
 
 // runPodIn runs a pod in namespace ns, removed when the test ends.
