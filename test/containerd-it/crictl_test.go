@@ -8,6 +8,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // TestCrictlThroughPlegNRI runs crictl's whole lifecycle (runp, create, start, exec, logs, inspect,
@@ -75,7 +78,16 @@ func crictlLifecycle(t *testing.T, endpoint string) map[string]string {
 		t.Fatalf("crictl inspect: %v", err)
 	}
 	res["inspect"] = inspect.Status.State + " " + inspect.Status.Metadata.Name + " " + inspect.Status.Image.Image
-	res["stats"] = normalize(run("stats", "--id", ctrID, "-o", "json"), ctrID, podID, `"(value|timestamp)": "?[0-9]+"?`)
+	// containerd reports usageNanoCores once its stats collector has two samples of the container
+	// (stats_collect_period, 1 s; later on a loaded machine): wait for it, so both sides show it.
+	var stats string
+	if err := testutil.PollEvery(t.Context(), 30*time.Second, time.Second, "crictl stats to show usageNanoCores", func() (bool, error) {
+		stats = run("stats", "--id", ctrID, "-o", "json")
+		return strings.Contains(stats, `"usageNanoCores"`), nil
+	}); err != nil {
+		t.Fatalf("%v: crictl stats printed\n%s", err, stats)
+	}
+	res["stats"] = normalize(stats, ctrID, podID, `"(value|timestamp)": "?[0-9]+"?`)
 	res["ps"] = normalize(run("ps", "--pod", podID, "-o", "json"), ctrID, podID, `"(createdAt)": "[0-9]+"`)
 	res["pods"] = normalize(run("pods", "--id", podID, "-o", "json"), ctrID, podID, `"(createdAt|uid)": "[0-9a-f]+"`)
 	res["images"] = run("images")
