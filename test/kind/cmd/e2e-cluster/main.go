@@ -434,47 +434,54 @@ func (c *cluster) waitStreaming(ctx context.Context, node string) (streamState, 
 
 // checkWorkloads waits for every node's workloads to show what they should.
 func (c *cluster) checkWorkloads(ctx context.Context) error {
-	ns := []string{"-n", "workloads"}
+	atLeast := func(n int) func(string) bool {
+		return func(s string) bool { v, err := strconv.Atoi(s); return err == nil && v >= n }
+	}
+	is := func(want string) func(string) bool { return func(s string) bool { return s == want } }
 	for i, n := range c.nodes {
-		waits := []struct{ what, args string }{
-			{"the crasher restarted twice", fmt.Sprintf("pod -l app=crasher,node=%d --for=jsonpath={.status.containerStatuses[0].restartCount}=2", i)},
-			{"web Ready", fmt.Sprintf("pod -l app=web,node=%d --for=condition=Ready", i)},
-			{"the Job complete", fmt.Sprintf("job/job-%d --for=condition=Complete", i)},
-			{"the probed pod Ready", fmt.Sprintf("pod/probes-%d --for=condition=Ready", i)},
-			{"the liveness-failing container restarted", fmt.Sprintf("pod/liveness-%d --for=jsonpath={.status.containerStatuses[0].restartCount}=1", i)},
-			{"the never-ready pod Running", fmt.Sprintf("pod/unready-%d --for=jsonpath={.status.phase}=Running", i)},
-		}
-		for _, w := range waits {
-			args := append(append([]string{"wait"}, ns...), strings.Fields(w.args)...)
-			if _, err := c.k(ctx, append(args, "--timeout=240s")...); err != nil {
-				pods, _ := c.k(ctx, "-n", "workloads", "get", "pods", "-o", "wide")
-				return fmt.Errorf("%s: waiting for %s: %w\n%s", n, w.what, err, pods)
-			}
-		}
-		// What the kubelet reports must be what happened.
-		last, err := c.k(ctx, append(ns, "get", "pod", "-l", fmt.Sprintf("app=crasher,node=%d", i), "-o",
-			"jsonpath={.items[0].status.containerStatuses[0].lastState.terminated.exitCode}")...)
-		if err != nil {
-			return err
-		}
-		if last != "3" {
-			return fmt.Errorf("%s: the crasher's last state has exit code %q, want 3", n, last)
-		}
-		ready, err := c.k(ctx, append(ns, "get", "pod", fmt.Sprintf("unready-%d", i), "-o",
-			`jsonpath={.status.conditions[?(@.type=="Ready")].status}`)...)
-		if err != nil {
-			return err
-		}
-		if ready != "False" {
-			return fmt.Errorf("%s: the pod whose readiness probe fails has Ready=%q", n, ready)
-		}
-		for _, p := range []string{fmt.Sprintf("probes-%d", i), fmt.Sprintf("unready-%d", i)} {
-			rc, err := c.k(ctx, append(ns, "get", "pod", p, "-o", "jsonpath={.status.containerStatuses[0].restartCount}")...)
+		// The Deployments' pods are made asynchronously: find them first.
+		pods := map[string]string{}
+		for _, app := range []string{"crasher", "web"} {
+			name, err := c.waitValue(ctx, n+": the "+app+" pod to be created", fmt.Sprintf("pod -l app=%s,node=%d", app, i),
+				"{.items[*].metadata.name}", func(s string) bool { return s != "" && !strings.Contains(s, " ") })
 			if err != nil {
 				return err
 			}
-			if rc != "0" {
-				return fmt.Errorf("%s: pod %s was restarted %s times, want none", n, p, rc)
+			pods[app] = name
+		}
+		checks := []struct {
+			what, target, jsonpath string
+			ok                     func(string) bool
+		}{
+			{"the crasher to be restarted twice", "pod/" + pods["crasher"], "{.status.containerStatuses[0].restartCount}", atLeast(2)},
+			{"the crasher's last exit code to be 3", "pod/" + pods["crasher"], "{.status.containerStatuses[0].lastState.terminated.exitCode}", is("3")},
+			{"web to be Ready", "pod/" + pods["web"], `{.status.conditions[?(@.type=="Ready")].status}`, is("True")},
+			{"the Job to complete", fmt.Sprintf("job/job-%d", i), `{.status.conditions[?(@.type=="Complete")].status}`, is("True")},
+			{"the probed pod to be Ready", fmt.Sprintf("pod/probes-%d", i), `{.status.conditions[?(@.type=="Ready")].status}`, is("True")},
+			{"the liveness-failing container to be restarted", fmt.Sprintf("pod/liveness-%d", i), "{.status.containerStatuses[0].restartCount}", atLeast(1)},
+			{"the never-ready pod to run", fmt.Sprintf("pod/unready-%d", i), "{.status.phase}", is("Running")},
+		}
+		for _, ck := range checks {
+			if _, err := c.waitValue(ctx, n+": "+ck.what, ck.target, ck.jsonpath, ck.ok); err != nil {
+				return err
+			}
+		}
+		// What must not have happened.
+		for _, ck := range []struct {
+			what, target, jsonpath, want string
+		}{
+			{"the never-ready pod's Ready", fmt.Sprintf("pod/unready-%d", i), `{.status.conditions[?(@.type=="Ready")].status}`, "False"},
+			{"the never-ready pod's restarts", fmt.Sprintf("pod/unready-%d", i), "{.status.containerStatuses[0].restartCount}", "0"},
+			{"the probed pod's restarts", fmt.Sprintf("pod/probes-%d", i), "{.status.containerStatuses[0].restartCount}", "0"},
+			{"web's restarts", "pod/" + pods["web"], "{.status.containerStatuses[0].restartCount}", "0"},
+			{"the Job's failed pods", fmt.Sprintf("job/job-%d", i), "{.status.failed}", ""},
+		} {
+			got, err := c.k(ctx, "-n", "workloads", "get", ck.target, "-o", "jsonpath="+ck.jsonpath)
+			if err != nil {
+				return err
+			}
+			if got != ck.want {
+				return fmt.Errorf("%s: %s is %q, want %q", n, ck.what, got, ck.want)
 			}
 		}
 	}
@@ -505,6 +512,22 @@ func (c *cluster) checkWorkloads(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// waitValue polls `kubectl -n workloads get TARGET -o jsonpath=JSONPATH` until ok says yes (up to 4
+// minutes) and returns the value; on a timeout the error has the last value and the namespace's pods.
+func (c *cluster) waitValue(ctx context.Context, what, target, jsonpath string, ok func(string) bool) (string, error) {
+	var last string
+	err := testutil.PollEvery(ctx, 4*time.Minute, time.Second, what, func() (bool, error) {
+		out, err := c.k(ctx, append(append([]string{"-n", "workloads", "get"}, strings.Fields(target)...), "-o", "jsonpath="+jsonpath)...)
+		last = out
+		return err == nil && ok(out), err
+	})
+	if err != nil {
+		pods, _ := c.k(ctx, "-n", "workloads", "get", "pods", "-o", "wide")
+		return last, fmt.Errorf("%w (last value %q)\n%s", err, last, pods)
+	}
+	return last, nil
 }
 
 var metricLine = map[string]*regexp.Regexp{}
