@@ -412,7 +412,7 @@ func (c *cluster) waitStreaming(ctx context.Context, node string) (streamState, 
 		return streamState{}, fmt.Errorf("the kubelet on %s is not on pleg-nri's socket with EventedPLEG:\n%s", node, kcfg)
 	}
 	// The running kubelet's own flags, not only its file: it was restarted onto them.
-	if ps, err := c.onNode(ctx, node, "sh", "-c", "tr '\\0' ' ' </proc/$(pidof kubelet)/cmdline"); err != nil {
+	if ps, err := c.onNode(ctx, node, "sh", "-c", "tr '\\0' ' ' </proc/$(pgrep -o -x kubelet)/cmdline"); err != nil {
 		return streamState{}, fmt.Errorf("the kubelet on %s is not running: %w", node, err)
 	} else if strings.Contains(ps, "--container-runtime-endpoint") && !strings.Contains(ps, "/run/pleg-nri/cri.sock") {
 		return streamState{}, fmt.Errorf("the kubelet on %s runs with another endpoint: %s", node, ps)
