@@ -345,15 +345,22 @@ func (c *cluster) checkService(ctx context.Context) (string, error) {
 	if strings.TrimSpace(eps) != podIP+"@"+server {
 		return "", fmt.Errorf("the Service's endpoints are %q, want only the server %s on %s", eps, podIP, server)
 	}
+	// busybox's wget cannot resolve names (a static glibc binary: it crashes in name lookups), its
+	// nslookup has its own resolver: the name is checked with nslookup, the HTTP with addresses.
 	var took []string
-	for _, t := range []struct{ what, url string }{
-		{"the server's pod address (pod network across nodes)", "http://" + podIP + ":8080/"},
-		{"the Service's ClusterIP (kube-proxy)", "http://" + clusterIP + "/"},
-		{"the Service's DNS name (CoreDNS, kube-proxy)", "http://server.svc-check.svc.cluster.local/"},
+	for _, t := range []struct{ what, url, name string }{
+		{what: "the server's pod address (pod network across nodes)", url: "http://" + podIP + ":8080/"},
+		{what: "the Service's ClusterIP (kube-proxy)", url: "http://" + clusterIP + "/"},
+		{what: "the Service's DNS name (CoreDNS behind its own Service)", name: "server.svc-check.svc.cluster.local"},
 	} {
 		start := time.Now()
 		var last string
 		err := testutil.PollEvery(ctx, 90*time.Second, time.Second, "the client on "+client+" to reach "+t.what, func() (bool, error) {
+			if t.name != "" {
+				out, err := c.k(ctx, "-n", "svc-check", "exec", "client", "--", "nslookup", t.name)
+				last = out
+				return err == nil && strings.Contains(out, clusterIP), err
+			}
 			out, err := c.k(ctx, "-n", "svc-check", "exec", "client", "--", "wget", "-q", "-O", "-", "-T", "3", t.url)
 			last = out
 			return err == nil && strings.TrimSpace(out) == "server", err
@@ -361,7 +368,7 @@ func (c *cluster) checkService(ctx context.Context) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%w (last answer: %q)", err, last)
 		}
-		took = append(took, fmt.Sprintf("%s in %s", t.url, time.Since(start).Round(100*time.Millisecond)))
+		took = append(took, fmt.Sprintf("%s%s in %s", t.url, t.name, time.Since(start).Round(100*time.Millisecond)))
 	}
 	s := fmt.Sprintf("Service check: a pod on %s reached the server on %s at %s", client, server, strings.Join(took, ", "))
 	fmt.Println("e2e-cluster:", s)
@@ -500,13 +507,22 @@ func (c *cluster) checkWorkloads(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	clusterIP, err := c.k(ctx, "-n", "workloads", "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		return err
+	}
 	for i, n := range c.nodes {
 		pod := fmt.Sprintf("probes-%d", i)
 		var last string
 		if err := testutil.PollEvery(ctx, time.Minute, time.Second, "a pod on "+n+" to reach the web Service", func() (bool, error) {
-			out, err := c.k(ctx, "-n", "workloads", "exec", pod, "--", "wget", "-q", "-O", "-", "-T", "3", "http://web/index.html")
+			out, err := c.k(ctx, "-n", "workloads", "exec", pod, "--", "wget", "-q", "-O", "-", "-T", "3", "http://"+clusterIP+"/index.html")
 			last = out
-			return err == nil && strings.HasPrefix(strings.TrimSpace(out), "web-"), nil
+			if err != nil || !strings.HasPrefix(strings.TrimSpace(out), "web-") {
+				return false, err
+			}
+			out, err = c.k(ctx, "-n", "workloads", "exec", pod, "--", "nslookup", "web.workloads.svc.cluster.local")
+			last = out
+			return err == nil && strings.Contains(out, clusterIP), err
 		}); err != nil {
 			return fmt.Errorf("%w (last answer: %q)", err, last)
 		}
