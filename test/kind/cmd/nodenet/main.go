@@ -218,11 +218,14 @@ func ensureMasquerade(ctx context.Context, clusterCIDR string) error {
 	if out, err := restore.CombinedOutput(); err != nil {
 		return fmt.Errorf("failed to write the %s chain: %w: %s", masqChain, err, bytes.TrimSpace(out))
 	}
-	jump := []string{"-t", "nat", "POSTROUTING", "-s", clusterCIDR, "-m", "comment", "--comment", "nodenet: pods leaving the pod subnet", "-j", masqChain}
-	if exec.CommandContext(ctx, "iptables", append([]string{"-C"}, jump...)...).Run() == nil {
+	jump := func(op string) []string {
+		return []string{"-t", "nat", op, "POSTROUTING", "-s", clusterCIDR, "-m", "comment", "--comment",
+			"nodenet: pods leaving the pod subnet", "-j", masqChain}
+	}
+	if exec.CommandContext(ctx, "iptables", jump("-C")...).Run() == nil {
 		return nil
 	}
-	if out, err := exec.CommandContext(ctx, "iptables", append([]string{"-A"}, jump...)...).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "iptables", jump("-A")...).CombinedOutput(); err != nil {
 		return fmt.Errorf("failed to add the jump to %s: %w: %s", masqChain, err, bytes.TrimSpace(out))
 	}
 	return nil
