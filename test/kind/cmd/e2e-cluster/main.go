@@ -345,7 +345,7 @@ func (c *cluster) checkService(ctx context.Context) (string, error) {
 	if strings.TrimSpace(eps) != podIP+"@"+server {
 		return "", fmt.Errorf("the Service's endpoints are %q, want only the server %s on %s", eps, podIP, server)
 	}
-	// busybox's wget cannot resolve names (a static glibc binary: it crashes in name lookups), its
+	// busybox's wget cannot resolve names (a static glibc binary: it crashes in name lookups, and with -T), its
 	// nslookup has its own resolver: the name is checked with nslookup, the HTTP with addresses.
 	var took []string
 	for _, t := range []struct{ what, url, name string }{
@@ -361,7 +361,7 @@ func (c *cluster) checkService(ctx context.Context) (string, error) {
 				last = out
 				return err == nil && strings.Contains(out, clusterIP), err
 			}
-			out, err := c.k(ctx, "-n", "svc-check", "exec", "client", "--", "wget", "-q", "-O", "-", "-T", "3", t.url)
+			out, err := c.k(ctx, "-n", "svc-check", "exec", "client", "--", "timeout", "5", "wget", "-q", "-O", "-", t.url)
 			last = out
 			return err == nil && strings.TrimSpace(out) == "server", err
 		})
@@ -515,7 +515,7 @@ func (c *cluster) checkWorkloads(ctx context.Context) error {
 		pod := fmt.Sprintf("probes-%d", i)
 		var last string
 		if err := testutil.PollEvery(ctx, time.Minute, time.Second, "a pod on "+n+" to reach the web Service", func() (bool, error) {
-			out, err := c.k(ctx, "-n", "workloads", "exec", pod, "--", "wget", "-q", "-O", "-", "-T", "3", "http://"+clusterIP+"/index.html")
+			out, err := c.k(ctx, "-n", "workloads", "exec", pod, "--", "timeout", "5", "wget", "-q", "-O", "-", "http://"+clusterIP+"/index.html")
 			last = out
 			if err != nil || !strings.HasPrefix(strings.TrimSpace(out), "web-") {
 				return false, err
