@@ -246,6 +246,17 @@ e2e-kind: ## kind clusters with and without pleg-nri (deploy/kind/kind-config.ya
 	@test "$$(id -u)" = 0 || { echo "e2e-kind needs root (it builds images with debootstrap)"; exit 1; }
 	bash test/kind/e2e.sh $(K8S_VERSIONS)
 
+# make e2e-cluster: the cluster's Kubernetes version (node image, kube-proxy, kubectl).
+K8S_VERSION ?= v1.37.2
+# KEEP=1 keeps make e2e-cluster's cluster (PLEG_NRI_E2E_KEEP), to look into a failure.
+KEEP ?=
+
+.PHONY: e2e-cluster
+e2e-cluster: image helm ## A kind cluster of 3 nodes (K8S_VERSION, default v1.37.2): pod network (nodenet), kube-proxy, pleg-nri by the chart on every node, workloads; built offline (KEEP=1 keeps it).
+	@test "$$(id -u)" = 0 || { echo "e2e-cluster needs root (it builds images with debootstrap)"; exit 1; }
+	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) \
+	  bash test/kind/cluster.sh
+
 .PHONY: test-deploy
 test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }

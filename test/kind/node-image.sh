@@ -6,12 +6,13 @@
 #     and containerd, runc, crictl and the CNI plugins from the dependency cache;
 #   - kubelet, kubeadm, kubectl in /usr/bin, built from the Go module proxy;
 #   - the images `kubeadm config images list` names (kube-apiserver, kube-controller-manager,
-#     kube-scheduler, etcd, CoreDNS, pause), each a single layer around its binary built from the proxy,
-#     and the busybox test image, imported into the node's containerd pinned, as kind does;
+#     kube-scheduler, kube-proxy, etcd, CoreDNS, pause), each a single layer around its binary built from
+#     the proxy (kube-proxy: on the Debian base, for iptables; hack/iptables-image.sh), and the busybox
+#     test image, imported into the node's containerd pinned, as kind does;
 #   - /kind/version, a static bridge CNI config (kindnetd is not on the proxy: the kind config of the
 #     tests sets disableDefaultCNI), and a pre-entrypoint that makes the cgroups writable where Docker
 #     cannot run the node --privileged (see hack/docker-shim/docker).
-# kube-proxy is not built: the tests' kind config sets kubeProxyMode none.
+# make e2e-kind's clusters run no kube-proxy (kubeProxyMode none); make e2e-cluster's run the one here.
 #
 # Cached: the image carries org.pleg-nri.inputs-sha256 (this script, the files it adds, the binaries,
 # the base image); nothing is rebuilt when that matches.
@@ -47,8 +48,6 @@ kubelet=$(KUBELET_VERSION=$K8S_VERSION bash "$root/test/kubelet-e2e/hack/build-k
 k8s=$(K8S_VERSION=$K8S_VERSION bash "$here/hack/build-k8s.sh") || die "building Kubernetes $K8S_VERSION failed"
 mapfile -t images < <("$k8s/kubeadm" config images list --kubernetes-version "$K8S_VERSION" 2>/dev/null)
 [ ${#images[@]} -ge 5 ] || die "kubeadm config images list gave: ${images[*]}"
-# No kube-proxy: the tests' kind config runs kubeProxyMode none.
-mapfile -t images < <(printf '%s\n' "${images[@]}" | grep -v '/kube-proxy:')
 etcd_version= coredns_version= pause_image=
 for i in "${images[@]}"; do
 	case $i in
@@ -70,11 +69,11 @@ kind_src=$(cd "$CACHE" && GOFLAGS=-mod=mod go_mod_dir "sigs.k8s.io/kind@$KIND_VE
 [ -d "$kind_src/images/base/files" ] || die "no images/base/files in sigs.k8s.io/kind@$KIND_VERSION"
 
 bins=("$CACHE"/bin/{containerd,ctr,containerd-shim-runc-v2,runc,crictl} "$CACHE"/bin/cni/*
-	"$kubelet" "$k8s"/{kubeadm,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler} "${addons[@]}")
+	"$kubelet" "$k8s"/{kubeadm,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy} "${addons[@]}")
 hash=$(
 	{
 		grep -v '^[[:space:]]*#' "${BASH_SOURCE[0]}"
-		find "$here/node" "$kind_src/images/base/files" -type f | sort | xargs cat
+		find "$here/node" "$here/images" "$here/hack/iptables-image.sh" "$kind_src/images/base/files" -type f | sort | xargs cat
 		docker image inspect -f '{{.Id}}' "$base"
 		for f in "${bins[@]}" "${archives[@]}"; do sha256sum "$(readlink -f "$f")" | cut -c1-64; done | sort
 		printf '%s\n' "${images[@]}"
@@ -132,6 +131,13 @@ for i in "${images[@]}"; do
 		entry=/coredns
 		;;
 	pause) continue ;; # the test pause image (an OCI archive) is imported as it is
+	kube-proxy)
+		# kube-proxy runs iptables: the Debian base with the backend wrapper.
+		bash "$here/hack/iptables-image.sh" "$base" "$k8s/kube-proxy" "$i" "$ctx/archives/$name.tar" ||
+			die "building the image $i failed"
+		rm -rf "$layer"
+		continue
+		;;
 	*) die "no recipe for image $i" ;;
 	esac
 	tar --numeric-owner -C "$layer" -cf "$layer.tar" .

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries a kind node needs besides the kubelet (kubeadm, kubectl and the control
-# plane: kube-apiserver, kube-controller-manager, kube-scheduler) from the Go module proxy into
-# $PLEG_NRI_CACHE/k8s-<version>, once per version (a second run builds nothing). The kubelet comes from
-# test/kubelet-e2e/hack/build-kubelet.sh. kube-proxy is not built: the kind config runs kubeProxyMode none.
+# plane: kube-apiserver, kube-controller-manager, kube-scheduler; kube-proxy, which make e2e-cluster runs)
+# from the Go module proxy into $PLEG_NRI_CACHE/k8s-<version>, once per version (a second run builds
+# nothing; a cache from before a command was added here is built again). The kubelet comes from
+# test/kubelet-e2e/hack/build-kubelet.sh.
 #
 # Same way as build-kubelet.sh (k8s.io/kubernetes cannot be `go install`ed): a scratch module that
 # requires k8s.io/kubernetes and replaces every staging module with its published release; one `go
@@ -16,7 +17,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
 CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
 out="$CACHE/k8s-$K8S_VERSION"
-CMDS=(kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler)
+CMDS=(kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
 
 log() { echo "build-k8s: $*" >&2; }
 die() { echo "build-k8s: ERROR: $*" >&2; exit 1; }
@@ -32,7 +33,12 @@ mkdir -p "$CACHE"
 exec 8>"$CACHE/.k8s-$K8S_VERSION.lock"
 flock 8
 
-if [ -f "$out/.done" ]; then
+complete() {
+	[ -f "$out/.done" ] || return 1
+	local c
+	for c in "${CMDS[@]}"; do [ -x "$out/$c" ] || return 1; done
+}
+if complete; then
 	echo "$out"
 	exit 0
 fi

@@ -31,6 +31,13 @@ staging_version="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
 command -v go >/dev/null || die "go is not on PATH"
 mkdir -p "$CACHE"
 
+# A kubelet already built is there to take without the lock (a build moves its directory into place
+# whole): the lock is held for the whole of a build of any version, so a run that only needs a cached
+# kubelet would otherwise wait for another version's build.
+if [ -f "$out/.done" ] && [ -x "$out/kubelet" ]; then
+	echo "$out/kubelet"
+	exit 0
+fi
 # A lock of its own: the build takes minutes and must not hold up install-deps.sh's lock.
 exec 8>"$CACHE/.kubelet.lock"
 flock 8

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# make e2e-cluster: builds what is missing (cached: the node image with kube-proxy, kind, kubectl;
+# nodenet's image is built every run, in seconds), then runs test/kind/cmd/e2e-cluster with kind's docker
+# provider: a cluster of one control plane and two workers, pod networking by nodenet, kubeadm's
+# kube-proxy, pleg-nri on every node by the Helm chart, workloads on every node. Offline: everything
+# comes from the Go module proxy and Debian's archive.
+#
+# Usage: cluster.sh                  (run by make e2e-cluster, which builds the pleg-nri image and helm)
+# Env:   K8S_VERSION                 default v1.37.2
+#        PLEG_NRI_IMAGE_TAR          pleg-nri's image (make image; default bin/pleg-nri-image.tar)
+#        PLEG_NRI_HELM               helm (make helm)
+#        PLEG_NRI_CACHE              cache root (default /var/cache/pleg-nri)
+#        KIND_VERSION                default v0.33.0
+#        PLEG_NRI_E2E_KEEP           keep the cluster (to look into a failure)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
+# shellcheck source=../../hack/retry.sh
+. "$root/hack/retry.sh"
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+KIND_VERSION=${KIND_VERSION:-v0.33.0}
+export PLEG_NRI_CACHE=$CACHE GOFLAGS=-buildvcs=false
+
+log() { echo "e2e-cluster: $*" >&2; }
+die() { echo "e2e-cluster: ERROR: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (the node image is built with debootstrap)"
+cd "$root"
+image_tar=${PLEG_NRI_IMAGE_TAR:-bin/pleg-nri-image.tar}
+helm=${PLEG_NRI_HELM:-}
+[ -f "$image_tar" ] || die "no pleg-nri image at $image_tar (make image)"
+[ -x "$helm" ] || die "no helm at '$helm' (make helm; PLEG_NRI_HELM)"
+plegnri_image=$(tar -xOf "$image_tar" manifest.json | sed -n 's/.*"RepoTags":\["\([^"]*\)"\].*/\1/p')
+[ -n "$plegnri_image" ] || die "no image name in $image_tar"
+
+kind=$CACHE/kind-$KIND_VERSION/kind
+if [ ! -x "$kind" ]; then
+	log "building kind $KIND_VERSION"
+	rm -rf "$(dirname "$kind").tmp"
+	GOBIN=$(dirname "$kind").tmp GOTOOLCHAIN=local retry go -C "$CACHE" install "sigs.k8s.io/kind@$KIND_VERSION" ||
+		die "building kind failed"
+	mv "$(dirname "$kind").tmp" "$(dirname "$kind")"
+fi
+start=$SECONDS
+node_image=$(bash "$here/node-image.sh" "$K8S_VERSION") || die "building the node image failed"
+log "node image $node_image ready in $((SECONDS - start))s"
+kubectl=$(K8S_VERSION=$K8S_VERSION bash "$here/hack/build-k8s.sh")/kubectl || die "building kubectl failed"
+base=$(bash "$root/test/images/debian-base.sh") || die "building the Debian base image failed"
+
+# nodenet: this tree's, in an image of its own, removed again at the end.
+tmp=$(mktemp -d)
+nodenet_image=pleg-nri-test/nodenet:e2e-cluster
+trap 'docker rmi "$nodenet_image" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+CGO_ENABLED=0 go build -trimpath -o "$tmp/nodenet" ./test/kind/cmd/nodenet || die "building nodenet failed"
+bash "$here/hack/iptables-image.sh" "$base" "$tmp/nodenet" "$nodenet_image" "$tmp/nodenet.tar" ||
+	die "building nodenet's image failed"
+go build -o "$tmp/e2e-cluster" ./test/kind/cmd/e2e-cluster || die "building the driver failed"
+
+# kind's docker provider runs its nodes --privileged: the shim stands in where the engine cannot grant
+# every capability (make e2e-kind does the same). kind's entrypoint would pick fuse-overlayfs here.
+export PATH=$here/hack/docker-shim:$PATH
+export KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER=${KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER:-overlayfs}
+start=$SECONDS
+if "$tmp/e2e-cluster" -kind "$kind" -kubectl "$kubectl" -helm "$helm" -image "$node_image" \
+	-nodenet-image-tar "$tmp/nodenet.tar" -nodenet-image "$nodenet_image" \
+	-pleg-nri-image-tar "$image_tar" -pleg-nri-image "$plegnri_image" -chart deploy/helm/pleg-nri; then
+	log "Kubernetes $K8S_VERSION passed in $((SECONDS - start))s"
+else
+	die "Kubernetes $K8S_VERSION FAILED after $((SECONDS - start))s"
+fi
