@@ -270,71 +270,61 @@ func TestEventsCommand(t *testing.T) {
 // id is id: the DELETED of the sandbox, or its STOPPED for the command that keeps only STOPPED events.
 func waitPrinted(t *testing.T, procs map[string]*cliProc, id string) {
 	t.Helper()
-	jsonDone := func(out string) bool {
-		for _, ev := range decodeEvents(out) {
-			if ev.ContainerId == id && ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT {
-				return true
-			}
-		}
-		return false
-	}
-	done := map[string]func(string) bool{
-		"json": jsonDone, "containerd-json": jsonDone, "crictl": jsonDone,
-		"yaml":     func(out string) bool { return strings.Contains(out, "containerId: "+id) },
-		"template": func(out string) bool { return strings.Contains(out, "CONTAINER_STOPPED_EVENT "+id) },
-		"table": func(out string) bool {
-			for _, l := range strings.Split(out, "\n") {
-				if strings.Contains(l, " DELETED ") && strings.Contains(l, " "+id[:13]+" ") {
-					return true
-				}
-			}
-			return false
-		},
-	}
-	for name, p := range procs {
-		err := harness.WaitFor(context.Background(), 30*time.Second, name+" printing the last event of "+id, func() (bool, error) {
-			return done[name](p.output()), nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+	if name, err := waitEach(procs, 30*time.Second, printed(id, false)); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
 }
 
 // waitSubscribed waits (up to 10 s) until every command printed the first event its filter keeps of pod
-// id (the sandbox's CREATED; the STOPPED for --type stopped, the DELETED for --type deleted), and
-// returns the name of one that did not ("" when all did).
+// id, and returns the name of one that did not ("" when all did).
 func waitSubscribed(procs map[string]*cliProc, id string) string {
-	jsonFirst := func(out string) bool {
+	name, _ := waitEach(procs, 10*time.Second, printed(id, true))
+	return name
+}
+
+// waitEach waits, up to timeout for each, until every command's output satisfies its condition; it
+// returns the name of the first that did not, and why.
+func waitEach(procs map[string]*cliProc, timeout time.Duration, done map[string]func(string) bool) (string, error) {
+	for name, p := range procs {
+		err := harness.WaitFor(context.Background(), timeout, name+"'s output", func() (bool, error) {
+			return done[name](p.output()), nil
+		})
+		if err != nil {
+			return name, err
+		}
+	}
+	return "", nil
+}
+
+// printed gives, per command, whether its output holds the first (first) or the last event it shows of
+// the pod whose sandbox id is id: the sandbox's CREATED or DELETED, and for the commands that keep only
+// STOPPED or only DELETED events, that one event.
+func printed(id string, first bool) map[string]func(string) bool {
+	typ, word := runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT, " DELETED "
+	if first {
+		typ, word = runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, " CREATED "
+	}
+	jsonHas := func(out string) bool {
 		for _, ev := range decodeEvents(out) {
-			if ev.ContainerId == id && ev.ContainerEventType == runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT {
+			if ev.ContainerId == id && ev.ContainerEventType == typ {
 				return true
 			}
 		}
 		return false
 	}
-	first := map[string]func(string) bool{
-		"json": jsonFirst, "containerd-json": jsonFirst, "crictl": jsonFirst,
+	return map[string]func(string) bool{
+		"json": jsonHas, "containerd-json": jsonHas, "crictl": jsonHas,
 		"yaml":     func(out string) bool { return strings.Contains(out, "containerId: "+id) },
 		"template": func(out string) bool { return strings.Contains(out, "CONTAINER_STOPPED_EVENT "+id) },
 		"table": func(out string) bool {
 			for _, l := range strings.Split(out, "\n") {
-				if strings.Contains(l, " CREATED ") && strings.Contains(l, " "+id[:13]+" ") {
+				if strings.Contains(l, word) && strings.Contains(l, " "+id[:13]+" ") {
 					return true
 				}
 			}
 			return false
 		},
 	}
-	for name, p := range procs {
-		err := harness.WaitFor(context.Background(), 10*time.Second, name+" printing the first event of "+id, func() (bool, error) {
-			return first[name](p.output()), nil
-		})
-		if err != nil {
-			return name
-		}
-	}
-	return ""
 }
 
 // decodeEvents decodes the complete JSON events of out (one still being written is left out).
