@@ -20,7 +20,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -36,6 +35,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/kind/internal/kindrun"
 )
 
 func main() {
@@ -103,12 +103,10 @@ func run(ctx context.Context, o options) (err error) {
 		nodes: []string{o.name + "-control-plane", o.name + "-worker", o.name + "-worker2"}}
 
 	// kind makes the docker network "kind" and never removes it: remove it when this run made it.
-	netBefore := exists(ctx, "network", "kind")
+	removeNet := kindrun.KindNetwork(ctx)
 	defer func() {
-		if !o.keep && !netBefore && exists(ctx, "network", "kind") {
-			if _, rerr := cmd(ctx, "docker", "network", "rm", "kind"); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("removing the docker network kind made: %w", rerr))
-			}
+		if !o.keep {
+			err = errors.Join(err, removeNet())
 		}
 	}()
 
@@ -599,7 +597,7 @@ func (c *cluster) delete(ctx context.Context) error {
 		left = append(left, "containers "+out)
 	}
 	for _, v := range vols {
-		if exists(ctx, "volume", v) {
+		if kindrun.Exists(ctx, "volume", v) {
 			left = append(left, "volume "+v)
 		}
 	}
@@ -610,19 +608,5 @@ func (c *cluster) delete(ctx context.Context) error {
 	return nil
 }
 
-// exists says whether a docker object (network, volume) of that name exists.
-func exists(ctx context.Context, kind, name string) bool {
-	_, err := cmd(ctx, "docker", kind, "inspect", name)
-	return err == nil
-}
-
 // cmd runs a command and returns its combined output.
-func cmd(ctx context.Context, name string, args ...string) (string, error) {
-	c := exec.CommandContext(ctx, name, args...)
-	var out bytes.Buffer
-	c.Stdout, c.Stderr = &out, &out
-	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
-	}
-	return strings.TrimSpace(out.String()), nil
-}
+var cmd = kindrun.Cmd

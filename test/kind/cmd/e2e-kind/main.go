@@ -18,13 +18,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/kind/internal/kindrun"
 )
 
 func main() {
@@ -88,14 +88,8 @@ func run(ctx context.Context, o options) (err error) {
 	defer os.RemoveAll(tmp)
 
 	// kind makes the docker network "kind" and never removes it: remove it when this run made it.
-	netBefore := networkExists(ctx, "kind")
-	defer func() {
-		if !netBefore && networkExists(ctx, "kind") {
-			if _, rerr := cmd(ctx, "docker", "network", "rm", "kind"); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("removing the docker network kind made: %w", rerr))
-			}
-		}
-	}()
+	removeNet := kindrun.KindNetwork(ctx)
+	defer func() { err = errors.Join(err, removeNet()) }()
 	var results []clusterResult
 	for _, c := range []struct {
 		name, config string
@@ -553,19 +547,5 @@ func deleteCluster(ctx context.Context, o options, name, kubeconfig string) erro
 	return nil
 }
 
-func networkExists(ctx context.Context, name string) bool {
-	_, err := cmd(ctx, "docker", "network", "inspect", name)
-	return err == nil
-}
-
 // cmd runs a command and returns its combined output.
-func cmd(ctx context.Context, name string, args ...string) (string, error) {
-	c := exec.CommandContext(ctx, name, args...)
-	var out bytes.Buffer
-	c.Stdout, c.Stderr = &out, &out
-	err := c.Run()
-	if err != nil {
-		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
-	}
-	return strings.TrimSpace(out.String()), nil
-}
+var cmd = kindrun.Cmd
