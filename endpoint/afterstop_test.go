@@ -119,13 +119,15 @@ func TestRefreshAfterStop(t *testing.T) {
 	if _, err := e.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: "s1"}); err != nil {
 		t.Fatal(err)
 	}
+	// last is when the last read was sent: the endpoint receives it after that, so its quiet time ends
+	// after last+quiet (a time taken after the call returns would be later than the endpoint's own).
 	var last time.Time
 	for range 5 {
 		time.Sleep(quiet / 2)
+		last = time.Now()
 		if _, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c2"}); err != nil {
 			t.Fatal(err)
 		}
-		last = time.Now()
 	}
 	a := recv(t, e.asks, "the refresh after the pod's stop")
 	if a.id != "s1" {
