@@ -10,8 +10,17 @@
 //     kubelet runs on pleg-nri's socket with EventedPLEG, holds its event stream, and counts no stream
 //     error;
 //  4. workloads on every node (test manifests in manifests.go): a crash-looping container, a
-//     Deployment behind a Service, a Job, pods with probes; each must behave as it should, and the
-//     kubelets' stream error counts must still be 0 at the end.
+//     Deployment behind a Service, a Job, pods with probes; each must behave as it should;
+//  5. a rolling helm upgrade to another image, node by node, then a helm rollback, each while pods
+//     crash on every node: every node runs the version it should, its kubelet kept its event stream
+//     (no error, no new connection), no container is duplicated, the workloads still behave;
+//  6. helm uninstall: every kubelet back on containerd's socket without EventedPLEG, nothing of
+//     pleg-nri left on a node or in the cluster.
+//
+// Crash to restart (package crashbench: pods whose container crashes once, times from containerd) is
+// measured on every node with kind's GenericPLEG, with EventedPLEG on containerd's own stream, with
+// pleg-nri idle, and during the upgrade and the rollback; -report writes the figures per phase and
+// per node.
 //
 // The cluster is deleted at the end, whatever happened (PLEG_NRI_E2E_KEEP keeps it), and nothing of it
 // may be left: no container, no volume, no network kind made.
@@ -48,11 +57,17 @@ func main() {
 	flag.StringVar(&o.nodenetImage, "nodenet-image", "", "nodenet's image name, as in -nodenet-image-tar")
 	flag.StringVar(&o.plegNRITar, "pleg-nri-image-tar", "", "pleg-nri's image (make image)")
 	flag.StringVar(&o.plegNRIImage, "pleg-nri-image", "", "pleg-nri's image name, as in -pleg-nri-image-tar")
+	flag.StringVar(&o.upgradeTar, "upgrade-image-tar", "", "another pleg-nri image (another version of the binary) for the rolling upgrade")
+	flag.StringVar(&o.upgradeImage, "upgrade-image", "", "its name, as in -upgrade-image-tar")
+	flag.StringVar(&o.plegNRIBin, "pleg-nri-bin", "", "a static pleg-nri binary (its kubelet-config command switches the kubelets to containerd's stream)")
+	flag.StringVar(&o.report, "report", "", "write the crash-to-restart figures of every phase there (markdown)")
+	flag.StringVar(&o.version, "k8s-version", "", "the cluster's Kubernetes version, for the report")
 	flag.StringVar(&o.chart, "chart", "deploy/helm/pleg-nri", "the Helm chart")
 	flag.StringVar(&o.name, "name", "pleg-nri-cluster", "the cluster's name")
 	flag.Parse()
 	for f, v := range map[string]string{"-image": o.image, "-nodenet-image-tar": o.nodenetTar, "-nodenet-image": o.nodenetImage,
-		"-pleg-nri-image-tar": o.plegNRITar, "-pleg-nri-image": o.plegNRIImage} {
+		"-pleg-nri-image-tar": o.plegNRITar, "-pleg-nri-image": o.plegNRIImage, "-upgrade-image-tar": o.upgradeTar,
+		"-upgrade-image": o.upgradeImage, "-pleg-nri-bin": o.plegNRIBin} {
 		if v == "" {
 			fmt.Fprintf(os.Stderr, "e2e-cluster: %s is required\n", f)
 			os.Exit(2)
@@ -68,6 +83,7 @@ func main() {
 
 type options struct {
 	kind, kubectl, helm, image, nodenetTar, nodenetImage, plegNRITar, plegNRIImage, chart, name string
+	upgradeTar, upgradeImage, plegNRIBin, report, version                                       string
 	keep                                                                                        bool
 }
 
@@ -156,7 +172,7 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Printf("e2e-cluster: kind create cluster: %s\n", created.Round(time.Second))
 
 	// 2. Pod networking.
-	for _, tar := range []string{o.nodenetTar, o.plegNRITar} {
+	for _, tar := range []string{o.nodenetTar, o.plegNRITar, o.upgradeTar} {
 		if out, err := cmd(ctx, o.kind, "load", "image-archive", tar, "--name", o.name); err != nil {
 			return fmt.Errorf("kind load image-archive %s: %w\n%s", tar, err, out)
 		}
@@ -188,11 +204,46 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 
+	// Crash to restart without pleg-nri: kind's kubelets on GenericPLEG, then on containerd's own event
+	// stream (EventedPLEG), then back.
+	var phases []phase
+	var notes []string
+	defer func() {
+		if werr := writeReport(o.report, o.version, phases, notes); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}()
+	ph, err := c.idlePhase(ctx, "GenericPLEG (kind's default)", "crash-generic")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
+	if err := c.kubeletOnContainerd(ctx, true); err != nil {
+		return fmt.Errorf("switching the kubelets to containerd's event stream: %w", err)
+	}
+	ph, err = c.idlePhase(ctx, "EventedPLEG on containerd's stream", "crash-containerd")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
+	if errs, err := c.kubeletErrors(ctx); err != nil {
+		return err
+	} else {
+		notes = append(notes, fmt.Sprintf("kubelet stream errors on containerd's stream at the end of its phase: %v", errs))
+	}
+	if err := c.kubeletOnContainerd(ctx, false); err != nil {
+		return fmt.Errorf("putting the kubelets back on GenericPLEG: %w", err)
+	}
+
 	// 4. pleg-nri on every node, the kubelets switched.
 	start = time.Now()
 	repo, tag, ok := strings.Cut(o.plegNRIImage, ":")
 	if !ok {
 		return fmt.Errorf("-pleg-nri-image %q has no tag", o.plegNRIImage)
+	}
+	upRepo, upTag, ok := strings.Cut(o.upgradeImage, ":")
+	if !ok || upRepo != repo || upTag == tag {
+		return fmt.Errorf("-upgrade-image %q is not another tag of %s", o.upgradeImage, repo)
 	}
 	if out, err := cmd(ctx, o.helm, "--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
@@ -219,6 +270,16 @@ func run(ctx context.Context, o options) (err error) {
 			return fmt.Errorf("node %s is not Ready after the kubelet switch: %w", n, err)
 		}
 	}
+	version, err := c.onNode(ctx, c.nodes[0], "/usr/local/bin/pleg-nri", "version")
+	if err != nil {
+		return err
+	}
+	version = strings.TrimPrefix(version, "pleg-nri ")
+	ph, err = c.idlePhase(ctx, "pleg-nri", "crash-plegnri")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
 
 	// 5. Workloads on every node.
 	start = time.Now()
@@ -230,7 +291,24 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("e2e-cluster: workloads on %d nodes behaved in %s\n", len(c.nodes), time.Since(start).Round(time.Second))
 
-	// 6. The kubelets' streams at the end: no error, no new connection.
+	// 6. A rolling upgrade to another image, then a rollback, each while a crash batch runs.
+	// The upgrade image's binary is of version upTag (test/kind/cluster.sh builds it so).
+	ph, err = c.roll(ctx, "rolling upgrade", "crash-upgrade", upTag, before,
+		"upgrade", "pleg-nri", o.chart, "--reuse-values", "--set", "image.tag="+upTag)
+	phases = append(phases, ph)
+	if err != nil {
+		return err
+	}
+	ph, err = c.roll(ctx, "rollback", "crash-rollback", version, before, "rollback", "pleg-nri", "1")
+	phases = append(phases, ph)
+	if err != nil {
+		return err
+	}
+	if err := c.checkWorkloads(ctx); err != nil {
+		return fmt.Errorf("after the upgrade and the rollback: %w", err)
+	}
+
+	// 7. The kubelets' streams at the end: no error, no new connection.
 	var failures []string
 	for _, n := range c.nodes {
 		st, err := c.stream(ctx, n)
@@ -248,6 +326,11 @@ func run(ctx context.Context, o options) (err error) {
 	if len(failures) > 0 {
 		return errors.New(strings.Join(failures, "\n"))
 	}
+
+	// 8. Uninstall: every kubelet back as kind made it, nothing of pleg-nri left.
+	if _, err := c.uninstall(ctx); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -257,10 +340,18 @@ func (c *cluster) apply(ctx context.Context, t *template.Template, data any) err
 	if err != nil {
 		return err
 	}
+	if err := c.applyText(ctx, s); err != nil {
+		return fmt.Errorf("%s: %w", t.Name(), err)
+	}
+	return nil
+}
+
+// applyText applies a manifest.
+func (c *cluster) applyText(ctx context.Context, manifest string) error {
 	kc := exec.CommandContext(ctx, c.o.kubectl, "--kubeconfig", c.kubeconfig, "apply", "-f", "-")
-	kc.Stdin = strings.NewReader(s)
+	kc.Stdin = strings.NewReader(manifest)
 	if out, err := kc.CombinedOutput(); err != nil {
-		return fmt.Errorf("kubectl apply (%s): %w\n%s", t.Name(), err, out)
+		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
 	}
 	return nil
 }
