@@ -172,13 +172,13 @@ func (p Plan) WaitRunning(ctx context.Context, k Kubectl, timeout time.Duration)
 	})
 }
 
-// Wait waits until every container of the plan was replaced once and its replacement runs, then
+// Wait waits until every container of the plan crashed (exit code 1) and its replacement runs, then
 // reads the samples from each node's containerd.
 func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sample, error) {
 	var last string
 	err := testutil.PollEvery(ctx, timeout, time.Second, "every container of "+p.Namespace+" to be replaced once", func() (bool, error) {
 		out, err := k(ctx, "-n", p.Namespace, "get", "pods", "-o",
-			`jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount}={.status.containerStatuses[0].state.running.startedAt}{"\n"}{end}`)
+			`jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].lastState.terminated.exitCode}={.status.containerStatuses[0].state.running.startedAt}{"\n"}{end}`)
 		if err != nil {
 			return false, nil
 		}
@@ -186,7 +186,7 @@ func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sam
 		done := 0
 		for _, l := range strings.Fields(out) {
 			f := strings.Split(l, "=")
-			if len(f) == 3 && f[1] == "1" && f[2] != "" {
+			if len(f) == 3 && f[1] == crashExitCode && f[2] != "" {
 				done++
 			}
 		}
@@ -287,18 +287,22 @@ func Duplicates(cs []Container) []string {
 	return out
 }
 
+// crashExitCode is the exit code of the planned crash.
+const crashExitCode = "1"
+
 type times struct {
-	ID     string `json:"-"`
 	Status struct {
 		ID         string    `json:"id"`
 		CreatedAt  time.Time `json:"createdAt"`
 		StartedAt  time.Time `json:"startedAt"`
 		FinishedAt time.Time `json:"finishedAt"`
+		ExitCode   int       `json:"exitCode"`
 	} `json:"status"`
 }
 
-// Collect reads node's samples of namespace ns: each pod's attempt 0 (its exit) and attempt 1 (its
-// replacement's creation and start).
+// Collect reads node's samples of namespace ns: in each pod, the attempt that crashed as planned (it
+// ran and exited with code 1) and the next attempt, its replacement. An attempt before the crash that
+// never ran (runc failed to start it: seen under load as "unable to freeze") is left out.
 func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
 	cs, err := Containers(ctx, node, ns)
 	if err != nil {
@@ -331,33 +335,24 @@ func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
 		}
 		byID[t.Status.ID] = t
 	}
-	type pair struct{ first, second *times }
-	pods := map[string]*pair{}
+	attempts := map[string]map[int]times{}
 	for _, c := range cs {
 		t, ok := byID[c.ID]
 		if !ok {
 			return nil, fmt.Errorf("%s: crictl inspect gave no status of %s", node, c.ID)
 		}
-		p := pods[c.Pod()]
-		if p == nil {
-			p = &pair{}
-			pods[c.Pod()] = p
+		if attempts[c.Pod()] == nil {
+			attempts[c.Pod()] = map[int]times{}
 		}
-		switch c.Metadata.Attempt {
-		case 0:
-			p.first = &t
-		case 1:
-			p.second = &t
-		default:
-			return nil, fmt.Errorf("%s: pod %s has a container of attempt %d: it crashed more than once", node, c.Pod(), c.Metadata.Attempt)
-		}
+		attempts[c.Pod()][c.Metadata.Attempt] = t
 	}
 	var samples []Sample
-	for name, p := range pods {
-		if p.first == nil || p.second == nil {
-			return nil, fmt.Errorf("%s: pod %s has not both attempts 0 and 1 in containerd", node, name)
+	for name, as := range attempts {
+		crash, next, ok := crashAndReplacement(as)
+		if !ok {
+			return nil, fmt.Errorf("%s: pod %s has no crashed attempt followed by its replacement in containerd (%d attempts)", node, name, len(as))
 		}
-		s := Sample{Node: node, Pod: name, Exited: p.first.Status.FinishedAt, Created: p.second.Status.CreatedAt, Started: p.second.Status.StartedAt}
+		s := Sample{Node: node, Pod: name, Exited: crash.Status.FinishedAt, Created: next.Status.CreatedAt, Started: next.Status.StartedAt}
 		if s.Exited.IsZero() || s.Created.Before(s.Exited) || s.Started.Before(s.Created) {
 			return nil, fmt.Errorf("%s: pod %s: exit %s, replacement created %s, started %s: not in order", node, name, s.Exited, s.Created, s.Started)
 		}
@@ -412,4 +407,20 @@ func Between(samples []Sample, from, to time.Time) []Sample {
 		}
 	}
 	return out
+}
+
+// crashAndReplacement finds, among a pod's attempts, the last one that ran and exited with the planned
+// code, and the attempt after it.
+func crashAndReplacement(as map[int]times) (crash, next times, ok bool) {
+	last := -1
+	for a, t := range as {
+		if fmt.Sprint(t.Status.ExitCode) == crashExitCode && !t.Status.StartedAt.IsZero() && a > last {
+			last = a
+		}
+	}
+	if last < 0 {
+		return crash, next, false
+	}
+	next, ok = as[last+1]
+	return as[last], next, ok
 }

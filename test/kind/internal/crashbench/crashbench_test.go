@@ -64,3 +64,37 @@ func TestStatsAndWindow(t *testing.T) {
 		t.Errorf("Of(nil) = %s", Of(nil))
 	}
 }
+
+func attempt(exit int, started, finished time.Time) times {
+	var t times
+	t.Status.ExitCode, t.Status.StartedAt, t.Status.FinishedAt = exit, started, finished
+	return t
+}
+
+func TestCrashAndReplacement(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ran := func(exit int) times { return attempt(exit, t0, t0.Add(time.Second)) }
+	running := attempt(0, t0.Add(2*time.Second), time.Time{})
+	neverRan := attempt(128, time.Time{}, t0) // runc failed to start it
+	for _, c := range []struct {
+		name      string
+		as        map[int]times
+		wantCrash int
+		ok        bool
+	}{
+		{"crash then replacement", map[int]times{0: ran(1), 1: running}, 0, true},
+		{"a start that failed before the crash", map[int]times{0: neverRan, 1: ran(1), 2: running}, 1, true},
+		{"no replacement yet", map[int]times{0: ran(1)}, 0, false},
+		{"no planned crash", map[int]times{0: ran(137), 1: running}, 0, false},
+		{"only a failed start", map[int]times{0: neverRan, 1: running}, 0, false},
+	} {
+		crash, next, ok := crashAndReplacement(c.as)
+		if ok != c.ok {
+			t.Errorf("%s: ok = %v, want %v", c.name, ok, c.ok)
+			continue
+		}
+		if ok && (crash != c.as[c.wantCrash] || next != c.as[c.wantCrash+1]) {
+			t.Errorf("%s: picked %+v then %+v", c.name, crash, next)
+		}
+	}
+}
