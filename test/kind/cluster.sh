@@ -10,6 +10,7 @@
 # Env:   K8S_VERSION                 default v1.37.2
 #        PLEG_NRI_IMAGE_TAR          pleg-nri's image (make image; default bin/pleg-nri-image.tar)
 #        PLEG_NRI_HELM               helm (make helm)
+#        PLEG_NRI_PROMETHEUS         prometheus (make prometheus): run it against the cluster (none: no Prometheus)
 #        PLEG_NRI_CACHE              cache root (default /var/cache/pleg-nri)
 #        KIND_VERSION                default v0.33.0
 #        PLEG_NRI_E2E_KEEP           keep the cluster (to look into a failure)
@@ -75,7 +76,7 @@ if "$tmp/e2e-cluster" -kind "$kind" -kubectl "$kubectl" -helm "$helm" -image "$n
 	-nodenet-image-tar "$tmp/nodenet.tar" -nodenet-image "$nodenet_image" \
 	-pleg-nri-image-tar "$image_tar" -pleg-nri-image "$plegnri_image" -chart deploy/helm/pleg-nri \
 	-upgrade-image-tar "$tmp/upgrade.tar" -upgrade-image "$upgrade_image" -pleg-nri-bin "$tmp/pleg-nri" \
-	-k8s-version "$K8S_VERSION" -report "docs/e2e-cluster-$K8S_VERSION.md"; then
+	-k8s-version "$K8S_VERSION" -report "docs/e2e-cluster-$K8S_VERSION.md" ${PLEG_NRI_PROMETHEUS:+-prometheus "$PLEG_NRI_PROMETHEUS"}; then
 	log "Kubernetes $K8S_VERSION passed in $((SECONDS - start))s"
 else
 	die "Kubernetes $K8S_VERSION FAILED after $((SECONDS - start))s"

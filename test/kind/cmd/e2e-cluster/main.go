@@ -63,6 +63,10 @@ func main() {
 	flag.StringVar(&o.report, "report", "", "write the crash-to-restart figures of every phase there (markdown)")
 	flag.StringVar(&o.version, "k8s-version", "", "the cluster's Kubernetes version, for the report")
 	flag.StringVar(&o.chart, "chart", "deploy/helm/pleg-nri", "the Helm chart")
+	flag.StringVar(&o.prometheus, "prometheus", "", "a prometheus binary: run it on the host, scraping the cluster, with the shipped rules (none: no Prometheus)")
+	flag.StringVar(&o.scrapeConfig, "scrape-config", "deploy/prometheus/scrape-config.yaml", "the shipped scrape configuration")
+	flag.StringVar(&o.rules, "rules", "deploy/prometheus/pleg-nri-rules.yaml", "the shipped alerting rules")
+	flag.StringVar(&o.dashboard, "dashboard", "deploy/grafana/pleg-nri-dashboard.json", "the shipped dashboard")
 	flag.StringVar(&o.name, "name", "pleg-nri-cluster", "the cluster's name")
 	flag.Parse()
 	for f, v := range map[string]string{"-image": o.image, "-nodenet-image-tar": o.nodenetTar, "-nodenet-image": o.nodenetImage,
@@ -84,6 +88,7 @@ func main() {
 type options struct {
 	kind, kubectl, helm, image, nodenetTar, nodenetImage, plegNRITar, plegNRIImage, chart, name string
 	upgradeTar, upgradeImage, plegNRIBin, report, version                                       string
+	prometheus, scrapeConfig, rules, dashboard                                                  string
 	keep                                                                                        bool
 }
 
@@ -245,9 +250,14 @@ func run(ctx context.Context, o options) (err error) {
 	if !ok || upRepo != repo || upTag == tag {
 		return fmt.Errorf("-upgrade-image %q is not another tag of %s", o.upgradeImage, repo)
 	}
-	if out, err := cmd(ctx, o.helm, "--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
-		"--set", "kubelet.switchEndpoint=true", "--wait", "--timeout", "10m"); err != nil {
+	install := []string{"--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
+		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "kubelet.switchEndpoint=true", "--wait", "--timeout", "10m"}
+	if o.prometheus != "" {
+		// Prometheus scrapes each node's pleg-nri at the node's address (docs/operations.md).
+		install = append(install, "--set", "config.metrics-address=0.0.0.0:9810")
+	}
+	if out, err := cmd(ctx, o.helm, install...); err != nil {
 		return fmt.Errorf("helm install: %w\n%s", err, out)
 	}
 	// helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for every pod.
@@ -275,6 +285,17 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	version = strings.TrimPrefix(version, "pleg-nri ")
+	// Prometheus from here on: it must see no alert fire on the healthy cluster (installed, crashing pods,
+	// an upgrade, a rollback), and data in every panel of the dashboard.
+	var prom *promServer
+	var promStart time.Time
+	if o.prometheus != "" {
+		if prom, err = c.startPrometheus(ctx, filepath.Join(tmp, "prometheus")); err != nil {
+			return err
+		}
+		defer prom.stop()
+		promStart = time.Now()
+	}
 	ph, err = c.idlePhase(ctx, "pleg-nri", "crash-plegnri")
 	if err != nil {
 		return err
@@ -323,6 +344,21 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("e2e-cluster: summary: cluster created in %s, all nodes Ready after %s; pod CIDRs %s; %s; "+
 		"helm install %s\n", created.Round(time.Second), up.Round(time.Second), strings.Join(cidrs, " "), svc, installed.Round(time.Second))
+	if prom != nil {
+		// Two scrapes and evaluations more, so that the end of the run is in.
+		time.Sleep(2 * promScrapeInterval)
+		if fired, err := prom.firingSince(ctx, time.Since(promStart)); err != nil {
+			return err
+		} else if len(fired) > 0 {
+			failures = append(failures, fmt.Sprintf("alerts fired on the healthy cluster over %s: %s",
+				time.Since(promStart).Round(time.Second), strings.Join(fired, "; ")))
+		} else {
+			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", time.Since(promStart).Round(time.Second))
+		}
+		if err := c.checkDashboard(ctx, prom); err != nil {
+			failures = append(failures, err.Error())
+		}
+	}
 	if len(failures) > 0 {
 		return errors.New(strings.Join(failures, "\n"))
 	}

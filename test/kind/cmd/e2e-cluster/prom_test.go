@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+func repoFile(t *testing.T, rel string) string {
+	t.Helper()
+	return filepath.Join("..", "..", "..", "..", rel)
+}
+
+// TestPromConfig: the shipped scrape configuration, pointed at a cluster from outside it, keeps its
+// jobs and relabelling and gets the kubeconfig, the token and the rules.
+func TestPromConfig(t *testing.T) {
+	shipped, err := os.ReadFile(repoFile(t, "deploy/prometheus/scrape-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := promConfig(shipped, "/k/kubeconfig", "/k/token", "/r/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		RuleFiles     []string `json:"rule_files"`
+		ScrapeConfigs []struct {
+			JobName       string `json:"job_name"`
+			SD            []map[string]any `json:"kubernetes_sd_configs"`
+			Authorization map[string]any   `json:"authorization"`
+			TLS           map[string]any   `json:"tls_config"`
+			Relabel       []map[string]any `json:"relabel_configs"`
+		} `json:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.RuleFiles) != 1 || cfg.RuleFiles[0] != "/r/rules.yaml" {
+		t.Errorf("rule_files = %v", cfg.RuleFiles)
+	}
+	jobs := map[string]bool{}
+	for _, j := range cfg.ScrapeConfigs {
+		jobs[j.JobName] = true
+		if len(j.SD) != 1 || j.SD[0]["kubeconfig_file"] != "/k/kubeconfig" || j.SD[0]["role"] != "node" {
+			t.Errorf("job %s: kubernetes_sd_configs = %v", j.JobName, j.SD)
+		}
+		if j.Authorization != nil && j.Authorization["credentials_file"] != "/k/token" {
+			t.Errorf("job %s: authorization = %v", j.JobName, j.Authorization)
+		}
+		if j.TLS != nil && j.TLS["ca_file"] != nil {
+			t.Errorf("job %s: tls_config = %v", j.JobName, j.TLS)
+		}
+		node := false
+		for _, r := range j.Relabel {
+			node = node || r["target_label"] == "node"
+		}
+		if !node {
+			t.Errorf("job %s does not label its targets with their node", j.JobName)
+		}
+	}
+	if !jobs["pleg-nri"] || !jobs["kubelet"] {
+		t.Errorf("jobs %v, want pleg-nri and kubelet (the rules name both)", jobs)
+	}
+}
+
+// TestDashboardQueries: every panel query of the shipped dashboard selects by the node variable, and
+// expands to a query without variables.
+func TestDashboardQueries(t *testing.T) {
+	vars, qs, err := dashboardQueries(repoFile(t, "deploy/grafana/pleg-nri-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vars) != 1 || vars[0] != "node" {
+		t.Fatalf("query variables %v, want [node]", vars)
+	}
+	if len(qs) < 10 {
+		t.Fatalf("%d panel queries", len(qs))
+	}
+	for _, q := range qs {
+		if !strings.Contains(q.expr, `node=~"$node"`) {
+			t.Errorf("panel %q does not select by node: %s", q.panel, q.expr)
+		}
+		if e := expand(q.expr, map[string]string{"node": "n1"}); strings.Contains(e, "$") {
+			t.Errorf("panel %q: %s still has a variable", q.panel, e)
+		}
+	}
+}
