@@ -28,7 +28,7 @@ func TestPromConfig(t *testing.T) {
 	var cfg struct {
 		RuleFiles     []string `json:"rule_files"`
 		ScrapeConfigs []struct {
-			JobName       string `json:"job_name"`
+			JobName       string           `json:"job_name"`
 			SD            []map[string]any `json:"kubernetes_sd_configs"`
 			Authorization map[string]any   `json:"authorization"`
 			TLS           map[string]any   `json:"tls_config"`
