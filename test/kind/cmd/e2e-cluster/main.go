@@ -355,6 +355,16 @@ func run(ctx context.Context, o options) (err error) {
 		} else {
 			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", time.Since(promStart).Round(time.Second))
 		}
+		// Faults on three nodes at once: each must fire its alert, and the cluster come back whole.
+		// The dashboard is checked after them: some of its panels (evictions, stream ends) only have
+		// data once such a thing happened.
+		rulesFor, err := alertFor(o.rules)
+		if err != nil {
+			return err
+		}
+		if _, err := c.injectFaults(ctx, prom, rulesFor, before); err != nil {
+			failures = append(failures, err.Error())
+		}
 		if err := c.checkDashboard(ctx, prom); err != nil {
 			failures = append(failures, err.Error())
 		}

@@ -379,3 +379,35 @@ func (p *promServer) stop() {
 	}
 	p.log.Close()
 }
+
+// alertFor reads each alert's for: in the shipped rules (0 where it has none).
+func alertFor(path string) (map[string]time.Duration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+				For   string `json:"for"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[string]time.Duration{}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			var d time.Duration
+			if r.For != "" {
+				if d, err = time.ParseDuration(r.For); err != nil {
+					return nil, fmt.Errorf("%s: alert %s: for %q: %w", path, r.Alert, r.For, err)
+				}
+			}
+			out[r.Alert] = d
+		}
+	}
+	return out, nil
+}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -85,6 +86,18 @@ func TestDashboardQueries(t *testing.T) {
 		}
 		if e := expand(q.expr, map[string]string{"node": "n1"}); strings.Contains(e, "$") {
 			t.Errorf("panel %q: %s still has a variable", q.panel, e)
+		}
+	}
+}
+
+func TestAlertFor(t *testing.T) {
+	f, err := alertFor(repoFile(t, "deploy/prometheus/pleg-nri-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for alert, want := range map[string]time.Duration{"PlegNRIDown": 2 * time.Minute, "PlegNRIUpstreamDisconnected": 2 * time.Minute, "PlegNRISubscriberEvicted": 0} {
+		if got, ok := f[alert]; !ok || got != want {
+			t.Errorf("%s: for %v (present %v), want %v", alert, got, ok, want)
 		}
 	}
 }
