@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func repoFile(t *testing.T, rel string) string {
@@ -99,5 +104,98 @@ func TestAlertFor(t *testing.T) {
 		if got, ok := f[alert]; !ok || got != want {
 			t.Errorf("%s: for %v (present %v), want %v", alert, got, ok, want)
 		}
+	}
+}
+
+// TestPrometheusLoadsConfig: with PLEG_NRI_PROMETHEUS (make prometheus), a real Prometheus starts with
+// the configuration e2e-cluster writes (the shipped scrape configuration and rules) and loads every
+// shipped alert. No cluster is needed: discovery fails to reach it and is retried.
+func TestPrometheusLoadsConfig(t *testing.T) {
+	bin := os.Getenv("PLEG_NRI_PROMETHEUS")
+	if bin == "" {
+		t.Skip("PLEG_NRI_PROMETHEUS is not set (make prometheus builds it)")
+	}
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := os.ReadFile(repoFile(t, "deploy/prometheus/scrape-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := filepath.Abs(repoFile(t, "deploy/prometheus/pleg-nri-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := promConfig(shipped, kubeconfig, token, rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgFile := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgFile, cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &promServer{url: fmt.Sprintf("http://127.0.0.1:%d", port), log: log, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port))
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	defer p.stop()
+	want, err := alertFor(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loaded map[string]bool
+	err = testutil.Poll(context.Background(), time.Minute, "prometheus to load the rules", func() (bool, error) {
+		var d struct {
+			Groups []struct {
+				Rules []struct {
+					Name string `json:"name"`
+				} `json:"rules"`
+			} `json:"groups"`
+		}
+		if err := p.get(context.Background(), "/api/v1/rules", nil, &d); err != nil {
+			return false, nil
+		}
+		loaded = map[string]bool{}
+		for _, g := range d.Groups {
+			for _, r := range g.Rules {
+				loaded[r.Name] = true
+			}
+		}
+		return len(loaded) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, p.logs())
+	}
+	for a := range want {
+		if !loaded[a] {
+			t.Errorf("prometheus did not load alert %s", a)
+		}
+	}
+	if len(loaded) != len(want) {
+		t.Errorf("prometheus loaded %d rules, the file has %d alerts", len(loaded), len(want))
 	}
 }
