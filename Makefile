@@ -21,6 +21,9 @@ HELM            := $(PLEG_NRI_CACHE)/helm-$(HELM_VER)/helm
 # promtool: without the service discovery plugins (one of their modules is not on the proxy).
 PROMTOOL_VER    := v0.316.0
 PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
+# Prometheus for make e2e-cluster: the same version, with node discovery in the cluster (kubernetes) and
+# no other service discovery.
+PROMETHEUS      := $(PLEG_NRI_CACHE)/prometheus-$(PROMTOOL_VER)/prometheus
 # The distribution project's registry, for the node e2e specs that pull an image.
 REGISTRY_VER    := v3.1.2
 REGISTRY        := $(PLEG_NRI_CACHE)/registry-$(REGISTRY_VER)/registry
@@ -102,6 +105,13 @@ $(REGISTRY):
 $(PROMTOOL):
 	@mkdir -p $(dir $@)
 	GOBIN=$(dir $@) $(RETRY) $(GO) install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VER)
+
+$(PROMETHEUS):
+	@mkdir -p $(dir $@)
+	GOBIN=$(dir $@) $(RETRY) $(GO) install -tags remove_all_sd,enable_kubernetes_sd github.com/prometheus/prometheus/cmd/prometheus@$(PROMTOOL_VER)
+
+.PHONY: prometheus
+prometheus: $(PROMETHEUS) ## Build Prometheus (kubernetes service discovery only) from the Go module proxy into the dependency cache.
 
 .PHONY: promtool
 promtool: $(PROMTOOL) ## Build promtool from the Go module proxy into the dependency cache (~5 min cold).
@@ -252,9 +262,9 @@ K8S_VERSION ?= v1.37.2
 KEEP ?=
 
 .PHONY: e2e-cluster
-e2e-cluster: image helm ## A kind cluster of 3 nodes (K8S_VERSION, default v1.37.2): pod network (nodenet), kube-proxy, pleg-nri by the chart on every node, workloads; built offline (KEEP=1 keeps it).
+e2e-cluster: image helm prometheus ## A kind cluster of 3 nodes (K8S_VERSION, default v1.37.2): pod network, kube-proxy, the chart on every node, workloads, crash to restart per setup, a rolling upgrade and a rollback, Prometheus with the shipped rules and dashboard, uninstall; built offline (KEEP=1 keeps it).
 	@test "$$(id -u)" = 0 || { echo "e2e-cluster needs root (it builds images with debootstrap)"; exit 1; }
-	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) \
+	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) \
 	  bash test/kind/cluster.sh
 
 .PHONY: test-deploy

@@ -2,13 +2,15 @@
 # make e2e-cluster: builds what is missing (cached: the node image with kube-proxy, kind, kubectl;
 # nodenet's image is built every run, in seconds), then runs test/kind/cmd/e2e-cluster with kind's docker
 # provider: a cluster of one control plane and two workers, pod networking by nodenet, kubeadm's
-# kube-proxy, pleg-nri on every node by the Helm chart, workloads on every node. Offline: everything
-# comes from the Go module proxy and Debian's archive.
+# kube-proxy, pleg-nri on every node by the Helm chart, workloads on every node, a rolling upgrade and a
+# rollback, helm uninstall; crash to restart per setup and per node, written to
+# docs/e2e-cluster-$K8S_VERSION.md. Offline: everything comes from the Go module proxy and Debian's archive.
 #
 # Usage: cluster.sh                  (run by make e2e-cluster, which builds the pleg-nri image and helm)
 # Env:   K8S_VERSION                 default v1.37.2
 #        PLEG_NRI_IMAGE_TAR          pleg-nri's image (make image; default bin/pleg-nri-image.tar)
 #        PLEG_NRI_HELM               helm (make helm)
+#        PLEG_NRI_PROMETHEUS         prometheus (make prometheus): run it against the cluster (none: no Prometheus)
 #        PLEG_NRI_CACHE              cache root (default /var/cache/pleg-nri)
 #        KIND_VERSION                default v0.33.0
 #        PLEG_NRI_E2E_KEEP           keep the cluster (to look into a failure)
@@ -57,6 +59,13 @@ CGO_ENABLED=0 go build -trimpath -o "$tmp/nodenet" ./test/kind/cmd/nodenet || di
 bash "$here/hack/iptables-image.sh" "$base" "$tmp/nodenet" "$nodenet_image" "$tmp/nodenet.tar" ||
 	die "building nodenet's image failed"
 go build -o "$tmp/e2e-cluster" ./test/kind/cmd/e2e-cluster || die "building the driver failed"
+# The rolling upgrade's image: the same tree, another version of the binary, under the same name.
+upgrade_image=${plegnri_image%%:*}:cluster-upgrade
+trap 'docker rmi "$nodenet_image" "$upgrade_image" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+VERSION=cluster-upgrade bash deploy/image/build.sh "$upgrade_image" "$tmp/upgrade.tar" >/dev/null ||
+	die "building the upgrade image failed"
+# pleg-nri's kubelet-config command, copied to the nodes to put their kubelets on containerd's stream.
+CGO_ENABLED=0 go build -trimpath -o "$tmp/pleg-nri" ./cmd/pleg-nri || die "building pleg-nri failed"
 
 # kind's docker provider runs its nodes --privileged: the shim stands in where the engine cannot grant
 # every capability (make e2e-kind does the same). kind's entrypoint would pick fuse-overlayfs here.
@@ -65,7 +74,9 @@ export KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER=${KIND_EXPERIMENTAL_CONTAINERD_S
 start=$SECONDS
 if "$tmp/e2e-cluster" -kind "$kind" -kubectl "$kubectl" -helm "$helm" -image "$node_image" \
 	-nodenet-image-tar "$tmp/nodenet.tar" -nodenet-image "$nodenet_image" \
-	-pleg-nri-image-tar "$image_tar" -pleg-nri-image "$plegnri_image" -chart deploy/helm/pleg-nri; then
+	-pleg-nri-image-tar "$image_tar" -pleg-nri-image "$plegnri_image" -chart deploy/helm/pleg-nri \
+	-upgrade-image-tar "$tmp/upgrade.tar" -upgrade-image "$upgrade_image" -pleg-nri-bin "$tmp/pleg-nri" \
+	-k8s-version "$K8S_VERSION" -report "docs/e2e-cluster-$K8S_VERSION.md" ${PLEG_NRI_PROMETHEUS:+-prometheus "$PLEG_NRI_PROMETHEUS"}; then
 	log "Kubernetes $K8S_VERSION passed in $((SECONDS - start))s"
 else
 	die "Kubernetes $K8S_VERSION FAILED after $((SECONDS - start))s"

@@ -10,8 +10,17 @@
 //     kubelet runs on pleg-nri's socket with EventedPLEG, holds its event stream, and counts no stream
 //     error;
 //  4. workloads on every node (test manifests in manifests.go): a crash-looping container, a
-//     Deployment behind a Service, a Job, pods with probes; each must behave as it should, and the
-//     kubelets' stream error counts must still be 0 at the end.
+//     Deployment behind a Service, a Job, pods with probes; each must behave as it should;
+//  5. a rolling helm upgrade to another image, node by node, then a helm rollback, each while pods
+//     crash on every node: every node runs the version it should, its kubelet kept its event stream
+//     (no error, no new connection), no container is duplicated, the workloads still behave;
+//  6. helm uninstall: every kubelet back on containerd's socket without EventedPLEG, nothing of
+//     pleg-nri left on a node or in the cluster.
+//
+// Crash to restart (package crashbench: pods whose container crashes once, times from containerd) is
+// measured on every node with kind's GenericPLEG, with EventedPLEG on containerd's own stream, with
+// pleg-nri idle, and during the upgrade and the rollback; -report writes the figures per phase and
+// per node.
 //
 // The cluster is deleted at the end, whatever happened (PLEG_NRI_E2E_KEEP keeps it), and nothing of it
 // may be left: no container, no volume, no network kind made.
@@ -48,11 +57,21 @@ func main() {
 	flag.StringVar(&o.nodenetImage, "nodenet-image", "", "nodenet's image name, as in -nodenet-image-tar")
 	flag.StringVar(&o.plegNRITar, "pleg-nri-image-tar", "", "pleg-nri's image (make image)")
 	flag.StringVar(&o.plegNRIImage, "pleg-nri-image", "", "pleg-nri's image name, as in -pleg-nri-image-tar")
+	flag.StringVar(&o.upgradeTar, "upgrade-image-tar", "", "another pleg-nri image (another version of the binary) for the rolling upgrade")
+	flag.StringVar(&o.upgradeImage, "upgrade-image", "", "its name, as in -upgrade-image-tar")
+	flag.StringVar(&o.plegNRIBin, "pleg-nri-bin", "", "a static pleg-nri binary (its kubelet-config command switches the kubelets to containerd's stream)")
+	flag.StringVar(&o.report, "report", "", "write the crash-to-restart figures of every phase there (markdown)")
+	flag.StringVar(&o.version, "k8s-version", "", "the cluster's Kubernetes version, for the report")
 	flag.StringVar(&o.chart, "chart", "deploy/helm/pleg-nri", "the Helm chart")
+	flag.StringVar(&o.prometheus, "prometheus", "", "a prometheus binary: run it on the host, scraping the cluster, with the shipped rules (none: no Prometheus)")
+	flag.StringVar(&o.scrapeConfig, "scrape-config", "deploy/prometheus/scrape-config.yaml", "the shipped scrape configuration")
+	flag.StringVar(&o.rules, "rules", "deploy/prometheus/pleg-nri-rules.yaml", "the shipped alerting rules")
+	flag.StringVar(&o.dashboard, "dashboard", "deploy/grafana/pleg-nri-dashboard.json", "the shipped dashboard")
 	flag.StringVar(&o.name, "name", "pleg-nri-cluster", "the cluster's name")
 	flag.Parse()
 	for f, v := range map[string]string{"-image": o.image, "-nodenet-image-tar": o.nodenetTar, "-nodenet-image": o.nodenetImage,
-		"-pleg-nri-image-tar": o.plegNRITar, "-pleg-nri-image": o.plegNRIImage} {
+		"-pleg-nri-image-tar": o.plegNRITar, "-pleg-nri-image": o.plegNRIImage, "-upgrade-image-tar": o.upgradeTar,
+		"-upgrade-image": o.upgradeImage, "-pleg-nri-bin": o.plegNRIBin} {
 		if v == "" {
 			fmt.Fprintf(os.Stderr, "e2e-cluster: %s is required\n", f)
 			os.Exit(2)
@@ -68,6 +87,8 @@ func main() {
 
 type options struct {
 	kind, kubectl, helm, image, nodenetTar, nodenetImage, plegNRITar, plegNRIImage, chart, name string
+	upgradeTar, upgradeImage, plegNRIBin, report, version                                       string
+	prometheus, scrapeConfig, rules, dashboard                                                  string
 	keep                                                                                        bool
 }
 
@@ -156,7 +177,7 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Printf("e2e-cluster: kind create cluster: %s\n", created.Round(time.Second))
 
 	// 2. Pod networking.
-	for _, tar := range []string{o.nodenetTar, o.plegNRITar} {
+	for _, tar := range []string{o.nodenetTar, o.plegNRITar, o.upgradeTar} {
 		if out, err := cmd(ctx, o.kind, "load", "image-archive", tar, "--name", o.name); err != nil {
 			return fmt.Errorf("kind load image-archive %s: %w\n%s", tar, err, out)
 		}
@@ -188,15 +209,55 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 
+	// Crash to restart without pleg-nri: kind's kubelets on GenericPLEG, then on containerd's own event
+	// stream (EventedPLEG), then back.
+	var phases []phase
+	var notes []string
+	defer func() {
+		if werr := writeReport(o.report, o.version, phases, notes); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}()
+	ph, err := c.idlePhase(ctx, "GenericPLEG (kind's default)", "crash-generic")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
+	if err := c.kubeletOnContainerd(ctx, true); err != nil {
+		return fmt.Errorf("switching the kubelets to containerd's event stream: %w", err)
+	}
+	ph, err = c.idlePhase(ctx, "EventedPLEG on containerd's stream", "crash-containerd")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
+	if errs, err := c.kubeletErrors(ctx); err != nil {
+		return err
+	} else {
+		notes = append(notes, fmt.Sprintf("kubelet stream errors on containerd's stream at the end of its phase: %v", errs))
+	}
+	if err := c.kubeletOnContainerd(ctx, false); err != nil {
+		return fmt.Errorf("putting the kubelets back on GenericPLEG: %w", err)
+	}
+
 	// 4. pleg-nri on every node, the kubelets switched.
 	start = time.Now()
 	repo, tag, ok := strings.Cut(o.plegNRIImage, ":")
 	if !ok {
 		return fmt.Errorf("-pleg-nri-image %q has no tag", o.plegNRIImage)
 	}
-	if out, err := cmd(ctx, o.helm, "--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
-		"--set", "kubelet.switchEndpoint=true", "--wait", "--timeout", "10m"); err != nil {
+	upRepo, upTag, ok := strings.Cut(o.upgradeImage, ":")
+	if !ok || upRepo != repo || upTag == tag {
+		return fmt.Errorf("-upgrade-image %q is not another tag of %s", o.upgradeImage, repo)
+	}
+	install := []string{"--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
+		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "kubelet.switchEndpoint=true", "--wait", "--timeout", "10m"}
+	if o.prometheus != "" {
+		// Prometheus scrapes each node's pleg-nri at the node's address (docs/operations.md).
+		install = append(install, "--set", "config.metrics-address=0.0.0.0:9810")
+	}
+	if out, err := cmd(ctx, o.helm, install...); err != nil {
 		return fmt.Errorf("helm install: %w\n%s", err, out)
 	}
 	// helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for every pod.
@@ -219,6 +280,27 @@ func run(ctx context.Context, o options) (err error) {
 			return fmt.Errorf("node %s is not Ready after the kubelet switch: %w", n, err)
 		}
 	}
+	version, err := c.onNode(ctx, c.nodes[0], "/usr/local/bin/pleg-nri", "version")
+	if err != nil {
+		return err
+	}
+	version = strings.TrimPrefix(version, "pleg-nri ")
+	// Prometheus from here on: it must see no alert fire on the healthy cluster (installed, crashing pods,
+	// an upgrade, a rollback), and data in every panel of the dashboard.
+	var prom *promServer
+	var promStart time.Time
+	if o.prometheus != "" {
+		if prom, err = c.startPrometheus(ctx, filepath.Join(tmp, "prometheus")); err != nil {
+			return err
+		}
+		defer prom.stop()
+		promStart = time.Now()
+	}
+	ph, err = c.idlePhase(ctx, "pleg-nri", "crash-plegnri")
+	if err != nil {
+		return err
+	}
+	phases = append(phases, ph)
 
 	// 5. Workloads on every node.
 	start = time.Now()
@@ -230,7 +312,24 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("e2e-cluster: workloads on %d nodes behaved in %s\n", len(c.nodes), time.Since(start).Round(time.Second))
 
-	// 6. The kubelets' streams at the end: no error, no new connection.
+	// 6. A rolling upgrade to another image, then a rollback, each while a crash batch runs.
+	// The upgrade image's binary is of version upTag (test/kind/cluster.sh builds it so).
+	ph, err = c.roll(ctx, "rolling upgrade", "crash-upgrade", upTag, before,
+		"upgrade", "pleg-nri", o.chart, "--reuse-values", "--set", "image.tag="+upTag)
+	phases = append(phases, ph)
+	if err != nil {
+		return err
+	}
+	ph, err = c.roll(ctx, "rollback", "crash-rollback", version, before, "rollback", "pleg-nri", "1")
+	phases = append(phases, ph)
+	if err != nil {
+		return err
+	}
+	if err := c.checkWorkloads(ctx); err != nil {
+		return fmt.Errorf("after the upgrade and the rollback: %w", err)
+	}
+
+	// 7. The kubelets' streams at the end: no error, no new connection.
 	var failures []string
 	for _, n := range c.nodes {
 		st, err := c.stream(ctx, n)
@@ -245,8 +344,38 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Printf("e2e-cluster: summary: cluster created in %s, all nodes Ready after %s; pod CIDRs %s; %s; "+
 		"helm install %s\n", created.Round(time.Second), up.Round(time.Second), strings.Join(cidrs, " "), svc, installed.Round(time.Second))
+	if prom != nil {
+		// Two scrapes and evaluations more, so that the end of the run is in.
+		time.Sleep(2 * promScrapeInterval)
+		if fired, err := prom.firingSince(ctx, time.Since(promStart)); err != nil {
+			return err
+		} else if len(fired) > 0 {
+			failures = append(failures, fmt.Sprintf("alerts fired on the healthy cluster over %s: %s",
+				time.Since(promStart).Round(time.Second), strings.Join(fired, "; ")))
+		} else {
+			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", time.Since(promStart).Round(time.Second))
+		}
+		// Faults on three nodes at once: each must fire its alert, and the cluster come back whole.
+		// The dashboard is checked after them: some of its panels (evictions, stream ends) only have
+		// data once such a thing happened.
+		rulesFor, err := alertFor(o.rules)
+		if err != nil {
+			return err
+		}
+		if _, err := c.injectFaults(ctx, prom, rulesFor, before); err != nil {
+			failures = append(failures, err.Error())
+		}
+		if err := c.checkDashboard(ctx, prom); err != nil {
+			failures = append(failures, err.Error())
+		}
+	}
 	if len(failures) > 0 {
 		return errors.New(strings.Join(failures, "\n"))
+	}
+
+	// 8. Uninstall: every kubelet back as kind made it, nothing of pleg-nri left.
+	if _, err := c.uninstall(ctx); err != nil {
+		return err
 	}
 	return nil
 }
@@ -257,10 +386,18 @@ func (c *cluster) apply(ctx context.Context, t *template.Template, data any) err
 	if err != nil {
 		return err
 	}
+	if err := c.applyText(ctx, s); err != nil {
+		return fmt.Errorf("%s: %w", t.Name(), err)
+	}
+	return nil
+}
+
+// applyText applies a manifest.
+func (c *cluster) applyText(ctx context.Context, manifest string) error {
 	kc := exec.CommandContext(ctx, c.o.kubectl, "--kubeconfig", c.kubeconfig, "apply", "-f", "-")
-	kc.Stdin = strings.NewReader(s)
+	kc.Stdin = strings.NewReader(manifest)
 	if out, err := kc.CombinedOutput(); err != nil {
-		return fmt.Errorf("kubectl apply (%s): %w\n%s", t.Name(), err, out)
+		return fmt.Errorf("kubectl apply: %w\n%s", err, out)
 	}
 	return nil
 }

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// fault is one fault injected on one node, and the alert of the shipped rules it must fire.
+type fault struct {
+	what, node, alert string
+	// inject makes the fault; repair undoes it.
+	inject, repair func(ctx context.Context) error
+	// clears says whether the alert must clear within the test once repaired: an alert on
+	// increase(...[15m]) clears 15 minutes after the fault by its rule's design, and is not waited for.
+	clears bool
+	// firedAfter is how long after the injection the alert fired.
+	firedAfter, clearedAfter time.Duration
+}
+
+// faultChurnPods is the pods made and deleted on the node of the stuck subscriber: with a 4 KiB
+// annotation each (as pods often carry), their events fill the stuck stream's windows and queue.
+const faultChurnPods = 40
+
+// injectFaults injects, each on its own node and all at once, the faults the shipped alerts are for:
+// pleg-nri's core stopped and kept down (PlegNRIDown), containerd stopped, which also cuts the
+// front's own connection to it (PlegNRIUpstreamDisconnected), and an event subscriber that stops
+// reading (PlegNRISubscriberEvicted; that node's subscriber-queue set to 16 for the time of the fault,
+// since a default queue of 1024 outlasts anything a kind node can make). Each alert must fire in
+// Prometheus within its for: plus two scrape intervals, and the first two clear once repaired. Every
+// node is then Ready with its kubelet's event stream unbroken.
+func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[string]time.Duration, before map[string]streamState) ([]*fault, error) {
+	cp, w1, w2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	var stuck *stuckStream
+	faults := []*fault{
+		{what: "pleg-nri's core stopped and kept down", node: w2, alert: "PlegNRIDown", clears: true,
+			inject: func(ctx context.Context) error {
+				_, err := c.onNode(ctx, w2, "systemctl", "stop", "pleg-nri")
+				return err
+			},
+			repair: func(ctx context.Context) error {
+				_, err := c.onNode(ctx, w2, "systemctl", "start", "pleg-nri")
+				return err
+			}},
+		{what: "containerd stopped (the core's and the front's connections to it lost)", node: w1, alert: "PlegNRIUpstreamDisconnected", clears: true,
+			inject: func(ctx context.Context) error {
+				_, err := c.onNode(ctx, w1, "systemctl", "stop", "containerd")
+				return err
+			},
+			repair: func(ctx context.Context) error {
+				_, err := c.onNode(ctx, w1, "systemctl", "start", "containerd")
+				return err
+			}},
+		{what: "an event subscriber that stops reading", node: cp, alert: "PlegNRISubscriberEvicted",
+			inject: func(ctx context.Context) error {
+				if err := c.setSubscriberQueue(ctx, cp, 16); err != nil {
+					return err
+				}
+				var err error
+				if stuck, err = c.openStuck(ctx, cp); err != nil {
+					return err
+				}
+				return c.churn(ctx, cp)
+			},
+			repair: func(ctx context.Context) error {
+				if stuck != nil {
+					stuck.close()
+				}
+				if _, err := c.k(ctx, "delete", "namespace", "fault-churn", "--wait=true", "--timeout=3m"); err != nil {
+					return err
+				}
+				return c.setSubscriberQueue(ctx, cp, 0)
+			}},
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, len(faults))
+	for i, f := range faults {
+		wg.Go(func() {
+			if err := f.inject(ctx); err != nil {
+				errs[i] = fmt.Errorf("%s on %s: injecting: %w", f.what, f.node, err)
+				return
+			}
+			fmt.Printf("e2e-cluster: fault on %s: %s\n", f.node, f.what)
+			limit := rulesFor[f.alert] + 2*promScrapeInterval + time.Minute
+			injected := time.Now()
+			err := testutil.PollEvery(ctx, limit, promScrapeInterval, f.alert+" to fire for "+f.node, func() (bool, error) {
+				res, err := p.query(ctx, fmt.Sprintf(`ALERTS{alertname=%q,alertstate="firing",node=%q}`, f.alert, f.node))
+				return err == nil && len(res) > 0, nil
+			})
+			f.firedAfter = time.Since(injected)
+			if rerr := f.repair(ctx); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("repairing: %w", rerr))
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("%s on %s: %w", f.what, f.node, err)
+				return
+			}
+			fmt.Printf("e2e-cluster: %s fired %s after the fault on %s (for: %s)\n", f.alert, f.firedAfter.Round(time.Second), f.node, rulesFor[f.alert])
+			if !f.clears {
+				return
+			}
+			repaired := time.Now()
+			if err := testutil.PollEvery(ctx, 2*time.Minute, promScrapeInterval, f.alert+" to clear for "+f.node, func() (bool, error) {
+				res, err := p.query(ctx, fmt.Sprintf(`ALERTS{alertname=%q,node=%q}`, f.alert, f.node))
+				return err == nil && len(res) == 0, nil
+			}); err != nil {
+				errs[i] = fmt.Errorf("%s on %s: %w", f.what, f.node, err)
+				return
+			}
+			f.clearedAfter = time.Since(repaired)
+			fmt.Printf("e2e-cluster: %s cleared %s after the repair on %s\n", f.alert, f.clearedAfter.Round(time.Second), f.node)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return faults, err
+	}
+	fmt.Printf("e2e-cluster: faults injected, fired and repaired in %s\n", time.Since(start).Round(time.Second))
+	// Every node back: Ready, pleg-nri active, the kubelet's stream unbroken.
+	var failures []string
+	for _, n := range c.nodes {
+		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
+			failures = append(failures, fmt.Sprintf("node %s is not Ready after the faults: %v", n, err))
+			continue
+		}
+		var st streamState
+		err := testutil.PollEvery(ctx, time.Minute, 2*time.Second, "pleg-nri on "+n+" to serve its subscriber again", func() (bool, error) {
+			var err error
+			st, err = c.stream(ctx, n)
+			return err == nil && st.subscribers == 1, nil
+		})
+		fmt.Printf("e2e-cluster: %s: after the faults: %s\n", n, st)
+		if err != nil || st.errors != 0 || st.connections != before[n].connections {
+			failures = append(failures, fmt.Sprintf("%s: the kubelet's event stream after the faults: %s, before: %s (%v)", n, st, before[n], err))
+		}
+	}
+	if len(failures) > 0 {
+		return faults, errors.New(strings.Join(failures, "\n"))
+	}
+	return faults, nil
+}
+
+// setSubscriberQueue sets (n > 0) or removes (n == 0) subscriber-queue in node's pleg-nri
+// configuration and restarts its core (the front, and the kubelet's stream, stay).
+func (c *cluster) setSubscriberQueue(ctx context.Context, node string, n int) error {
+	script := `sed -i '/^subscriber-queue:/d' /etc/pleg-nri/config.yaml`
+	if n > 0 {
+		script += fmt.Sprintf(` && echo 'subscriber-queue: %d' >> /etc/pleg-nri/config.yaml`, n)
+	}
+	if _, err := c.onNode(ctx, node, "sh", "-c", script+" && systemctl restart pleg-nri"); err != nil {
+		return err
+	}
+	return testutil.PollEvery(ctx, time.Minute, time.Second, "pleg-nri on "+node+" to be ready", func() (bool, error) {
+		_, err := c.onNode(ctx, node, "curl", "-fsS", "127.0.0.1:9810/readyz")
+		return err == nil, nil
+	})
+}
+
+// stuckStream is a GetContainerEvents stream on a node's pleg-nri socket whose client never reads:
+// the smallest HTTP/2 windows (64 KiB, no growth), so that it holds back little.
+type stuckStream struct {
+	conn   *grpc.ClientConn
+	cancel context.CancelFunc
+}
+
+// openStuck opens a stuck stream on node's pleg-nri socket, reached from the host through the node
+// container's root (/proc/<its pid>/root).
+func (c *cluster) openStuck(ctx context.Context, node string) (*stuckStream, error) {
+	pid, err := cmd(ctx, "docker", "inspect", "-f", "{{.State.Pid}}", node)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient("unix:///proc/"+pid+"/root/run/pleg-nri/cri.sock", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	if _, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(sctx, &runtimeapi.GetEventsRequest{}); err != nil {
+		cancel()
+		conn.Close()
+		return nil, fmt.Errorf("GetContainerEvents on %s: %w", node, err)
+	}
+	return &stuckStream{conn: conn, cancel: cancel}, nil
+}
+
+func (s *stuckStream) close() {
+	s.cancel()
+	s.conn.Close()
+}
+
+// churn makes faultChurnPods pods on node, waits for them to run, and deletes them.
+func (c *cluster) churn(ctx context.Context, node string) error {
+	var b strings.Builder
+	b.WriteString("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fault-churn\n")
+	pad := strings.Repeat("x", 4096)
+	for i := 0; i < faultChurnPods; i++ {
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: churn-%02d
+  namespace: fault-churn
+  annotations:
+    padding: %s
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 0
+  tolerations:
+  - operator: Exists
+  containers:
+  - name: c
+    image: %s
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+`, i, pad, node, busybox)
+	}
+	if _, err := c.k(ctx, "create", "namespace", "fault-churn"); err != nil {
+		return err
+	}
+	if _, err := c.k(ctx, "-n", "fault-churn", "wait", "--for=create", "serviceaccount/default", "--timeout=120s"); err != nil {
+		return err
+	}
+	if err := c.applyText(ctx, b.String()); err != nil {
+		return err
+	}
+	if _, err := c.k(ctx, "-n", "fault-churn", "wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s"); err != nil {
+		return err
+	}
+	_, err := c.k(ctx, "-n", "fault-churn", "delete", "pods", "--all", "--wait=true", "--timeout=180s")
+	return err
+}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/kind/internal/crashbench"
+)
+
+// The crash-to-restart samples of the idle setups: crashIdlePerNode pods on every node, each of whose
+// container crashes once; crashIdleFirstExit leaves every pod of the batch the time to start before
+// the first exit, so the exits find the node idle.
+const (
+	crashIdlePerNode   = 10
+	crashIdleFirstExit = 30 * time.Second
+	// The batch made just before an upgrade or a rollback: its exits are spread over the time the
+	// DaemonSet takes to roll through the nodes (about 15 s a node here).
+	crashRollPerNode   = 12
+	crashRollFirstExit = 15 * time.Second
+	crashRollSpacing   = 4030 * time.Millisecond
+)
+
+// phase is one setup or moment of the cluster and its crash-to-restart samples.
+type phase struct {
+	name    string
+	samples []crashbench.Sample
+	// from and to bound the rollout of an upgrade or a rollback (zero for an idle setup): the samples
+	// whose exit fell between them are the ones the phase is about.
+	from, to time.Time
+}
+
+// inWindow is the phase's samples that count: all of an idle phase, those of the rollout window.
+func (p phase) inWindow() []crashbench.Sample {
+	if p.from.IsZero() {
+		return p.samples
+	}
+	return crashbench.Between(p.samples, p.from, p.to)
+}
+
+// crashes runs a batch of pods on every node whose containers crash once each, runs during (if any)
+// once they all run, and returns the batch's samples once every container was replaced.
+func (c *cluster) crashes(ctx context.Context, ns string, perNode int, firstExit, spacing time.Duration, during func() error) ([]crashbench.Sample, error) {
+	p := crashbench.Plan{Namespace: ns, Nodes: c.nodes, PerNode: perNode, FirstExit: firstExit, Spacing: spacing, Image: busybox}
+	samples, err := p.Run(ctx, c.k, during)
+	if err != nil {
+		return samples, err
+	}
+	fmt.Printf("e2e-cluster: crash batch %s: %s\n", ns, crashbench.Of(samples))
+	return samples, nil
+}
+
+// idlePhase measures crash to restart on the idle cluster as it is now.
+func (c *cluster) idlePhase(ctx context.Context, name, ns string) (phase, error) {
+	s, err := c.crashes(ctx, ns, crashIdlePerNode, crashIdleFirstExit, crashbench.Spacing, nil)
+	return phase{name: name, samples: s}, err
+}
+
+// kubeletOnContainerd points every node's kubelet at containerd's socket with the EventedPLEG gate set
+// (on: true) or removed (on: false), with pleg-nri's own kubelet-config command copied to the node, and
+// restarts the kubelets that changed; then waits until the nodes are Ready (and, with the gate, until
+// each kubelet holds containerd's event stream).
+func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
+	gate := "remove"
+	if on {
+		gate = "true"
+	}
+	for _, n := range c.nodes {
+		if _, err := cmd(ctx, "docker", "cp", c.o.plegNRIBin, n+":/tmp/e2e-pleg-nri"); err != nil {
+			return err
+		}
+		out, err := c.onNode(ctx, n, "/tmp/e2e-pleg-nri", "kubelet-config", "--config", "/var/lib/kubelet/config.yaml",
+			"--kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "--container-runtime-endpoint", "unix:///run/containerd/containerd.sock",
+			"--evented-pleg", gate)
+		if err != nil {
+			return fmt.Errorf("%s: kubelet-config: %w", n, err)
+		}
+		if out == "changed" {
+			if _, err := c.onNode(ctx, n, "systemctl", "restart", "kubelet"); err != nil {
+				return err
+			}
+		}
+		if _, err := c.onNode(ctx, n, "rm", "-f", "/tmp/e2e-pleg-nri"); err != nil {
+			return err
+		}
+	}
+	for _, n := range c.nodes {
+		// The restarted kubelet posts Ready again within its status period; the node may still show the
+		// old kubelet's Ready for a moment, which is why the stream is waited for too.
+		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
+			return fmt.Errorf("node %s is not Ready after its kubelet restarted: %w", n, err)
+		}
+		if !on {
+			continue
+		}
+		if err := testutil.PollEvery(ctx, 2*time.Minute, 2*time.Second, "the kubelet on "+n+" to hold containerd's event stream", func() (bool, error) {
+			m, err := c.k(ctx, "get", "--raw", "/api/v1/nodes/"+n+"/proxy/metrics")
+			return err == nil && metric(m, "kubelet_evented_pleg_connection_success_count") >= 1, nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kubeletErrors reads every node's kubelet stream error count.
+func (c *cluster) kubeletErrors(ctx context.Context) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, n := range c.nodes {
+		m, err := c.k(ctx, "get", "--raw", "/api/v1/nodes/"+n+"/proxy/metrics")
+		if err != nil {
+			return nil, err
+		}
+		out[n] = metric(m, "kubelet_evented_pleg_connection_error_count")
+	}
+	return out, nil
+}
+
+// roll upgrades (or rolls back) the release with helmArgs while a crash batch runs, waits for the
+// DaemonSet to roll through every node, and checks every node: it runs wantVersion, its kubelet kept
+// its event stream (no error, no new connection, one subscriber) and no container is duplicated.
+func (c *cluster) roll(ctx context.Context, name, ns, wantVersion string, before map[string]streamState, helmArgs ...string) (phase, error) {
+	ph := phase{name: name}
+	samples, err := c.crashes(ctx, ns, crashRollPerNode, crashRollFirstExit, crashRollSpacing, func() error {
+		ph.from = time.Now()
+		args := append([]string{"--kubeconfig", c.kubeconfig, "-n", "kube-system"}, helmArgs...)
+		if out, err := cmd(ctx, c.o.helm, append(args, "--wait", "--timeout", "10m")...); err != nil {
+			return fmt.Errorf("helm %s: %w\n%s", helmArgs[0], err, out)
+		}
+		if _, err := c.k(ctx, "-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=10m"); err != nil {
+			return fmt.Errorf("the pleg-nri DaemonSet did not roll out (%s): %w", name, err)
+		}
+		ph.to = time.Now()
+		fmt.Printf("e2e-cluster: %s: rolled through %d nodes in %s\n", name, len(c.nodes), ph.to.Sub(ph.from).Round(time.Second))
+		return nil
+	})
+	ph.samples = samples
+	if err != nil {
+		return ph, err
+	}
+	var failures []string
+	for _, n := range c.nodes {
+		v, err := c.onNode(ctx, n, "/usr/local/bin/pleg-nri", "version")
+		if err != nil {
+			return ph, err
+		}
+		if v != "pleg-nri "+wantVersion {
+			failures = append(failures, fmt.Sprintf("%s: runs %q after %s, want pleg-nri %s", n, v, name, wantVersion))
+		}
+		st, err := c.stream(ctx, n)
+		if err != nil {
+			return ph, err
+		}
+		fmt.Printf("e2e-cluster: %s: after %s: %s\n", n, name, st)
+		if st.errors != 0 || st.connections != before[n].connections || st.subscribers != 1 {
+			failures = append(failures, fmt.Sprintf("%s: the kubelet's event stream after %s: %s, before: %s; want 0 errors, "+
+				"the same connections, 1 subscriber", n, name, st, before[n]))
+		}
+		cs, err := crashbench.Containers(ctx, n, "")
+		if err != nil {
+			return ph, err
+		}
+		if d := crashbench.Duplicates(cs); len(d) > 0 {
+			failures = append(failures, fmt.Sprintf("%s: duplicated containers after %s: %s", n, name, strings.Join(d, "; ")))
+		}
+	}
+	if len(failures) > 0 {
+		return ph, errors.New(strings.Join(failures, "\n"))
+	}
+	return ph, nil
+}
+
+// uninstall runs helm uninstall and checks that every node is back as it was before the install: the
+// kubelet on containerd's socket without the EventedPLEG gate, Ready, and nothing of pleg-nri left on
+// it (no unit, no binary, no process) nor in the cluster (no DaemonSet, ConfigMap, Job or pod).
+func (c *cluster) uninstall(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	if out, err := cmd(ctx, c.o.helm, "--kubeconfig", c.kubeconfig, "-n", "kube-system", "uninstall", "pleg-nri", "--wait", "--timeout", "10m"); err != nil {
+		return 0, fmt.Errorf("helm uninstall: %w\n%s", err, out)
+	}
+	took := time.Since(start)
+	var left []string
+	for _, n := range c.nodes {
+		kcfg, err := c.onNode(ctx, n, "cat", "/var/lib/kubelet/config.yaml")
+		if err != nil {
+			return took, err
+		}
+		if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") {
+			left = append(left, fmt.Sprintf("%s: the kubelet's configuration after uninstall:\n%s", n, kcfg))
+		}
+		if out, err := c.onNode(ctx, n, "systemctl", "cat", "pleg-nri.service"); err == nil {
+			left = append(left, fmt.Sprintf("%s: pleg-nri.service is still there:\n%s", n, out))
+		}
+		if out, _ := c.onNode(ctx, n, "sh", "-c", "ls -d /usr/local/bin/pleg-nri /run/pleg-nri/cri.sock 2>/dev/null; pgrep -a -x pleg-nri"); out != "" {
+			left = append(left, fmt.Sprintf("%s: left after uninstall: %s", n, out))
+		}
+		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
+			left = append(left, fmt.Sprintf("node %s is not Ready after uninstall: %v", n, err))
+		}
+	}
+	if out, err := c.k(ctx, "-n", "kube-system", "get", "daemonsets,configmaps,jobs,pods", "-l", "app.kubernetes.io/name=pleg-nri", "-o", "name"); err != nil {
+		return took, err
+	} else if out != "" {
+		left = append(left, "in kube-system: "+strings.Join(strings.Fields(out), " "))
+	}
+	if len(left) > 0 {
+		return took, errors.New("helm uninstall left things behind:\n" + strings.Join(left, "\n"))
+	}
+	fmt.Printf("e2e-cluster: helm uninstall in %s: every kubelet back on containerd's socket without EventedPLEG, Ready; nothing of pleg-nri left\n",
+		took.Round(time.Second))
+	return took, nil
+}
+
+// report is the crash-to-restart table of every phase, cluster-wide and per node, in markdown.
+func report(version string, phases []phase, extra []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# make e2e-cluster on Kubernetes %s: crash to restart, per setup and per node\n\n", version)
+	b.WriteString("Written by `make e2e-cluster` (test/kind/cmd/e2e-cluster). A kind cluster of 3 nodes on this machine " +
+		"(2 cores, shared); each sample is a pod whose container crashes once: its exit to the creation and the start of the " +
+		"container the kubelet replaces it with, from the node's containerd. An upgrade's or a rollback's figures count the " +
+		"samples whose exit fell while the DaemonSet rolled.\n\n")
+	b.WriteString("| phase | node | samples | created p50 | created p90 | started p50 | started p90 |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, p := range phases {
+		rows := []struct {
+			node string
+			s    []crashbench.Sample
+		}{{"all", p.inWindow()}}
+		byNode := crashbench.ByNode(p.inWindow())
+		nodes := make([]string, 0, len(byNode))
+		for n := range byNode {
+			nodes = append(nodes, n)
+		}
+		sort.Strings(nodes)
+		for _, n := range nodes {
+			rows = append(rows, struct {
+				node string
+				s    []crashbench.Sample
+			}{n, byNode[n]})
+		}
+		for _, r := range rows {
+			st := crashbench.Of(r.s)
+			fmt.Fprintf(&b, "| %s | %s | %d | %.0f ms | %.0f ms | %.0f ms | %.0f ms |\n", p.name, r.node, st.N,
+				st.CreatedP50, st.CreatedP90, st.StartedP50, st.StartedP90)
+		}
+	}
+	if len(extra) > 0 {
+		b.WriteString("\n")
+		for _, e := range extra {
+			b.WriteString("- " + e + "\n")
+		}
+	}
+	return b.String()
+}
+
+// writeReport writes the report where -report says (nothing without it).
+func writeReport(path, version string, phases []phase, extra []string) error {
+	if path == "" {
+		return nil
+	}
+	return os.WriteFile(path, []byte(report(version, phases, extra)), 0o644)
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// promServer is a real Prometheus, built from the Go module proxy, run on the host beside the cluster:
+// it scrapes every node's pleg-nri and kubelet with the scrape configuration the project ships
+// (deploy/prometheus/scrape-config.yaml, service discovery of the nodes through the API server) and
+// evaluates the shipped alerting rules.
+type promServer struct {
+	url  string
+	cmd  *exec.Cmd
+	done chan error
+	log  *os.File
+}
+
+// promScrapeInterval is the test server's scrape and rule evaluation interval.
+const promScrapeInterval = 5 * time.Second
+
+// startPrometheus writes the server's configuration (the shipped scrape configuration, pointed at this
+// cluster from outside it: the kubeconfig for discovery, a service account token for the kubelets)
+// and starts it; it returns once every node's pleg-nri and kubelet targets are up.
+func (c *cluster) startPrometheus(ctx context.Context, dir string) (*promServer, error) {
+	// The kubelets' /metrics need a token that may get nodes/metrics.
+	if err := c.applyText(ctx, promRBAC); err != nil {
+		return nil, fmt.Errorf("prometheus' service account: %w", err)
+	}
+	token, err := c.k(ctx, "-n", "kube-system", "create", "token", "e2e-prometheus", "--duration=4h")
+	if err != nil {
+		return nil, err
+	}
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		return nil, err
+	}
+	shipped, err := os.ReadFile(c.o.scrapeConfig)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := filepath.Abs(c.o.rules)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := promConfig(shipped, c.kubeconfig, tokenFile, rules)
+	if err != nil {
+		return nil, err
+	}
+	cfgFile := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfgFile, cfg, 0o644); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		return nil, err
+	}
+	p := &promServer{url: fmt.Sprintf("http://127.0.0.1:%d", port), log: log, done: make(chan error, 1)}
+	p.cmd = exec.Command(c.o.prometheus, "--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port), "--log.level=warn")
+	p.cmd.Stdout, p.cmd.Stderr = log, log
+	if err := p.cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("starting prometheus: %w", err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	want := len(c.nodes) * 2
+	var last string
+	err = testutil.PollEvery(ctx, 3*time.Minute, 2*time.Second, fmt.Sprintf("prometheus to scrape its %d targets", want), func() (bool, error) {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return false, testutil.Stop(fmt.Errorf("prometheus exited: %v\n%s", err, p.logs()))
+		default:
+		}
+		var ts struct {
+			ActiveTargets []struct {
+				Labels    map[string]string `json:"labels"`
+				Health    string            `json:"health"`
+				LastError string            `json:"lastError"`
+			} `json:"activeTargets"`
+		}
+		if err := p.get(ctx, "/api/v1/targets", nil, &ts); err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		up := 0
+		var states []string
+		for _, t := range ts.ActiveTargets {
+			states = append(states, fmt.Sprintf("%s/%s %s %s", t.Labels["job"], t.Labels["node"], t.Health, t.LastError))
+			if t.Health == "up" {
+				up++
+			}
+		}
+		sort.Strings(states)
+		last = strings.Join(states, "; ")
+		return up == want && len(ts.ActiveTargets) == want, nil
+	})
+	if err != nil {
+		p.stop()
+		return nil, fmt.Errorf("%w: %s", err, last)
+	}
+	fmt.Printf("e2e-cluster: prometheus at %s scrapes %d targets: %s\n", p.url, want, last)
+	return p, nil
+}
+
+// promConfig is the test server's configuration: the shipped scrape configuration, each of its node
+// discoveries given the cluster's kubeconfig and each of its credentials files the token (a server in
+// the cluster has both from its service account), the rules, and the test's intervals.
+func promConfig(shipped []byte, kubeconfig, tokenFile, rules string) ([]byte, error) {
+	var cfg map[string]any
+	if err := yaml.Unmarshal(shipped, &cfg); err != nil {
+		return nil, fmt.Errorf("the shipped scrape configuration: %w", err)
+	}
+	jobs, _ := cfg["scrape_configs"].([]any)
+	if len(jobs) == 0 {
+		return nil, errors.New("the shipped scrape configuration has no scrape_configs")
+	}
+	for _, j := range jobs {
+		job, _ := j.(map[string]any)
+		sds, _ := job["kubernetes_sd_configs"].([]any)
+		for _, sd := range sds {
+			if m, ok := sd.(map[string]any); ok {
+				m["kubeconfig_file"] = kubeconfig
+			}
+		}
+		if auth, ok := job["authorization"].(map[string]any); ok {
+			auth["credentials_file"] = tokenFile
+		}
+		if tls, ok := job["tls_config"].(map[string]any); ok {
+			delete(tls, "ca_file")
+			tls["insecure_skip_verify"] = true
+		}
+	}
+	cfg["global"] = map[string]any{"scrape_interval": promScrapeInterval.String(), "evaluation_interval": promScrapeInterval.String()}
+	cfg["rule_files"] = []any{rules}
+	return yaml.Marshal(cfg)
+}
+
+var promRBAC = `apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: e2e-prometheus
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: e2e-prometheus
+rules:
+- apiGroups: [""]
+  resources: [nodes, nodes/metrics]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: e2e-prometheus
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: e2e-prometheus
+subjects:
+- kind: ServiceAccount
+  name: e2e-prometheus
+  namespace: kube-system
+`
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// get calls the server's HTTP API and decodes its data.
+func (p *promServer) get(ctx context.Context, path string, q url.Values, data any) error {
+	u := p.url + path
+	if q != nil {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	var r struct {
+		Status string          `json:"status"`
+		Error  string          `json:"error"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return fmt.Errorf("%s: %s: %w", path, body, err)
+	}
+	if r.Status != "success" {
+		return fmt.Errorf("%s: %s", path, r.Error)
+	}
+	return json.Unmarshal(r.Data, data)
+}
+
+// series is one element of an instant vector.
+type series struct {
+	Metric map[string]string `json:"metric"`
+	Value  []any             `json:"value"`
+}
+
+// query runs an instant query.
+func (p *promServer) query(ctx context.Context, q string) ([]series, error) {
+	var d struct {
+		ResultType string   `json:"resultType"`
+		Result     []series `json:"result"`
+	}
+	if err := p.get(ctx, "/api/v1/query", url.Values{"query": {q}}, &d); err != nil {
+		return nil, fmt.Errorf("query %s: %w", q, err)
+	}
+	return d.Result, nil
+}
+
+// firingSince names every alert that fired at some evaluation in the last d.
+func (p *promServer) firingSince(ctx context.Context, d time.Duration) ([]string, error) {
+	res, err := p.query(ctx, fmt.Sprintf(`max_over_time(ALERTS{alertstate="firing"}[%ds])`, int(d.Seconds())+1))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range res {
+		out = append(out, fmt.Sprintf("%s on %s", s.Metric["alertname"], labelsOf(s.Metric)))
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func labelsOf(m map[string]string) string {
+	var l []string
+	for k, v := range m {
+		if k != "__name__" && k != "alertname" && k != "alertstate" {
+			l = append(l, k+"="+v)
+		}
+	}
+	sort.Strings(l)
+	return "{" + strings.Join(l, ",") + "}"
+}
+
+// dashboardQueries are the shipped dashboard's panel queries, by panel title.
+type dashboardQuery struct{ panel, expr string }
+
+func dashboardQueries(path string) (vars []string, qs []dashboardQuery, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name string `json:"name"`
+				Type string `json:"type"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, v := range d.Templating.List {
+		if v.Type == "query" {
+			vars = append(vars, v.Name)
+		}
+	}
+	for _, p := range d.Panels {
+		for _, t := range p.Targets {
+			if t.Expr != "" {
+				qs = append(qs, dashboardQuery{p.Title, t.Expr})
+			}
+		}
+	}
+	return vars, qs, nil
+}
+
+// expand gives a panel query's variables the values Grafana would: each query variable the value
+// given, $__rate_interval a minute.
+func expand(expr string, vars map[string]string) string {
+	for k, v := range vars {
+		expr = strings.ReplaceAll(expr, "${"+k+"}", v)
+		expr = strings.ReplaceAll(expr, "$"+k, v)
+	}
+	return strings.ReplaceAll(expr, "$__rate_interval", "1m")
+}
+
+// checkDashboard runs every panel query of the shipped dashboard for every node (the dashboard's node
+// variable set to that node's value) and for all nodes; each must return data.
+func (c *cluster) checkDashboard(ctx context.Context, p *promServer) error {
+	vars, qs, err := dashboardQueries(c.o.dashboard)
+	if err != nil {
+		return err
+	}
+	if len(vars) != 1 {
+		return fmt.Errorf("%s: want one query variable (the node), got %v", c.o.dashboard, vars)
+	}
+	values := []string{".*"}
+	for _, n := range c.nodes {
+		values = append(values, n)
+	}
+	var empty []string
+	for _, v := range values {
+		for _, q := range qs {
+			e := expand(q.expr, map[string]string{vars[0]: v})
+			res, err := p.query(ctx, e)
+			if err != nil {
+				return err
+			}
+			if len(res) == 0 {
+				empty = append(empty, fmt.Sprintf("panel %q with %s=%q: %s", q.panel, vars[0], v, e))
+			}
+		}
+	}
+	if len(empty) > 0 {
+		return fmt.Errorf("dashboard queries that returned no data:\n%s", strings.Join(empty, "\n"))
+	}
+	fmt.Printf("e2e-cluster: every one of the dashboard's %d panel queries returned data, for each node and for all\n", len(qs))
+	return nil
+}
+
+func (p *promServer) logs() string {
+	if p.log == nil {
+		return ""
+	}
+	data, _ := os.ReadFile(p.log.Name())
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return string(data)
+}
+
+// stop ends the server.
+func (p *promServer) stop() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	p.log.Close()
+}
+
+// alertFor reads each alert's for: in the shipped rules (0 where it has none).
+func alertFor(path string) (map[string]time.Duration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+				For   string `json:"for"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[string]time.Duration{}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			var d time.Duration
+			if r.For != "" {
+				if d, err = time.ParseDuration(r.For); err != nil {
+					return nil, fmt.Errorf("%s: alert %s: for %q: %w", path, r.Alert, r.For, err)
+				}
+			}
+			out[r.Alert] = d
+		}
+	}
+	return out, nil
+}
