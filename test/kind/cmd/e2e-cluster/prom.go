@@ -331,10 +331,7 @@ func (c *cluster) checkDashboard(ctx context.Context, p *promServer) error {
 	if len(vars) != 1 {
 		return fmt.Errorf("%s: want one query variable (the node), got %v", c.o.dashboard, vars)
 	}
-	values := []string{".*"}
-	for _, n := range c.nodes {
-		values = append(values, n)
-	}
+	values := append([]string{".*"}, c.nodes...)
 	var empty []string
 	for _, v := range values {
 		for _, q := range qs {
