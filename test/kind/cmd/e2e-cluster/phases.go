@@ -203,10 +203,14 @@ func (c *cluster) uninstall(ctx context.Context) (time.Duration, error) {
 			left = append(left, fmt.Sprintf("node %s is not Ready after uninstall: %v", n, err))
 		}
 	}
-	if out, err := c.k(ctx, "-n", "kube-system", "get", "daemonsets,configmaps,jobs,pods", "-l", "app.kubernetes.io/name=pleg-nri", "-o", "name"); err != nil {
-		return took, err
-	} else if out != "" {
-		left = append(left, "in kube-system: "+strings.Join(strings.Fields(out), " "))
+	// The hook's Job is deleted once it succeeded; its pods go in the background.
+	var objs string
+	if err := testutil.PollEvery(ctx, time.Minute, 2*time.Second, "the chart's objects to be gone", func() (bool, error) {
+		out, err := c.k(ctx, "-n", "kube-system", "get", "daemonsets,configmaps,jobs,pods", "-l", "app.kubernetes.io/name=pleg-nri", "-o", "name")
+		objs = out
+		return err == nil && out == "", nil
+	}); err != nil {
+		left = append(left, "in kube-system: "+strings.Join(strings.Fields(objs), " "))
 	}
 	if len(left) > 0 {
 		return took, errors.New("helm uninstall left things behind:\n" + strings.Join(left, "\n"))
