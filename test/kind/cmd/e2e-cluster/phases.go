@@ -62,7 +62,7 @@ func (c *cluster) idlePhase(ctx context.Context, name, ns string) (phase, error)
 }
 
 // kubeletOnContainerd points every node's kubelet at containerd's socket with the EventedPLEG gate set
-// (on: true) or removed (on: false), with pleg-nri's own kubelet-config command copied to the node, and
+// (on: true) or removed (on: false), with pleg-nri's own kubelet-config command copied to the node (/usr/local/bin: the node's /tmp is a tmpfs, which docker cp does not reach), and
 // restarts the kubelets that changed; then waits until the nodes are Ready (and, with the gate, until
 // each kubelet holds containerd's event stream).
 func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
@@ -71,10 +71,10 @@ func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
 		gate = "true"
 	}
 	for _, n := range c.nodes {
-		if _, err := cmd(ctx, "docker", "cp", c.o.plegNRIBin, n+":/tmp/e2e-pleg-nri"); err != nil {
+		if _, err := cmd(ctx, "docker", "cp", c.o.plegNRIBin, n+":/usr/local/bin/e2e-pleg-nri"); err != nil {
 			return err
 		}
-		out, err := c.onNode(ctx, n, "/tmp/e2e-pleg-nri", "kubelet-config", "--config", "/var/lib/kubelet/config.yaml",
+		out, err := c.onNode(ctx, n, "/usr/local/bin/e2e-pleg-nri", "kubelet-config", "--config", "/var/lib/kubelet/config.yaml",
 			"--kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "--container-runtime-endpoint", "unix:///run/containerd/containerd.sock",
 			"--evented-pleg", gate)
 		if err != nil {
@@ -85,7 +85,7 @@ func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
 				return err
 			}
 		}
-		if _, err := c.onNode(ctx, n, "rm", "-f", "/tmp/e2e-pleg-nri"); err != nil {
+		if _, err := c.onNode(ctx, n, "rm", "-f", "/usr/local/bin/e2e-pleg-nri"); err != nil {
 			return err
 		}
 	}
