@@ -39,6 +39,9 @@ const promScrapeInterval = 5 * time.Second
 // cluster from outside it: the kubeconfig for discovery, a service account token for the kubelets)
 // and starts it; it returns once every node's pleg-nri and kubelet targets are up.
 func (c *cluster) startPrometheus(ctx context.Context, dir string) (*promServer, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	// The kubelets' /metrics need a token that may get nodes/metrics.
 	if err := c.applyText(ctx, promRBAC); err != nil {
 		return nil, fmt.Errorf("prometheus' service account: %w", err)
