@@ -141,3 +141,17 @@ func Next[T any](t testing.TB, ch <-chan T, what string, timeout time.Duration) 
 	var zero T
 	return zero
 }
+
+// StopProcess sends sig to p, whose Wait's result done delivers, and waits up to grace for it to
+// exit; then it kills p and waits. It says whether p had to be killed.
+func StopProcess(p *os.Process, done <-chan error, sig os.Signal, grace time.Duration) (killed bool) {
+	_ = p.Signal(sig)
+	select {
+	case <-done:
+		return false
+	case <-time.After(grace):
+		_ = p.Kill()
+		<-done
+		return true
+	}
+}

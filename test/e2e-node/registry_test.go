@@ -96,13 +96,7 @@ http:
 
 // stop stops the registry and waits for it.
 func (r *registry) stop() {
-	_ = r.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		_ = r.cmd.Process.Kill()
-		<-r.done
-	}
+	testutil.StopProcess(r.cmd.Process, r.done, os.Interrupt, 10*time.Second)
 	r.log.Close()
 }
 

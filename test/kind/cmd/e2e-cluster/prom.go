@@ -369,13 +369,7 @@ func (p *promServer) logs() string {
 // stop ends the server.
 func (p *promServer) stop() {
 	if p.cmd.Process != nil {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		testutil.StopProcess(p.cmd.Process, p.done, os.Interrupt, 30*time.Second)
 	}
 	p.log.Close()
 }
