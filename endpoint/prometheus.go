@@ -57,9 +57,18 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 	}
 	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed,
 		m.stateReads, m.differences)
-	// Every method has its series from the start, so that a difference shows as an increase from 0.
+	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
+	// from 0 and a panel has data on a node where nothing happened yet: each read method's differences
+	// and held reads, and the codes a stream most often ends with.
 	for _, method := range []string{ListPodSandboxMethod, ListContainersMethod, PodSandboxStatusMethod, ContainerStatusMethod} {
-		m.differences.WithLabelValues(promutil.MethodLabel(method))
+		label := promutil.MethodLabel(method)
+		m.differences.WithLabelValues(label)
+		for _, result := range []string{"caught_up", "gave_up"} {
+			m.staleReads.WithLabelValues(label, result)
+		}
+	}
+	for _, code := range []codes.Code{codes.Canceled, codes.Unavailable, codes.ResourceExhausted} {
+		m.streamsClosed.WithLabelValues(code.String())
 	}
 	return m
 }

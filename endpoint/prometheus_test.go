@@ -54,3 +54,24 @@ func TestPrometheusMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestPrometheusSeriesFromTheStart: held reads and stream ends by their usual codes exist at 0 once
+// the metrics are registered, so that the dashboard's panels have data and an alert on their increase
+// sees the first one.
+func TestPrometheusSeriesFromTheStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "cri"), "cri")
+	var b bytes.Buffer
+	if err := promutil.Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="gave_up"} 0`,
+		`pleg_nri_event_streams_closed_total{code="Unavailable"} 0`,
+		`pleg_nri_event_streams_closed_total{code="ResourceExhausted"} 0`,
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %s", want)
+		}
+	}
+}

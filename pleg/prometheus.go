@@ -98,6 +98,15 @@ func NewPrometheusMetrics(reg prometheus.Registerer) *PrometheusMetrics {
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
 		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
 		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.oomChecks)
+	// Repairs exist from the start (at 0): a dashboard shows 0 on a node that never needed one, and the
+	// alert on their increase sees the first one.
+	for _, kind := range []Kind{KindSandbox, KindContainer} {
+		for _, t := range []runtimeapi.ContainerEventType{runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT,
+			runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+			runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT} {
+			m.repairs.WithLabelValues(kind.String(), eventType(t))
+		}
+	}
 	return m
 }
 

@@ -76,3 +76,19 @@ func TestPrometheusMetrics(t *testing.T) {
 		t.Error("a removed subscriber's queue depth is still exposed")
 	}
 }
+
+// TestRepairsFromTheStart: every kind and type of relist repair exists at 0 once registered.
+func TestRepairsFromTheStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	NewPrometheusMetrics(reg)
+	var b strings.Builder
+	if err := promutil.Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`pleg_nri_relist_repairs_total{kind="sandbox",type="created"} 0`,
+		`pleg_nri_relist_repairs_total{kind="container",type="stopped"} 0`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %s", want)
+		}
+	}
+}

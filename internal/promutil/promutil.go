@@ -50,6 +50,7 @@ func NewUpstreams(reg prometheus.Registerer, names ...string) *Upstreams {
 	reg.MustRegister(u.connected, u.reconnects)
 	for _, n := range names {
 		u.connected.WithLabelValues(n).Set(0)
+		u.reconnects.WithLabelValues(n)
 	}
 	return u
 }

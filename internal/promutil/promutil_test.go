@@ -64,3 +64,19 @@ func TestUpstreams(t *testing.T) {
 		}
 	}
 }
+
+// TestSeriesFromTheStart: the series dashboards and alerts read exist, at 0, as soon as the metrics are
+// registered, before anything happened (a panel has data; an alert on an increase sees the first one).
+func TestSeriesFromTheStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	NewUpstreams(reg, "nri", "events")
+	var b bytes.Buffer
+	if err := Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`pleg_nri_upstream_reconnects_total{upstream="nri"} 0`, `pleg_nri_upstream_reconnects_total{upstream="events"} 0`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %s in:\n%s", want, b.String())
+		}
+	}
+}
