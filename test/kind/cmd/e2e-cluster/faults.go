@@ -13,6 +13,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/kind/internal/crashbench"
 )
 
 // fault is one fault injected on one node, and the alert of the shipped rules it must fire.
@@ -43,23 +44,9 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 	var stuck *stuckStream
 	faults := []*fault{
 		{what: "pleg-nri's core stopped and kept down", node: w2, alert: "PlegNRIDown", clears: true,
-			inject: func(ctx context.Context) error {
-				_, err := c.onNode(ctx, w2, "systemctl", "stop", "pleg-nri")
-				return err
-			},
-			repair: func(ctx context.Context) error {
-				_, err := c.onNode(ctx, w2, "systemctl", "start", "pleg-nri")
-				return err
-			}},
+			inject: c.systemctl(w2, "stop", "pleg-nri"), repair: c.systemctl(w2, "start", "pleg-nri")},
 		{what: "containerd stopped (the core's and the front's connections to it lost)", node: w1, alert: "PlegNRIUpstreamDisconnected", clears: true,
-			inject: func(ctx context.Context) error {
-				_, err := c.onNode(ctx, w1, "systemctl", "stop", "containerd")
-				return err
-			},
-			repair: func(ctx context.Context) error {
-				_, err := c.onNode(ctx, w1, "systemctl", "start", "containerd")
-				return err
-			}},
+			inject: c.systemctl(w1, "stop", "containerd"), repair: c.systemctl(w1, "start", "containerd")},
 		{what: "an event subscriber that stops reading", node: cp, alert: "PlegNRISubscriberEvicted",
 			inject: func(ctx context.Context) error {
 				if err := c.setSubscriberQueue(ctx, cp, 16); err != nil {
@@ -150,6 +137,14 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 	return faults, nil
 }
 
+// systemctl is a fault's step: systemctl verb unit on node.
+func (c *cluster) systemctl(node, verb, unit string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.onNode(ctx, node, "systemctl", verb, unit)
+		return err
+	}
+}
+
 // setSubscriberQueue sets (n > 0) or removes (n == 0) subscriber-queue in node's pleg-nri
 // configuration and restarts its core (the front, and the kubelet's stream, stay).
 func (c *cluster) setSubscriberQueue(ctx context.Context, node string, n int) error {
@@ -203,7 +198,6 @@ func (s *stuckStream) close() {
 // churn makes faultChurnPods pods on node, waits for them to run, and deletes them.
 func (c *cluster) churn(ctx context.Context, node string) error {
 	var b strings.Builder
-	b.WriteString("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: fault-churn\n")
 	pad := strings.Repeat("x", 4096)
 	for i := 0; i < faultChurnPods; i++ {
 		fmt.Fprintf(&b, `---
@@ -226,10 +220,7 @@ spec:
     command: [sleep, "3600"]
 `, i, pad, node, busybox)
 	}
-	if _, err := c.k(ctx, "create", "namespace", "fault-churn"); err != nil {
-		return err
-	}
-	if _, err := c.k(ctx, "-n", "fault-churn", "wait", "--for=create", "serviceaccount/default", "--timeout=120s"); err != nil {
+	if err := crashbench.CreateNamespace(ctx, c.k, "fault-churn"); err != nil {
 		return err
 	}
 	if err := c.applyText(ctx, b.String()); err != nil {

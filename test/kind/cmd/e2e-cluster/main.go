@@ -524,7 +524,7 @@ func (s streamState) String() string {
 // subscriber count (its metrics address, on the node).
 func (c *cluster) stream(ctx context.Context, node string) (streamState, error) {
 	var st streamState
-	m, err := c.k(ctx, "get", "--raw", "/api/v1/nodes/"+node+"/proxy/metrics")
+	m, err := c.kubeletMetrics(ctx, node)
 	if err != nil {
 		return st, fmt.Errorf("reading the kubelet's metrics on %s: %w", node, err)
 	}
@@ -538,6 +538,11 @@ func (c *cluster) stream(ctx context.Context, node string) (streamState, error) 
 		return st, fmt.Errorf("pleg-nri's pleg_nri_subscribers on %s: %q", node, subs)
 	}
 	return st, nil
+}
+
+// kubeletMetrics is node's kubelet's /metrics, through the API server's node proxy.
+func (c *cluster) kubeletMetrics(ctx context.Context, node string) (string, error) {
+	return c.k(ctx, "get", "--raw", "/api/v1/nodes/"+node+"/proxy/metrics")
 }
 
 // waitStreaming checks node runs pleg-nri and its kubelet on pleg-nri's socket with EventedPLEG, and

@@ -99,7 +99,7 @@ func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
 			continue
 		}
 		if err := testutil.PollEvery(ctx, 2*time.Minute, 2*time.Second, "the kubelet on "+n+" to hold containerd's event stream", func() (bool, error) {
-			m, err := c.k(ctx, "get", "--raw", "/api/v1/nodes/"+n+"/proxy/metrics")
+			m, err := c.kubeletMetrics(ctx, n)
 			return err == nil && metric(m, "kubelet_evented_pleg_connection_success_count") >= 1, nil
 		}); err != nil {
 			return err
@@ -112,7 +112,7 @@ func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
 func (c *cluster) kubeletErrors(ctx context.Context) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, n := range c.nodes {
-		m, err := c.k(ctx, "get", "--raw", "/api/v1/nodes/"+n+"/proxy/metrics")
+		m, err := c.kubeletMetrics(ctx, n)
 		if err != nil {
 			return nil, err
 		}

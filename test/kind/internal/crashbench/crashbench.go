@@ -57,10 +57,7 @@ func (s Sample) StartedMs() float64 { return float64(s.Started.Sub(s.Exited)) / 
 // Kubectl runs kubectl against the cluster.
 type Kubectl func(ctx context.Context, args ...string) (string, error)
 
-var podsTemplate = template.Must(template.New("crashbench").Parse(`apiVersion: v1
-kind: Namespace
-metadata:
-  name: {{ .Namespace }}
+var podsTemplate = template.Must(template.New("crashbench").Parse(`
 {{- range .Pods }}
 ---
 apiVersion: v1
@@ -89,7 +86,8 @@ spec:
 {{- end }}
 `))
 
-// Manifest is the plan's namespace and pods: pod k on node n is named <node index>-<k>.
+// Manifest is the plan's pods (Run makes their namespace first): pod k on node n is named
+// crash-<node index>-<k>.
 func (p Plan) Manifest() (string, error) {
 	type pod struct {
 		Name, Node, Delay string
@@ -125,12 +123,7 @@ func (p Plan) Run(ctx context.Context, k Kubectl, during func() error) ([]Sample
 	if err := f.Close(); err != nil {
 		return nil, err
 	}
-	// Pods are refused until the namespace's default service account exists (the controller manager
-	// makes it): the namespace first.
-	if _, err := k(ctx, "create", "namespace", p.Namespace); err != nil {
-		return nil, err
-	}
-	if _, err := k(ctx, "-n", p.Namespace, "wait", "--for=create", "serviceaccount/default", "--timeout=120s"); err != nil {
+	if err := CreateNamespace(ctx, k, p.Namespace); err != nil {
 		return nil, err
 	}
 	if _, err := k(ctx, "apply", "-f", f.Name()); err != nil {
@@ -152,6 +145,16 @@ func (p Plan) Run(ctx context.Context, k Kubectl, during func() error) ([]Sample
 		return nil, fmt.Errorf("deleting the crash batch %s: %w", p.Namespace, err)
 	}
 	return samples, nil
+}
+
+// CreateNamespace makes namespace ns and waits for its default service account: pods are refused
+// until the controller manager made it.
+func CreateNamespace(ctx context.Context, k Kubectl, ns string) error {
+	if _, err := k(ctx, "create", "namespace", ns); err != nil {
+		return err
+	}
+	_, err := k(ctx, "-n", ns, "wait", "--for=create", "serviceaccount/default", "--timeout=120s")
+	return err
 }
 
 // WaitRunning waits until every pod of the plan runs its first container (before any has crashed,
