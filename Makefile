@@ -312,7 +312,7 @@ E2E_NODE_SKIP  ?= \[Flaky\]|\[Slow\]|\[Serial\]|\[Alpha\]
 # (../shared/docs/background.md), from the job's selection.
 E2E_NODE_QUICK_FOCUS ?= \[sig-node\] (Pods |Pod Extended|Container Lifecycle Hook|Probing container|Container Runtime blackbox test on terminated|ContainerLogPath|MirrorPod|Kubelet when scheduling)|should not hang in termination if terminated during initialization|restart them while in preStop
 E2E_NODE_PROCS ?= 4
-# PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop).
+# PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop, pleg-nri-tick refresh-after-stop and a 1 s cache-tick).
 PLEG ?=
 # SHARD=i/N: make e2e-node runs only shard i of N of the selection (the specs listed with ginkgo
 # --dry-run; the specs of each Ordered container kept in one shard, the rest dealt so the shards are

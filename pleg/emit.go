@@ -169,31 +169,9 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 
 // emit builds one event and hands it to the fan-out.
 func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEventType, c cause) {
-	p := o.pod
-	now := s.clock()
-	ts := now.UnixNano()
-	if ts <= p.lastEvent {
-		ts = p.lastEvent + 1
-	}
-	p.lastEvent = ts
-	statuses := make([]*runtimeapi.ContainerStatus, len(p.listed))
-	for i, ct := range p.listed {
-		statuses[i] = ct.ceff
-	}
-	ev := Event{
-		Response: &runtimeapi.ContainerEventResponse{
-			ContainerId:        o.id,
-			ContainerEventType: t,
-			CreatedAt:          ts,
-			PodSandboxStatus:   p.sandbox.seff,
-			ContainersStatuses: statuses,
-		},
-		Source:     c.src,
-		SourceTime: c.at,
-		wire:       &wireCache{},
-	}
+	now, ev := s.event(o, t, c)
 	if o.kind == KindSandbox && t == runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT && s.fan.replay.open.Load() {
-		ev.notReplayed = s.hasNewerLiveSandbox(p)
+		ev.notReplayed = s.hasNewerLiveSandbox(o.pod)
 	}
 	var latency time.Duration
 	if !c.at.IsZero() {
@@ -209,6 +187,34 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 	s.fan.publish(ctx, ev)
 	if s.ckptWake != nil {
 		s.checkpointEmitted(o, t)
+	}
+}
+
+// event builds an event of type t about o, with the pod's statuses as they stand and a created_at after
+// every earlier event of the pod; it returns the time it was built.
+func (s *state) event(o *object, t runtimeapi.ContainerEventType, c cause) (time.Time, Event) {
+	p := o.pod
+	now := s.clock()
+	ts := now.UnixNano()
+	if ts <= p.lastEvent {
+		ts = p.lastEvent + 1
+	}
+	p.lastEvent = ts
+	statuses := make([]*runtimeapi.ContainerStatus, len(p.listed))
+	for i, ct := range p.listed {
+		statuses[i] = ct.ceff
+	}
+	return now, Event{
+		Response: &runtimeapi.ContainerEventResponse{
+			ContainerId:        o.id,
+			ContainerEventType: t,
+			CreatedAt:          ts,
+			PodSandboxStatus:   p.sandbox.seff,
+			ContainersStatuses: statuses,
+		},
+		Source:     c.src,
+		SourceTime: c.at,
+		wire:       &wireCache{},
 	}
 }
 

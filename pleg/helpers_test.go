@@ -295,6 +295,7 @@ type countingMetrics struct {
 	evicted    int
 	mismatch   int
 	emitted    int
+	ticks      int // emitted with SourceTick
 }
 
 func newCountingMetrics() *countingMetrics {
@@ -312,9 +313,12 @@ func (m *countingMetrics) ObjectDropped(k Kind, reason string) {
 	m.mu.Unlock()
 }
 func (m *countingMetrics) EventCorrected(Kind, Source) { m.mu.Lock(); m.corrected++; m.mu.Unlock() }
-func (m *countingMetrics) EventEmitted(runtimeapi.ContainerEventType, Kind, Source, time.Duration) {
+func (m *countingMetrics) EventEmitted(_ runtimeapi.ContainerEventType, _ Kind, src Source, _ time.Duration) {
 	m.mu.Lock()
 	m.emitted++
+	if src == SourceTick {
+		m.ticks++
+	}
 	m.mu.Unlock()
 }
 func (m *countingMetrics) RelistRepair(k Kind, t runtimeapi.ContainerEventType) {

@@ -37,6 +37,9 @@ const (
 	// SourceRefresh is a refresh asked for by the CRI endpoint (PLEG.RefreshStopped): a STOPPED sent
 	// again after a stop the endpoint's client made, once its calls about the pod went quiet.
 	SourceRefresh
+	// SourceTick is the cache tick (Config.CacheTick): a pod's statuses as they stand, in a CREATED
+	// about its sandbox, sent again every tick.
+	SourceTick
 )
 
 // String returns the source's name as used in logs and metric labels.
@@ -56,6 +59,8 @@ func (s Source) String() string {
 		return "startup"
 	case SourceRefresh:
 		return "refresh"
+	case SourceTick:
+		return "tick"
 	}
 	return fmt.Sprintf("source(%d)", uint8(s))
 }

@@ -85,6 +85,11 @@ type Config struct {
 	ServeReads bool
 	// Inputs tells whether the inputs are live, for the reads (reads.go); nil: never current.
 	Inputs InputState
+	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand, in a CREATED
+	// event about its sandbox (cachetick.go): a kubelet 1.35 or 1.36 writes it into its pod cache and
+	// acts on nothing, and its pod workers, which wait for a status newer than their pod's last sync,
+	// wait at most CacheTick instead of their evented PLEG's 5 s tick. Zero disables it.
+	CacheTick time.Duration
 	// StartupReplay, when positive, keeps the events emitted since New for the subscribers that
 	// subscribe until StartupReplay after the startup reconciliation (replay.go): after a restart, a
 	// client that reconnects gets what changed while pleg-nri was down. Zero disables it.
@@ -344,12 +349,24 @@ func (p *PLEG) processLoop(ctx context.Context) {
 	// The ticker expires held observations and tombstones on a quiet node.
 	t := time.NewTicker(sweepPeriod)
 	defer t.Stop()
+	var tick <-chan time.Time // nil: no cache tick
+	if p.cfg.CacheTick > 0 {
+		ct := time.NewTicker(p.cfg.CacheTick)
+		defer ct.Stop()
+		tick = ct.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.wake:
 		case <-t.C:
+		case <-tick:
+			p.mu.Lock()
+			p.drainLocked(ctx)
+			p.st.cacheTick(ctx)
+			p.mu.Unlock()
+			continue
 		}
 		p.drain(ctx)
 	}

@@ -252,7 +252,7 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
-		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay),
+		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay), CacheTick: time.Duration(cfg.CacheTick),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval),
 		ServeReads:         cfg.ReadSource != string(endpoint.ReadSourceRuntime), Inputs: m.ready.inputs}
 	unlock := func() {}

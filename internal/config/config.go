@@ -68,6 +68,11 @@ type Config struct {
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
 	// without waiting for its 5 s cache tick (endpoint.RefreshStoppedMethod).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
+	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand in a CREATED
+	// about its sandbox: a kubelet 1.35 or 1.36 writes it into its pod cache and acts on nothing, so its
+	// pod workers wait at most that long for a newer status instead of its 5 s cache tick
+	// (pleg.Config.CacheTick). 0 disables it.
+	CacheTick Duration `json:"cache-tick"`
 	// ReadSource says where the CRI endpoint answers ListPodSandbox, ListContainers, PodSandboxStatus
 	// and ContainerStatus: runtime (forwarded), state (pleg-nri's state where it is current) or check
 	// (forwarded, and compared with the state's answer) (endpoint.ReadSource).
@@ -231,6 +236,9 @@ func (c Config) Validate() error {
 	}
 	if time.Duration(c.CheckpointInterval) < 10*time.Millisecond {
 		bad("checkpoint-interval", "must be at least 10ms, got %s", c.CheckpointInterval)
+	}
+	if c.CacheTick < 0 || (c.CacheTick > 0 && time.Duration(c.CacheTick) < 100*time.Millisecond) {
+		bad("cache-tick", "must be 0 (off) or at least 100ms, got %s", c.CacheTick)
 	}
 	if c.StartupReplay < 0 {
 		bad("startup-replay", "must not be negative (0 disables it), got %s", c.StartupReplay)

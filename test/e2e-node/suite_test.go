@@ -36,6 +36,9 @@ var setups = []setup{
 	{Name: "pleg-nri", Evented: true, PlegNRI: true},
 	// pleg-nri with refresh-after-stop (docs/internals.md, "Refresh after a stop").
 	{Name: "pleg-nri-refresh", Evented: true, PlegNRI: true, Flags: []string{"--refresh-after-stop"}, Optional: true},
+	// pleg-nri as docs/operations.md configures it for a kubelet 1.35 or 1.36: refresh-after-stop and
+	// a 1 s cache tick (docs/internals.md, "The cache tick").
+	{Name: "pleg-nri-tick", Evented: true, PlegNRI: true, Flags: []string{"--refresh-after-stop", "--cache-tick=1s"}, Optional: true},
 }
 
 // The run's parameters, from make e2e-node.
@@ -176,7 +179,7 @@ func chooseSetups(list string) ([]setup, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("%s: unknown setup %q (want generic, containerd, pleg-nri or pleg-nri-refresh)", plegEnv, name)
+			return nil, fmt.Errorf("%s: unknown setup %q (want generic, containerd, pleg-nri, pleg-nri-refresh or pleg-nri-tick)", plegEnv, name)
 		}
 	}
 	return out, nil
