@@ -298,6 +298,11 @@ bench-kubelet: deps ## A real kubelet (KUBELET_VERSION, default v1.37.2)'s crash
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_KUBELET_BENCH_MD=$(CURDIR)/docs/kubelet-bench-$(KUBELET_VERSION).md \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
+.PHONY: bench-deletion
+bench-deletion: deps ## A real kubelet (KUBELET_VERSION)'s static pod deletions, 24 per PLEG setup and pleg-nri with cache-tick (~6 min); writes docs/kubelet-deletion-<version>.{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_KUBELET_DELETION_MD=$(CURDIR)/docs/kubelet-deletion-$(KUBELET_VERSION).md \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkPodDeletion -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
+
 .PHONY: bench-node
 bench-node: deps ## What 100 pods cost the node per PLEG setup, idle, with churn and without the kubelet, and what containerd serves and spends its CPU on (KUBELET_VERSION; ~30 min); writes docs/kubelet-node-cost-<version>.{md,json}.
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \

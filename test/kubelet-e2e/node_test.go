@@ -32,6 +32,9 @@ type setup struct {
 	Evented, PlegNRI bool
 	// Freshness is pleg-nri's read-freshness (empty: its default).
 	Freshness string
+	// RefreshAfterStop and CacheTick set pleg-nri's keys of the same names (off: its defaults).
+	RefreshAfterStop bool
+	CacheTick        time.Duration
 }
 
 var (
@@ -99,6 +102,12 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		verbosity, plegNRIFlags = 2, []string{"--log-level", "info"}
 	}
 	plegNRIFlags = append(plegNRIFlags, o.plegNRIFlags...)
+	if s.RefreshAfterStop {
+		plegNRIFlags = append(plegNRIFlags, "--refresh-after-stop")
+	}
+	if s.CacheTick > 0 {
+		plegNRIFlags = append(plegNRIFlags, "--cache-tick", s.CacheTick.String())
+	}
 	ctx := context.Background()
 	n := &node{t: t, setup: s}
 	// Calls wait for containerd while it restarts, up to their own deadlines.
