@@ -17,16 +17,22 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
-// The deletion benchmark (make bench-deletion): deletionPods pods of one container that exits at once on
-// SIGTERM are deleted one after the other, deletionSpacing apart (not a divisor of the kubelet's 1 s
-// relist or of its evented PLEG's 5 s cache tick, so the deletions fall at every phase of both), and
-// containerd is watched for when each pod's sandbox is stopped (the kubelet's terminating sync is done)
-// and removed. On kubelets 1.35 and 1.36 with EventedPLEG, each sync of a pod first waits for a pod
-// status newer than the end of its previous sync (docs/internals.md, "The cache tick").
+// The deletion benchmark (make bench-deletion), per setup, with static pods of one container that exits
+// at once on SIGTERM, and the time from a pod's manifest removal to its sandbox not ready in containerd
+// (the kubelet's terminating sync stopped it):
+//   - fresh: deletionPods pods one after the other, each deleted as soon as the kubelet reports it
+//     running, so right after a sync of the pod, as a pod replaced during a rollout or deleted while it
+//     starts (upstream's `should not hang in termination if terminated during initialization`);
+//   - idle: deletionPods pods running for deletionSettle, deleted deletionSpacing apart (not a divisor of
+//     the kubelet's 1 s relist or of its evented PLEG's 5 s cache tick).
+//
+// On kubelets 1.35 and 1.36 with EventedPLEG, each sync of a pod first waits for a pod status newer than
+// the end of its previous sync, or for the 5 s cache tick (docs/internals.md, "The cache tick"): a fresh
+// pod's deletion waits, an idle one's does not (the tick came since its last sync).
 const (
 	deletionPods    = 24
 	deletionSpacing = 430 * time.Millisecond
-	// deletionSettle lets the pods' start-up syncs end before the first deletion.
+	// deletionSettle lets the idle pods' start-up syncs end, and a cache tick pass, before their deletion.
 	deletionSettle = 10 * time.Second
 	deletionPoll   = 20 * time.Millisecond
 	// deletionReportEnv names the markdown file BenchmarkPodDeletion writes; the JSON goes beside it.
@@ -38,12 +44,13 @@ var setupPlegNRITick = setup{Name: "EventedPLEG on pleg-nri (refresh-after-stop,
 	RefreshAfterStop: true, CacheTick: time.Second}
 
 // deletionSample is one pod's deletion: when its manifest was removed, and when containerd first showed
-// its sandbox not ready and then no longer had it (nanoseconds since the epoch; 0: not seen).
+// its sandbox not ready (nanoseconds since the epoch).
 type deletionSample struct {
-	Pod                    string
-	Removed, Stopped, Gone int64
-	// StoppedMs and GoneMs are the times from the removal, in milliseconds.
-	StoppedMs, GoneMs float64
+	Pod              string
+	Fresh            bool
+	Removed, Stopped int64
+	// StoppedMs is the time from the removal to the sandbox not ready, in milliseconds.
+	StoppedMs float64
 }
 
 type deletionRun struct {
@@ -53,7 +60,7 @@ type deletionRun struct {
 }
 
 // BenchmarkPodDeletion measures, per setup, the time from a static pod's manifest removal to its
-// sandbox stopped and removed in containerd.
+// sandbox stopped in containerd, for fresh and for idle pods.
 func BenchmarkPodDeletion(b *testing.B) {
 	setups := append(slices.Clone(allSetups), setupPlegNRITick)
 	var runs []deletionRun
@@ -86,77 +93,146 @@ func BenchmarkPodDeletion(b *testing.B) {
 	b.Logf("wrote %s", path)
 }
 
+func deletionPod(kind string, i int) kubelet.Pod {
+	return kubelet.Pod{Name: fmt.Sprintf("%s%02d", kind, i), HostNetwork: true,
+		Containers: []kubelet.Container{{Name: "main", Script: "trap 'exit 0' TERM; sleep 3600 & wait"}}}
+}
+
 func runDeletion(b *testing.B, s setup) deletionRun {
 	b.StopTimer()
 	n := startNode(b, s, nodeOptions{quiet: true, noDupWatch: true})
-	pod := func(i int) kubelet.Pod {
-		return kubelet.Pod{Name: fmt.Sprintf("del%02d", i), HostNetwork: true,
-			Containers: []kubelet.Container{{Name: "main", Script: "trap 'exit 0' TERM; sleep 3600 & wait"}}}
+	var samples []deletionSample
+	// Fresh: each pod deleted as soon as the kubelet reports it running.
+	for i := range deletionPods {
+		p := deletionPod("fresh", i)
+		if err := n.k.WritePod(p); err != nil {
+			b.Fatal(err)
+		}
+		var uid string
+		deadline := time.Now().Add(podWaitTimeout)
+		for uid == "" {
+			st, err := n.k.Pod(p.Name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if st != nil {
+				if ok, _ := running(st); ok {
+					uid = st.Metadata.UID
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s: not running within %s: %s", p.Name, podWaitTimeout, describePod(st))
+			}
+			time.Sleep(deletionPoll)
+		}
+		sm := deletionSample{Pod: p.Name, Fresh: true, Removed: time.Now().UnixNano()}
+		if err := n.k.RemovePod(p.Name); err != nil {
+			b.Fatal(err)
+		}
+		sm.Stopped = n.waitSandboxNotReady(b, uid)
+		samples = append(samples, sm)
 	}
+	// Idle: every pod running for deletionSettle, then deleted deletionSpacing apart.
 	uids := make([]string, deletionPods)
 	for i := range deletionPods {
-		if err := n.k.WritePod(pod(i)); err != nil {
+		if err := n.k.WritePod(deletionPod("idle", i)); err != nil {
 			b.Fatal(err)
 		}
 	}
 	for i := range deletionPods {
-		uids[i] = n.waitPod(pod(i).Name, "running", running).Metadata.UID
+		uids[i] = n.waitPod(deletionPod("idle", i).Name, "running", running).Metadata.UID
 	}
 	time.Sleep(deletionSettle)
-
 	w := watchSandboxes(b, n, uids)
-	b.StartTimer()
-	samples := make([]deletionSample, deletionPods)
+	idle := make([]deletionSample, deletionPods)
 	start := time.Now()
 	for i := range deletionPods {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * deletionSpacing)))
-		samples[i] = deletionSample{Pod: pod(i).Name, Removed: time.Now().UnixNano()}
-		if err := n.k.RemovePod(pod(i).Name); err != nil {
+		idle[i] = deletionSample{Pod: deletionPod("idle", i).Name, Removed: time.Now().UnixNano()}
+		if err := n.k.RemovePod(idle[i].Pod); err != nil {
 			b.Fatal(err)
 		}
 	}
 	deadline := time.Now().Add(podWaitTimeout)
-	for !w.allGone() && time.Now().Before(deadline) {
+	for !w.allStopped() && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	b.StopTimer()
 	w.stop()
-	for i := range samples {
-		sm := &samples[i]
-		sm.Stopped, sm.Gone = w.times(uids[i])
-		if sm.Stopped == 0 || sm.Gone == 0 {
-			b.Fatalf("%s: sandbox stopped at %d, removed at %d: not seen within %s", sm.Pod, sm.Stopped, sm.Gone, podWaitTimeout)
+	for i := range idle {
+		if idle[i].Stopped = w.stoppedAt(uids[i]); idle[i].Stopped == 0 {
+			b.Fatalf("%s: sandbox not stopped within %s of its deletion", idle[i].Pod, podWaitTimeout)
 		}
-		sm.StoppedMs, sm.GoneMs = float64(sm.Stopped-sm.Removed)/1e6, float64(sm.Gone-sm.Removed)/1e6
 	}
-	stopped, gone := deletionLatencies([]deletionRun{{Samples: samples}})
-	b.Logf("%s: manifest removed -> sandbox stopped p50 %s p90 %s; -> removed p50 %s p90 %s (%d pods)", s.Name,
-		qCell(quantilesOf(stopped).P50), qCell(quantilesOf(stopped).P90), qCell(quantilesOf(gone).P50), qCell(quantilesOf(gone).P90), len(samples))
+	samples = append(samples, idle...)
+	for i := range samples {
+		samples[i].StoppedMs = float64(samples[i].Stopped-samples[i].Removed) / 1e6
+	}
+	for _, fresh := range []bool{true, false} {
+		q := quantilesOf(deletionLatencies([]deletionRun{{Samples: samples}}, fresh))
+		b.Logf("%s: %s pods, manifest removed -> sandbox stopped p50 %s p90 %s", s.Name, phaseName(fresh), qCell(q.P50), qCell(q.P90))
+	}
 	return deletionRun{Setup: s.Name, Samples: samples, Load: loadAvg()}
 }
 
-func deletionLatencies(runs []deletionRun) (stopped, gone []float64) {
+func phaseName(fresh bool) string {
+	if fresh {
+		return "fresh"
+	}
+	return "idle"
+}
+
+// waitSandboxNotReady polls containerd until a sandbox of the pod uid is not ready, and returns when.
+func (n *node) waitSandboxNotReady(tb testing.TB, uid string) int64 {
+	deadline := time.Now().Add(podWaitTimeout)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := n.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+			LabelSelector: map[string]string{podUIDLabel: uid}}})
+		cancel()
+		now := time.Now().UnixNano()
+		if err != nil {
+			tb.Fatalf("containerd ListPodSandbox: %v", err)
+		}
+		for _, sb := range resp.GetItems() {
+			if sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+				return now
+			}
+		}
+		if len(resp.GetItems()) == 0 {
+			return now // stopped and removed between two polls
+		}
+		time.Sleep(deletionPoll)
+	}
+	tb.Fatalf("pod %s: sandbox not stopped within %s of its deletion", uid, podWaitTimeout)
+	return 0
+}
+
+func deletionLatencies(runs []deletionRun, fresh bool) []float64 {
+	var out []float64
 	for _, r := range runs {
 		for _, s := range r.Samples {
-			stopped = append(stopped, s.StoppedMs)
-			gone = append(gone, s.GoneMs)
+			if s.Fresh == fresh {
+				out = append(out, s.StoppedMs)
+			}
 		}
 	}
-	return stopped, gone
+	return out
 }
 
 // sandboxWatch polls containerd's sandboxes of a set of pods and keeps, per pod uid, when one was
-// first seen not ready and when none was left.
+// first seen not ready (or none was left).
 type sandboxWatch struct {
-	mu            sync.Mutex
-	stopped, gone map[string]int64
-	cancel        context.CancelFunc
-	done          chan struct{}
+	mu      sync.Mutex
+	stopped map[string]int64
+	pods    int // how many pods it watches
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 func watchSandboxes(tb testing.TB, n *node, uids []string) *sandboxWatch {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &sandboxWatch{stopped: map[string]int64{}, gone: map[string]int64{}, cancel: cancel, done: make(chan struct{})}
+	w := &sandboxWatch{stopped: map[string]int64{}, pods: len(uids), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		t := time.NewTicker(deletionPoll)
@@ -167,24 +243,16 @@ func watchSandboxes(tb testing.TB, n *node, uids []string) *sandboxWatch {
 			ccancel()
 			now := time.Now().UnixNano()
 			if err == nil {
-				state := map[string]runtimeapi.PodSandboxState{}
+				ready, seen := map[string]bool{}, map[string]bool{}
 				for _, sb := range resp.GetItems() {
 					uid := sb.GetLabels()[podUIDLabel]
-					if st, ok := state[uid]; !ok || st != runtimeapi.PodSandboxState_SANDBOX_READY {
-						state[uid] = sb.GetState()
-					}
+					seen[uid] = true
+					ready[uid] = ready[uid] || sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY
 				}
 				w.mu.Lock()
 				for _, uid := range uids {
-					st, ok := state[uid]
-					if ok && st == runtimeapi.PodSandboxState_SANDBOX_NOTREADY && w.stopped[uid] == 0 {
+					if w.stopped[uid] == 0 && (!seen[uid] || !ready[uid]) {
 						w.stopped[uid] = now
-					}
-					if !ok && w.gone[uid] == 0 {
-						if w.stopped[uid] == 0 {
-							w.stopped[uid] = now // stopped and removed between two polls
-						}
-						w.gone[uid] = now
 					}
 				}
 				w.mu.Unlock()
@@ -201,16 +269,16 @@ func watchSandboxes(tb testing.TB, n *node, uids []string) *sandboxWatch {
 	return w
 }
 
-func (w *sandboxWatch) allGone() bool {
+func (w *sandboxWatch) allStopped() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.gone) == deletionPods
+	return len(w.stopped) == w.pods
 }
 
-func (w *sandboxWatch) times(uid string) (stopped, gone int64) {
+func (w *sandboxWatch) stoppedAt(uid string) int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.stopped[uid], w.gone[uid]
+	return w.stopped[uid]
 }
 
 func (w *sandboxWatch) stop() { w.cancel(); <-w.done }
@@ -220,13 +288,13 @@ func deletionMarkdown(runs []deletionRun) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# A static pod's deletion, by PLEG setup (kubelet %s)\n\n", kubeletVersion)
 	fmt.Fprintf(&b, "Made by `make bench-deletion KUBELET_VERSION=%s` (`go test -run '^$' -bench BenchmarkPodDeletion -benchtime 1x ./test/kubelet-e2e/`) on %s UTC, %d CPUs.\n", kubeletVersion, time.Now().UTC().Format("2006-01-02 15:04"), runtime.NumCPU())
-	fmt.Fprintf(&b, "Per setup, its own kubelet on the same containerd runs %d host-network static pods of one busybox container that exits at once on SIGTERM; "+
-		"%s after all run, their manifests are removed one after the other, %s apart, and containerd's sandboxes are polled every %s. "+
-		"*Stopped*: the manifest's removal to the pod's sandbox not ready (the kubelet's terminating sync stopped it). "+
-		"*Removed*: to the sandbox gone from containerd (the kubelet's clean-up after the terminated sync).\n\n",
-		deletionPods, deletionSettle, deletionSpacing, deletionPoll)
-	b.WriteString("| setup | pods | stopped p50 | stopped p90 | stopped max | removed p50 | removed p90 | removed max | load at end |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	fmt.Fprintf(&b, "Per setup, its own kubelet on the same containerd; host-network static pods of one busybox container that exits at once on SIGTERM. "+
+		"*Fresh*: %d pods one after the other, each deleted (manifest removed) as soon as the kubelet reports it running, right after a sync of the pod. "+
+		"*Idle*: %d pods running for %s, deleted %s apart. "+
+		"Each figure is the time from the manifest's removal to the pod's sandbox not ready in containerd (polled every %s): the kubelet's terminating sync stopped it.\n\n",
+		deletionPods, deletionPods, deletionSettle, deletionSpacing, deletionPoll)
+	b.WriteString("| setup | fresh pods | fresh p50 | fresh p90 | fresh max | idle pods | idle p50 | idle p90 | idle max | load at end |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	var setups []string
 	for _, r := range runs {
 		if !slices.Contains(setups, r.Setup) {
@@ -241,10 +309,10 @@ func deletionMarkdown(runs []deletionRun) string {
 				of, load = append(of, r), r.Load
 			}
 		}
-		stopped, gone := deletionLatencies(of)
-		qs, qg := quantilesOf(stopped), quantilesOf(gone)
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", name, len(stopped),
-			qCell(qs.P50), qCell(qs.P90), msCell(maxOf(stopped)), qCell(qg.P50), qCell(qg.P90), msCell(maxOf(gone)), load)
+		fresh, idle := deletionLatencies(of, true), deletionLatencies(of, false)
+		qf, qi := quantilesOf(fresh), quantilesOf(idle)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n", name, len(fresh),
+			qCell(qf.P50), qCell(qf.P90), msCell(maxOf(fresh)), len(idle), qCell(qi.P50), qCell(qi.P90), msCell(maxOf(idle)), load)
 	}
 	return b.String()
 }
