@@ -299,7 +299,7 @@ bench-kubelet: deps ## A real kubelet (KUBELET_VERSION, default v1.37.2)'s crash
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkCrashRestart -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
 .PHONY: bench-deletion
-bench-deletion: deps ## A real kubelet (KUBELET_VERSION)'s static pod deletions, 24 per PLEG setup and pleg-nri with cache-tick (~6 min); writes docs/kubelet-deletion-<version>.{md,json}.
+bench-deletion: deps ## A real kubelet (KUBELET_VERSION)'s static pod deletions, right after a sync and idle, 24 each per PLEG setup and pleg-nri with cache-tick (~12 min on 1.36); writes docs/kubelet-deletion-<version>.{md,json}.
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_KUBELET_DELETION_MD=$(CURDIR)/docs/kubelet-deletion-$(KUBELET_VERSION).md \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkPodDeletion -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
