@@ -182,25 +182,20 @@ func phaseName(fresh bool) string {
 	return "idle"
 }
 
-// waitSandboxNotReady polls containerd until a sandbox of the pod uid is not ready, and returns when.
+// waitSandboxNotReady polls containerd until a sandbox of the pod uid is not ready (or none is left),
+// and returns when.
 func (n *node) waitSandboxNotReady(tb testing.TB, uid string) int64 {
 	deadline := time.Now().Add(podWaitTimeout)
 	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := n.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
-			LabelSelector: map[string]string{podUIDLabel: uid}}})
-		cancel()
+		sandboxes := n.sandboxes(uid)
 		now := time.Now().UnixNano()
-		if err != nil {
-			tb.Fatalf("containerd ListPodSandbox: %v", err)
+		if len(sandboxes) == 0 {
+			return now // stopped and removed between two polls
 		}
-		for _, sb := range resp.GetItems() {
+		for _, sb := range sandboxes {
 			if sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
 				return now
 			}
-		}
-		if len(resp.GetItems()) == 0 {
-			return now // stopped and removed between two polls
 		}
 		time.Sleep(deletionPoll)
 	}
