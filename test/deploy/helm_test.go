@@ -143,6 +143,13 @@ func TestHelmTemplate(t *testing.T) {
 			t.Errorf("the ConfigMap has key %q, which pleg-nri does not know", k)
 		}
 	}
+	// An upgrade's pace: one node at a time, each new pod ready minReadySeconds before the next.
+	if got := get(ds, "spec", "minReadySeconds"); got != float64(0) {
+		t.Errorf("minReadySeconds = %v, want 0 by default", got)
+	}
+	if got := get(render(t, "--set", "minReadySeconds=40")["DaemonSet/rel-pleg-nri"], "spec", "minReadySeconds"); got != float64(40) {
+		t.Errorf("minReadySeconds = %v with --set minReadySeconds=40", got)
+	}
 	// A configuration change rolls the DaemonSet.
 	sum := get(ds, "spec", "template", "metadata", "annotations", "checksum/config")
 	if sum2 := get(render(t, "--set", "config.log-level=debug")["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations", "checksum/config"); sum == sum2 || sum == nil {
@@ -240,6 +247,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"--set", "config.metrics-address=null"},
 		{"--set", "image.pullPolicy=Sometimes"},
 		{"--set", "uninstall.nodeCount=-1"},
+		{"--set", "minReadySeconds=-5"},
 		{"--set", "unknownValue=1"},
 	} {
 		out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, bad...)...)

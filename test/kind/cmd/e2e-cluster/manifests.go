@@ -169,6 +169,44 @@ spec:
     command: [sleep, "3600"]
 `))
 
+// drainCheck is a Deployment the scheduler places on one node (a node selector, not a nodeName, so
+// that a cordon keeps its replacements off the node), for the drain: its pods are evicted, stay
+// Pending while the node is cordoned, and come back once it is uncordoned.
+var drainCheck = template.Must(template.New("drain").Parse(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: drain-check
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: placed
+  namespace: drain-check
+spec:
+  replicas: {{ .Replicas }}
+  selector:
+    matchLabels:
+      app: placed
+  template:
+    metadata:
+      labels:
+        app: placed
+    spec:
+      nodeSelector:
+        kubernetes.io/hostname: {{ .Node }}
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: httpd
+        image: {{ .Busybox }}
+        imagePullPolicy: Never
+        command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
+        readinessProbe:
+          httpGet:
+            path: /index.html
+            port: 8080
+          periodSeconds: 2
+`))
+
 // workloads are what every node runs with pleg-nri in place (the control plane included, whose taint
 // they tolerate): a crash-looping container, a Deployment behind the Service "web" (one replica per
 // node, so the Service has an endpoint on each), a Job, and pods with probes: one whose probes pass

@@ -24,10 +24,11 @@ func TestManifestsRender(t *testing.T) {
 		{"service", map[string]any{"ServerNode": nodes[2], "ClientNode": nodes[1], "Busybox": busybox},
 			[]string{"Namespace", "Pod", "Service", "Pod"}},
 		{"workloads", map[string]any{"Nodes": nodes, "Busybox": busybox}, nil},
+		{"drain", map[string]any{"Node": nodes[1], "Replicas": drainReplicas, "Busybox": busybox}, []string{"Namespace", "Deployment"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tmpl := map[string]*template.Template{"kind config": clusterConfig, "nodenet": nodenetManifest,
-				"service": serviceCheck, "workloads": workloads}[tc.name]
+				"service": serviceCheck, "workloads": workloads, "drain": drainCheck}[tc.name]
 			s, err := render(tmpl, tc.data)
 			if err != nil {
 				t.Fatal(err)
