@@ -350,16 +350,22 @@ func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
 		attempts[c.Pod()][c.Metadata.Attempt] = t
 	}
 	var samples []Sample
+	var missing []string
 	for name, as := range attempts {
 		crash, next, ok := crashAndReplacement(as)
 		if !ok {
-			return nil, fmt.Errorf("%s: pod %s has no crashed attempt followed by its replacement in containerd (%d attempts)", node, name, len(as))
+			missing = append(missing, fmt.Sprintf("pod %s has no crashed attempt followed by its replacement in containerd: %s", name, describeAttempts(as)))
+			continue
 		}
 		s := Sample{Node: node, Pod: name, Exited: crash.Status.FinishedAt, Created: next.Status.CreatedAt, Started: next.Status.StartedAt}
 		if s.Exited.IsZero() || s.Created.Before(s.Exited) || s.Started.Before(s.Created) {
 			return nil, fmt.Errorf("%s: pod %s: exit %s, replacement created %s, started %s: not in order", node, name, s.Exited, s.Created, s.Started)
 		}
 		samples = append(samples, s)
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("%s: %s", node, strings.Join(missing, "\n"))
 	}
 	sort.Slice(samples, func(i, j int) bool { return samples[i].Exited.Before(samples[j].Exited) })
 	return samples, nil
@@ -410,6 +416,22 @@ func Between(samples []Sample, from, to time.Time) []Sample {
 		}
 	}
 	return out
+}
+
+// describeAttempts lists a pod's attempts in containerd with their times and exit codes.
+func describeAttempts(as map[int]times) string {
+	keys := make([]int, 0, len(as))
+	for a := range as {
+		keys = append(keys, a)
+	}
+	sort.Ints(keys)
+	var parts []string
+	for _, a := range keys {
+		t := as[a].Status
+		parts = append(parts, fmt.Sprintf("attempt %d (%.12s): created %s, started %s, finished %s, exit code %d", a, t.ID,
+			t.CreatedAt.Format(time.StampMilli), t.StartedAt.Format(time.StampMilli), t.FinishedAt.Format(time.StampMilli), t.ExitCode))
+	}
+	return fmt.Sprintf("%d attempts: %s", len(as), strings.Join(parts, "; "))
 }
 
 // crashAndReplacement finds, among a pod's attempts, the last one that ran and exited with the planned
