@@ -311,6 +311,11 @@ bench-node: deps ## What NODE_PODS (100) pods cost the node per PLEG setup, idle
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_PODS=$(NODE_PODS) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeCost -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
 
+.PHONY: bench-storm
+bench-storm: deps ## With NODE_PODS (100) idle pods, per PLEG setup: 100 pods deleted at once, 100 created at once, 50 containers crash-looping; times, node CPU, events/s, a probe of containerd (KUBELET_VERSION; ~30 min); writes docs/kubelet-storm-<version>[-<n>pods].{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_PODS=$(NODE_PODS) PLEG_NRI_STORM_MD=$(CURDIR)/docs/kubelet-storm-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkNodeStorm -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
+
 # make e2e-node: the selection of upstream's pull-kubernetes-node-containerd-evented-pleg-e2e job
 # (test-infra), plus [Alpha]: the job enables no alpha gate but EventedPLEG.
 E2E_NODE_FOCUS ?= \[NodeConformance\]|\[Feature:.+\]|\[Feature\]

@@ -145,7 +145,7 @@ func runDeletion(b *testing.B, s setup) deletionRun {
 		uids[i] = n.waitPod(deletionPod("idle", i).Name, "running", running).Metadata.UID
 	}
 	time.Sleep(deletionSettle)
-	w := watchSandboxes(b, n, uids)
+	w := watchSandboxes(b, n, uids, deletionPoll)
 	idle := make([]deletionSample, deletionPods)
 	start := time.Now()
 	for i := range deletionPods {
@@ -226,12 +226,13 @@ type sandboxWatch struct {
 	done    chan struct{}
 }
 
-func watchSandboxes(tb testing.TB, n *node, uids []string) *sandboxWatch {
+// watchSandboxes starts a sandboxWatch of the pods uids, which lists containerd's sandboxes every period.
+func watchSandboxes(tb testing.TB, n *node, uids []string, period time.Duration) *sandboxWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &sandboxWatch{stopped: map[string]int64{}, pods: len(uids), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		t := time.NewTicker(deletionPoll)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
