@@ -154,7 +154,7 @@ func StormMarkdown(r StormReport) string {
 	p("CPU is user+system seconds per minute of the phase from /proc (60 = one core busy); containerd's is its daemon only")
 	p("(not the shims); pleg-nri is its core and its front (which serves the kubelet's CRI socket and forwards every call).")
 	p("Events per second: what the kubelet took from its stream (its `evented_pleg_connection_latency_seconds_count`,")
-	p("EventedPLEG only), what pleg-nri emitted (`pleg_nri_events_emitted_total`), and the messages containerd sent on its")
+	p("observed for every event that carries a sandbox status; EventedPLEG only), what pleg-nri emitted (`pleg_nri_events_emitted_total`), and the messages containerd sent on its")
 	p("CRI event streams (`grpc_server_msg_sent_total` of `GetContainerEvents`, when containerd counts them; \"no counter\"")
 	p("otherwise: containerd has no counter of its own CRI events). The probe calls %s on containerd's own", strings.Join(ProbeMethods, " then "))
 	p("socket every %s, each on a connection of its own: only the kubelet of EventedPLEG on containerd reads containerd's", r.Probe)
