@@ -19,6 +19,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
+	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/nodebench"
 )
 
 // The crash-restart workload: benchPods pods of benchContainers containers, each of which crashes
@@ -231,7 +232,7 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 	}
 	created, started := r.latencies()
 	b.Logf("%s: %d restarts; exit -> created p50 %.0f ms p90 %.0f ms max %.0f ms; exit -> started p50 %.0f ms; kubelet: %s",
-		s.Name, len(r.Samples), benchreport.Median(created), benchreport.Quantile(created, 0.9), maxOf(created),
+		s.Name, len(r.Samples), benchreport.Median(created), benchreport.Quantile(created, 0.9), nodebench.Max(created),
 		benchreport.Median(started), r.After)
 	return r
 }
@@ -320,16 +321,6 @@ func processCPU(pid int) float64 {
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on every Linux this runs on).
 const clockTicks = 100
 
-func maxOf(v []float64) float64 {
-	m := math.NaN()
-	for _, x := range v {
-		if math.IsNaN(m) || x > m {
-			m = x
-		}
-	}
-	return m
-}
-
 func loadAvg() string {
 	data, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -390,37 +381,21 @@ func cpuOf(runs []*benchRun, s setup) (kubelet, plegNRI float64, wall time.Durat
 	return kubelet, plegNRI, wall
 }
 
-// benchQuantiles is p50, p90 and max of some latencies, in ms (absent without samples).
-type benchQuantiles struct {
-	N   int      `json:"n"`
-	P50 *float64 `json:"p50,omitempty"`
-	P90 *float64 `json:"p90,omitempty"`
-	Max *float64 `json:"max,omitempty"`
-}
-
-func quantilesOf(v []float64) benchQuantiles {
-	if len(v) == 0 {
-		return benchQuantiles{}
-	}
-	round := func(x float64) *float64 { x = math.Round(x*10) / 10; return &x }
-	return benchQuantiles{N: len(v), P50: round(benchreport.Median(v)), P90: round(benchreport.Quantile(v, 0.9)), Max: round(maxOf(v))}
-}
-
 // benchJSON renders the figures of the markdown as JSON (docs/kubelet-bench-<version>.json).
 func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 	type setupJSON struct {
 		Name string `json:"name"`
 		// ReadFreshness is pleg-nri's mode ("" when pleg-nri is not in the setup, "default" for its
 		// default).
-		ReadFreshness   string         `json:"read_freshness,omitempty"`
-		N               int            `json:"n"`
-		ExitToCreatedMs benchQuantiles `json:"exit_to_created_ms"`
+		ReadFreshness   string              `json:"read_freshness,omitempty"`
+		N               int                 `json:"n"`
+		ExitToCreatedMs nodebench.Quantiles `json:"exit_to_created_ms"`
 		// ExitToContainerdDoneMs is the exit to containerd's own STOPPED (containerd done with the exit),
 		// ContainerdDoneToCreatedMs from then to the replacement's creation.
-		ExitToContainerdDoneMs    benchQuantiles `json:"exit_to_containerd_done_ms"`
-		ContainerdDoneToCreatedMs benchQuantiles `json:"containerd_done_to_created_ms"`
-		ExitToStartedMs           benchQuantiles `json:"exit_to_started_ms"`
-		CreatedToStarted          benchQuantiles `json:"created_to_started_ms"`
+		ExitToContainerdDoneMs    nodebench.Quantiles `json:"exit_to_containerd_done_ms"`
+		ContainerdDoneToCreatedMs nodebench.Quantiles `json:"containerd_done_to_created_ms"`
+		ExitToStartedMs           nodebench.Quantiles `json:"exit_to_started_ms"`
+		CreatedToStarted          nodebench.Quantiles `json:"created_to_started_ms"`
 		// CPU seconds per minute of the runs' wall time.
 		KubeletCPUPerMin float64  `json:"kubelet_cpu_seconds_per_minute"`
 		PlegNRICPUPerMin *float64 `json:"plegnri_cpu_seconds_per_minute,omitempty"`
@@ -444,9 +419,9 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 		created, started := latenciesOf(runs, s)
 		kcpu, pcpu, wall := cpuOf(runs, s)
 		done, doneToCreated := containerdStagesOf(runs, s)
-		j := setupJSON{Name: s.Name, N: len(created), ExitToCreatedMs: quantilesOf(created), ExitToStartedMs: quantilesOf(started),
-			ExitToContainerdDoneMs: quantilesOf(done), ContainerdDoneToCreatedMs: quantilesOf(doneToCreated),
-			CreatedToStarted: quantilesOf(stagesOf(runs, s)), KubeletCPUPerMin: math.Round(kcpu/wall.Minutes()*1000) / 1000}
+		j := setupJSON{Name: s.Name, N: len(created), ExitToCreatedMs: nodebench.QuantilesOf(created), ExitToStartedMs: nodebench.QuantilesOf(started),
+			ExitToContainerdDoneMs: nodebench.QuantilesOf(done), ContainerdDoneToCreatedMs: nodebench.QuantilesOf(doneToCreated),
+			CreatedToStarted: nodebench.QuantilesOf(stagesOf(runs, s)), KubeletCPUPerMin: math.Round(kcpu/wall.Minutes()*1000) / 1000}
 		if s.PlegNRI {
 			j.ReadFreshness = s.Freshness
 			if j.ReadFreshness == "" {
@@ -500,9 +475,9 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 		}
 		p50[s.Name] = benchreport.Median(created)
 		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s |", s.Name, len(created),
-			msCell(benchreport.Median(created)), msCell(benchreport.Quantile(created, 0.9)), msCell(maxOf(created)),
-			msCell(benchreport.Median(started)), msCell(benchreport.Quantile(started, 0.9)), msCell(maxOf(started)),
-			msCell(benchreport.Median(stage)), msCell(benchreport.Quantile(stage, 0.9)), kcpu/wall.Minutes(), pcell)
+			nodebench.Ms(benchreport.Median(created)), nodebench.Ms(benchreport.Quantile(created, 0.9)), nodebench.Ms(nodebench.Max(created)),
+			nodebench.Ms(benchreport.Median(started)), nodebench.Ms(benchreport.Quantile(started, 0.9)), nodebench.Ms(nodebench.Max(started)),
+			nodebench.Ms(benchreport.Median(stage)), nodebench.Ms(benchreport.Quantile(stage, 0.9)), kcpu/wall.Minutes(), pcell)
 	}
 	p("")
 	generic, direct, ours := p50[setupGeneric.Name], p50[setupEventedDirect.Name], p50[setupEventedPlegNRI.Name]
@@ -512,12 +487,12 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	oS50, oS90 := benchreport.Median(oStarted), benchreport.Quantile(oStarted, 0.9)
 	p("Goals (%s with its default read-freshness):", setupEventedPlegNRI.Name)
 	p("")
-	p("- exit → created p50: %s, %.2fx sooner than %s (goal: at least 10x): %s.", msCell(ours), generic/ours, setupGeneric.Name,
+	p("- exit → created p50: %s, %.2fx sooner than %s (goal: at least 10x): %s.", nodebench.Ms(ours), generic/ours, setupGeneric.Name,
 		met(generic/ours >= 10))
-	p("- exit → created p50: %s against %s's %s, %.2f of it (goal: at most half): %s.", msCell(ours), setupEventedDirect.Name,
-		msCell(direct), ours/direct, met(ours <= direct/2))
+	p("- exit → created p50: %s against %s's %s, %.2f of it (goal: at most half): %s.", nodebench.Ms(ours), setupEventedDirect.Name,
+		nodebench.Ms(direct), ours/direct, met(ours <= direct/2))
 	p("- exit → started p50: %s against %s (goal: at least 20 ms sooner): %s; p90: %s against %s (goal: sooner): %s.",
-		msCell(oS50), msCell(dS50), met(oS50 <= dS50-20), msCell(oS90), msCell(dS90), met(oS90 < dS90))
+		nodebench.Ms(oS50), nodebench.Ms(dS50), met(oS50 <= dS50-20), nodebench.Ms(oS90), nodebench.Ms(dS90), met(oS90 < dS90))
 	p("")
 	p("Where the time goes, p50 of each stage per setup (containerd done: the `created_at` of containerd's own STOPPED for")
 	p("the crashed container, read by the bench from containerd's stream in every setup; containerd sends it once it has")
@@ -528,8 +503,8 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	for _, s := range setups {
 		created, started := latenciesOf(runs, s)
 		done, doneToCreated := containerdStagesOf(runs, s)
-		p("| %s | %s | %s | %s | %s | %s |", s.Name, msCell(benchreport.Median(done)), msCell(benchreport.Median(doneToCreated)),
-			msCell(benchreport.Median(created)), msCell(benchreport.Median(stagesOf(runs, s))), msCell(benchreport.Median(started)))
+		p("| %s | %s | %s | %s | %s | %s |", s.Name, nodebench.Ms(benchreport.Median(done)), nodebench.Ms(benchreport.Median(doneToCreated)),
+			nodebench.Ms(benchreport.Median(created)), nodebench.Ms(benchreport.Median(stagesOf(runs, s))), nodebench.Ms(benchreport.Median(started)))
 	}
 	p("")
 	p("Each round, and what its kubelet's metrics said from the pods' creation to the last replacement:")
@@ -547,9 +522,9 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 		if events > 0 {
 			delivery = (r.After.EventLatency - r.Before.EventLatency) / events * 1000
 		}
-		p("| %d | %s | %s | %g | %g | %g | %g | %g (%g) | %s | %s | %s | %s |", r.Round, r.Setup.Name, msCell(benchreport.Median(created)),
+		p("| %d | %s | %s | %g | %g | %g | %g | %g (%g) | %s | %s | %s | %s |", r.Round, r.Setup.Name, nodebench.Ms(benchreport.Median(created)),
 			r.After.ConnSuccess, r.After.ConnError, r.After.Relists-r.Before.Relists, r.After.PodRelists-r.Before.PodRelists,
-			events, r.Before.EventsReceived, msCell(delivery), held, overlaid, r.Load)
+			events, r.Before.EventsReceived, nodebench.Ms(delivery), held, overlaid, r.Load)
 	}
 	p("")
 	p("Events received are the observations of `kubelet_evented_pleg_connection_latency_seconds`. Those before the run,")
@@ -583,16 +558,6 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	p("container while containerd is behind depends on pleg-nri's `read-freshness` (see docs/internals.md): overlay answers with")
 	p("the stop already sent (reads overlaid), hold waits for containerd (reads held), off forwards containerd's RUNNING.")
 	return b.String()
-}
-
-func msCell(v float64) string {
-	if math.IsNaN(v) {
-		return "-"
-	}
-	if v < 10 {
-		return fmt.Sprintf("%.1f ms", v)
-	}
-	return fmt.Sprintf("%.0f ms", v)
 }
 
 func met(ok bool) string {

@@ -15,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
+	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/nodebench"
 )
 
 // The deletion benchmark (make bench-deletion), per setup, with static pods of one container that exits
@@ -144,7 +145,7 @@ func runDeletion(b *testing.B, s setup) deletionRun {
 		uids[i] = n.waitPod(deletionPod("idle", i).Name, "running", running).Metadata.UID
 	}
 	time.Sleep(deletionSettle)
-	w := watchSandboxes(b, n, uids)
+	w := watchSandboxes(b, n, uids, deletionPoll)
 	idle := make([]deletionSample, deletionPods)
 	start := time.Now()
 	for i := range deletionPods {
@@ -169,8 +170,8 @@ func runDeletion(b *testing.B, s setup) deletionRun {
 		samples[i].StoppedMs = float64(samples[i].Stopped-samples[i].Removed) / 1e6
 	}
 	for _, fresh := range []bool{true, false} {
-		q := quantilesOf(deletionLatencies([]deletionRun{{Samples: samples}}, fresh))
-		b.Logf("%s: %s pods, manifest removed -> sandbox stopped p50 %s p90 %s", s.Name, phaseName(fresh), qCell(q.P50), qCell(q.P90))
+		q := nodebench.QuantilesOf(deletionLatencies([]deletionRun{{Samples: samples}}, fresh))
+		b.Logf("%s: %s pods, manifest removed -> sandbox stopped p50 %s p90 %s", s.Name, phaseName(fresh), nodebench.Cell(q.P50), nodebench.Cell(q.P90))
 	}
 	return deletionRun{Setup: s.Name, Samples: samples, Load: loadAvg()}
 }
@@ -225,12 +226,13 @@ type sandboxWatch struct {
 	done    chan struct{}
 }
 
-func watchSandboxes(tb testing.TB, n *node, uids []string) *sandboxWatch {
+// watchSandboxes starts a sandboxWatch of the pods uids, which lists containerd's sandboxes every period.
+func watchSandboxes(tb testing.TB, n *node, uids []string, period time.Duration) *sandboxWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &sandboxWatch{stopped: map[string]int64{}, pods: len(uids), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		t := time.NewTicker(deletionPoll)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
@@ -305,17 +307,9 @@ func deletionMarkdown(runs []deletionRun) string {
 			}
 		}
 		fresh, idle := deletionLatencies(of, true), deletionLatencies(of, false)
-		qf, qi := quantilesOf(fresh), quantilesOf(idle)
+		qf, qi := nodebench.QuantilesOf(fresh), nodebench.QuantilesOf(idle)
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n", name, len(fresh),
-			qCell(qf.P50), qCell(qf.P90), msCell(maxOf(fresh)), len(idle), qCell(qi.P50), qCell(qi.P90), msCell(maxOf(idle)), load)
+			nodebench.Cell(qf.P50), nodebench.Cell(qf.P90), nodebench.Ms(nodebench.Max(fresh)), len(idle), nodebench.Cell(qi.P50), nodebench.Cell(qi.P90), nodebench.Ms(nodebench.Max(idle)), load)
 	}
 	return b.String()
-}
-
-// qCell renders a quantile (nil: no sample).
-func qCell(v *float64) string {
-	if v == nil {
-		return "-"
-	}
-	return msCell(*v)
 }

@@ -82,6 +82,8 @@ type nodeOptions struct {
 	// times a second: a load of the test's own that a cost benchmark must not measure); the lifetimes
 	// of the containers are still checked at the end.
 	noDupWatch bool
+	// maxPods raises the kubelet's maxPods (0: its default, 110) for a benchmark of more pods.
+	maxPods int
 	// kubeletDuplicates is for a test that counts the duplicate containers a kubelet makes by itself
 	// (its own races on 1.35/1.36 with containerd's stream): no duplicate check fails the test.
 	kubeletDuplicates bool
@@ -162,6 +164,7 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		EventedPLEG:       s.Evented,
 		FeatureGates:      featureGatesFromEnv(t),
 		CgroupParent:      env.CgroupParent,
+		MaxPods:           o.maxPods,
 		Verbosity:         verbosity,
 		Log:               testWriter{t},
 	})

@@ -55,6 +55,8 @@ type Options struct {
 	CgroupParent string
 	// FeatureGates are more feature gates (name: enabled), for experiments.
 	FeatureGates map[string]bool
+	// MaxPods is the kubelet's maxPods, the most pods it admits (0: the kubelet's default, 110).
+	MaxPods int
 	// Verbosity is the kubelet's --v (default 4: PLEG events and the sync loop's PLEG lines are logged).
 	Verbosity int
 	// Log receives progress lines (default io.Discard).
@@ -192,6 +194,9 @@ evictionHard:
   imagefs.inodesFree: 1%
 crashLoopBackOff:
   maxContainerRestartPeriod: 1s
+{{- if .MaxPods}}
+maxPods: {{.MaxPods}}
+{{- end}}
 featureGates:
   EventedPLEG: {{.EventedPLEG}}
   KubeletCrashLoopBackOffMax: true
@@ -212,6 +217,7 @@ func (k *Kubelet) writeConfig() error {
 		"CgroupRoot":      k.CgroupRoot,
 		"EventedPLEG":     k.opts.EventedPLEG,
 		"FeatureGates":    k.opts.FeatureGates,
+		"MaxPods":         k.opts.MaxPods,
 	}); err != nil {
 		return err
 	}
