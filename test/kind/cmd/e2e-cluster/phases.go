@@ -24,10 +24,10 @@ const (
 	// that every node has samples while it runs the old pleg-nri, while its own is replaced, and after.
 	crashRollPerNode   = 36
 	crashRollFirstExit = 20 * time.Second
-	crashRollSpacing   = 2530 * time.Millisecond
+	crashRollSpacing   = 5530 * time.Millisecond
 	// rollMinReadySeconds is the chart's minReadySeconds in this cluster: each node's new pleg-nri
 	// stays ready this long before the rollout moves on, so that a rollout lasts long enough for a
-	// per-node figure (about 2 minutes for 3 nodes).
+	// per-node figure (about 3 minutes for 3 nodes here; the exits span as long).
 	rollMinReadySeconds = 40
 )
 

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -176,20 +177,23 @@ func (p Plan) WaitRunning(ctx context.Context, k Kubectl, timeout time.Duration)
 }
 
 // Wait waits until every container of the plan crashed (exit code 1) and its replacement runs, then
-// reads the samples from each node's containerd.
+// reads the samples from each node's containerd. A pod whose replacement runc failed to start (seen
+// under load on cgroup v1: "unable to freeze") gives no sample: its restart waited for the kubelet's
+// back-off, not for an event; such pods are printed and left out.
 func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sample, error) {
 	var last string
 	err := testutil.PollEvery(ctx, timeout, time.Second, "every container of "+p.Namespace+" to be replaced once", func() (bool, error) {
 		out, err := k(ctx, "-n", p.Namespace, "get", "pods", "-o",
-			`jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].lastState.terminated.exitCode}={.status.containerStatuses[0].state.running.startedAt}{"\n"}{end}`)
+			`jsonpath={range .items[*]}{.metadata.name}={.status.containerStatuses[0].lastState.terminated.exitCode}=`+
+				`{.status.containerStatuses[0].lastState.terminated.reason}={.status.containerStatuses[0].restartCount}=`+
+				`{.status.containerStatuses[0].state.running.startedAt}{"\n"}{end}`)
 		if err != nil {
 			return false, nil
 		}
 		last = out
 		done := 0
 		for _, l := range strings.Fields(out) {
-			f := strings.Split(l, "=")
-			if len(f) == 3 && f[1] == crashExitCode && f[2] != "" {
+			if f := strings.Split(l, "="); len(f) == 5 && replaced(f[1], f[2], f[3], f[4]) {
 				done++
 			}
 		}
@@ -200,16 +204,33 @@ func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sam
 	}
 	var samples []Sample
 	for _, n := range p.Nodes {
-		s, err := Collect(ctx, n, p.Namespace)
+		s, lost, err := Collect(ctx, n, p.Namespace)
 		if err != nil {
 			return nil, err
 		}
-		if len(s) != p.PerNode {
-			return nil, fmt.Errorf("%s: %d samples in containerd, want %d", n, len(s), p.PerNode)
+		for _, l := range lost {
+			fmt.Printf("crashbench: %s: left out: %s\n", n, l)
+		}
+		if len(s)+len(lost) != p.PerNode {
+			return nil, fmt.Errorf("%s: %d samples and %d left out in containerd, want %d", n, len(s), len(lost), p.PerNode)
 		}
 		samples = append(samples, s...)
 	}
 	return samples, nil
+}
+
+// replaced says, from a pod's status in the API, whether its container crashed and a replacement
+// runs: the last termination is the planned crash, or a start that runc failed after it (at least two
+// restarts: the crash and the failed start).
+func replaced(exitCode, reason, restarts, runningSince string) bool {
+	if runningSince == "" {
+		return false
+	}
+	if exitCode == crashExitCode {
+		return true
+	}
+	n, err := strconv.Atoi(restarts)
+	return reason == "StartError" && err == nil && n >= 2
 }
 
 // Delete deletes the plan's namespace and waits until it is gone.
@@ -300,32 +321,40 @@ type times struct {
 		StartedAt  time.Time `json:"startedAt"`
 		FinishedAt time.Time `json:"finishedAt"`
 		ExitCode   int       `json:"exitCode"`
+		Reason     string    `json:"reason"`
 	} `json:"status"`
 }
 
+// ran says whether the attempt's process ran: runc failed to start one that did not (crictl shows its
+// start as the zero time or the epoch).
+func (t times) ran() bool { return t.Status.StartedAt.Unix() > 0 }
+
 // Collect reads node's samples of namespace ns: in each pod, the attempt that crashed as planned (it
 // ran and exited with code 1) and the next attempt, its replacement. An attempt before the crash that
-// never ran (runc failed to start it: seen under load as "unable to freeze") is left out.
-func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
+// never ran (runc failed to start it: seen under load as "unable to freeze") is passed over. A pod
+// whose replacement runc failed to start gives no sample (its restart waited for the kubelet's
+// back-off): it is described in lost instead (the kubelet may have removed its crashed attempt by then,
+// keeping one dead container).
+func Collect(ctx context.Context, node, ns string) (samples []Sample, lost []string, err error) {
 	cs, err := Containers(ctx, node, ns)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if d := Duplicates(cs); len(d) > 0 {
-		return nil, fmt.Errorf("%s: duplicated containers: %s", node, strings.Join(d, "; "))
+		return nil, nil, fmt.Errorf("%s: duplicated containers: %s", node, strings.Join(d, "; "))
 	}
 	ids := make([]string, 0, len(cs))
 	for _, c := range cs {
 		ids = append(ids, c.ID)
 	}
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	// One docker exec for every container's status.
 	out, err := kindrun.Cmd(ctx, "docker", append([]string{"exec", node, "sh", "-c",
 		`for id; do crictl -r unix:///run/containerd/containerd.sock inspect -o json "$id" || exit 1; done`, "sh"}, ids...)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	byID := map[string]times{}
 	dec := json.NewDecoder(strings.NewReader(out))
@@ -334,7 +363,7 @@ func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
 		if err := dec.Decode(&t); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			return nil, fmt.Errorf("%s: crictl inspect: %w", node, err)
+			return nil, nil, fmt.Errorf("%s: crictl inspect: %w", node, err)
 		}
 		byID[t.Status.ID] = t
 	}
@@ -342,33 +371,38 @@ func Collect(ctx context.Context, node, ns string) ([]Sample, error) {
 	for _, c := range cs {
 		t, ok := byID[c.ID]
 		if !ok {
-			return nil, fmt.Errorf("%s: crictl inspect gave no status of %s", node, c.ID)
+			return nil, nil, fmt.Errorf("%s: crictl inspect gave no status of %s", node, c.ID)
 		}
 		if attempts[c.Pod()] == nil {
 			attempts[c.Pod()] = map[int]times{}
 		}
 		attempts[c.Pod()][c.Metadata.Attempt] = t
 	}
-	var samples []Sample
 	var missing []string
 	for name, as := range attempts {
-		crash, next, ok := crashAndReplacement(as)
-		if !ok {
+		crash, next, found := crashAndReplacement(as)
+		switch found {
+		case replacementStarted:
+		case startFailed:
+			lost = append(lost, fmt.Sprintf("pod %s: a start failed in runc after the crash: %s", name, describeAttempts(as)))
+			continue
+		default:
 			missing = append(missing, fmt.Sprintf("pod %s has no crashed attempt followed by its replacement in containerd: %s", name, describeAttempts(as)))
 			continue
 		}
 		s := Sample{Node: node, Pod: name, Exited: crash.Status.FinishedAt, Created: next.Status.CreatedAt, Started: next.Status.StartedAt}
 		if s.Exited.IsZero() || s.Created.Before(s.Exited) || s.Started.Before(s.Created) {
-			return nil, fmt.Errorf("%s: pod %s: exit %s, replacement created %s, started %s: not in order", node, name, s.Exited, s.Created, s.Started)
+			return nil, nil, fmt.Errorf("%s: pod %s: exit %s, replacement created %s, started %s: not in order", node, name, s.Exited, s.Created, s.Started)
 		}
 		samples = append(samples, s)
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
-		return nil, fmt.Errorf("%s: %s", node, strings.Join(missing, "\n"))
+		return nil, nil, fmt.Errorf("%s: %s", node, strings.Join(missing, "\n"))
 	}
+	sort.Strings(lost)
 	sort.Slice(samples, func(i, j int) bool { return samples[i].Exited.Before(samples[j].Exited) })
-	return samples, nil
+	return samples, lost, nil
 }
 
 // Stats are a set of samples' quantiles, in milliseconds.
@@ -434,18 +468,42 @@ func describeAttempts(as map[int]times) string {
 	return fmt.Sprintf("%d attempts: %s", len(as), strings.Join(parts, "; "))
 }
 
+// What crashAndReplacement found of a pod's crash.
+const (
+	// noCrash: no attempt that ran and exited with the planned code, or none after it yet.
+	noCrash = iota
+	// replacementStarted: the crash, and the next attempt, which ran.
+	replacementStarted
+	// startFailed: runc failed to start the attempt after the crash, or the crash is gone (the
+	// kubelet keeps one dead container) and an attempt that never ran is there.
+	startFailed
+)
+
 // crashAndReplacement finds, among a pod's attempts, the last one that ran and exited with the planned
 // code, and the attempt after it.
-func crashAndReplacement(as map[int]times) (crash, next times, ok bool) {
+func crashAndReplacement(as map[int]times) (crash, next times, found int) {
 	last := -1
+	neverRan := false
 	for a, t := range as {
-		if fmt.Sprint(t.Status.ExitCode) == crashExitCode && !t.Status.StartedAt.IsZero() && a > last {
+		if !t.ran() {
+			neverRan = true
+		}
+		if fmt.Sprint(t.Status.ExitCode) == crashExitCode && t.ran() && a > last {
 			last = a
 		}
 	}
 	if last < 0 {
-		return crash, next, false
+		if neverRan {
+			return crash, next, startFailed
+		}
+		return crash, next, noCrash
 	}
-	next, ok = as[last+1]
-	return as[last], next, ok
+	next, ok := as[last+1]
+	switch {
+	case !ok:
+		return as[last], next, noCrash
+	case !next.ran():
+		return as[last], next, startFailed
+	}
+	return as[last], next, replacementStarted
 }

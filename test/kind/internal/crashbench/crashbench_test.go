@@ -75,26 +75,47 @@ func TestCrashAndReplacement(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ran := func(exit int) times { return attempt(exit, t0, t0.Add(time.Second)) }
 	running := attempt(0, t0.Add(2*time.Second), time.Time{})
-	neverRan := attempt(128, time.Time{}, t0) // runc failed to start it
+	neverRan := attempt(128, time.Time{}, t0)       // runc failed to start it
+	epochStart := attempt(128, time.Unix(0, 0), t0) // as crictl may print a start that never was
 	for _, c := range []struct {
 		name      string
 		as        map[int]times
 		wantCrash int
-		ok        bool
+		found     int
 	}{
-		{"crash then replacement", map[int]times{0: ran(1), 1: running}, 0, true},
-		{"a start that failed before the crash", map[int]times{0: neverRan, 1: ran(1), 2: running}, 1, true},
-		{"no replacement yet", map[int]times{0: ran(1)}, 0, false},
-		{"no planned crash", map[int]times{0: ran(137), 1: running}, 0, false},
-		{"only a failed start", map[int]times{0: neverRan, 1: running}, 0, false},
+		{"crash then replacement", map[int]times{0: ran(1), 1: running}, 0, replacementStarted},
+		{"a start that failed before the crash", map[int]times{0: neverRan, 1: ran(1), 2: running}, 1, replacementStarted},
+		{"a start at the epoch failed before the crash", map[int]times{0: epochStart, 1: ran(1), 2: running}, 1, replacementStarted},
+		{"no replacement yet", map[int]times{0: ran(1)}, 0, noCrash},
+		{"no planned crash", map[int]times{0: ran(137), 1: running}, 0, noCrash},
+		{"the replacement failed to start", map[int]times{0: ran(1), 1: neverRan, 2: running}, 0, startFailed},
+		{"the crash removed after a failed start", map[int]times{1: epochStart, 2: running}, 0, startFailed},
+		{"only a failed start", map[int]times{0: neverRan, 1: running}, 0, startFailed},
 	} {
-		crash, next, ok := crashAndReplacement(c.as)
-		if ok != c.ok {
-			t.Errorf("%s: ok = %v, want %v", c.name, ok, c.ok)
+		crash, next, found := crashAndReplacement(c.as)
+		if found != c.found {
+			t.Errorf("%s: found %d, want %d", c.name, found, c.found)
 			continue
 		}
-		if ok && (crash != c.as[c.wantCrash] || next != c.as[c.wantCrash+1]) {
+		if found == replacementStarted && (crash != c.as[c.wantCrash] || next != c.as[c.wantCrash+1]) {
 			t.Errorf("%s: picked %+v then %+v", c.name, crash, next)
+		}
+	}
+}
+
+func TestReplaced(t *testing.T) {
+	for _, c := range []struct {
+		exit, reason, restarts, running string
+		want                            bool
+	}{
+		{"1", "Error", "1", "2026-11-26T22:00:00Z", true},
+		{"1", "Error", "1", "", false},
+		{"128", "StartError", "2", "2026-11-26T22:00:00Z", true},
+		{"128", "StartError", "1", "2026-11-26T22:00:00Z", false}, // the first start failed; the crash is still to come
+		{"", "", "0", "2026-11-26T22:00:00Z", false},
+	} {
+		if got := replaced(c.exit, c.reason, c.restarts, c.running); got != c.want {
+			t.Errorf("replaced(%q, %q, %q, %q) = %v, want %v", c.exit, c.reason, c.restarts, c.running, got, c.want)
 		}
 	}
 }
