@@ -179,7 +179,8 @@ func (p Plan) WaitRunning(ctx context.Context, k Kubectl, timeout time.Duration)
 // Wait waits until every container of the plan crashed (exit code 1) and its replacement runs, then
 // reads the samples from each node's containerd. A pod whose replacement runc failed to start (seen
 // under load on cgroup v1: "unable to freeze") gives no sample: its restart waited for the kubelet's
-// back-off, not for an event; such pods are printed and left out.
+// back-off, not for an event; nor does one whose crashed attempt the kubelet's container GC removed
+// (its exit time is gone with it). Such pods are printed and left out.
 func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sample, error) {
 	var last string
 	err := testutil.PollEvery(ctx, timeout, time.Second, "every container of "+p.Namespace+" to be replaced once", func() (bool, error) {
@@ -386,6 +387,10 @@ func Collect(ctx context.Context, node, ns string) (samples []Sample, lost []str
 		case startFailed:
 			lost = append(lost, fmt.Sprintf("pod %s: a start failed in runc after the crash: %s", name, describeAttempts(as)))
 			continue
+		case crashRemoved:
+			lost = append(lost, fmt.Sprintf("pod %s: the kubelet's container GC removed the crashed attempt while its replacement was being started: %s",
+				name, describeAttempts(as)))
+			continue
 		default:
 			missing = append(missing, fmt.Sprintf("pod %s has no crashed attempt followed by its replacement in containerd: %s", name, describeAttempts(as)))
 			continue
@@ -477,6 +482,11 @@ const (
 	// startFailed: runc failed to start the attempt after the crash, or the crash is gone (the
 	// kubelet keeps one dead container) and an attempt that never ran is there.
 	startFailed
+	// crashRemoved: the crashed attempt is gone and a later one ran: the kubelet's container GC
+	// counts a container not yet started as dead (kuberuntime_gc.go evictableContainers prunes only
+	// running ones) and keeps one dead container per name, so it removes the crashed attempt when it
+	// runs while a slow replacement is still being started.
+	crashRemoved
 )
 
 // crashAndReplacement finds, among a pod's attempts, the last one that ran and exited with the planned
@@ -495,6 +505,11 @@ func crashAndReplacement(as map[int]times) (crash, next times, found int) {
 	if last < 0 {
 		if neverRan {
 			return crash, next, startFailed
+		}
+		for a, t := range as {
+			if _, before := as[a-1]; a > 0 && t.ran() && !before {
+				return crash, next, crashRemoved
+			}
 		}
 		return crash, next, noCrash
 	}

@@ -91,6 +91,8 @@ func TestCrashAndReplacement(t *testing.T) {
 		{"the replacement failed to start", map[int]times{0: ran(1), 1: neverRan, 2: running}, 0, startFailed},
 		{"the crash removed after a failed start", map[int]times{1: epochStart, 2: running}, 0, startFailed},
 		{"only a failed start", map[int]times{0: neverRan, 1: running}, 0, startFailed},
+		{"the crash removed by the kubelet's GC", map[int]times{1: running}, 0, crashRemoved},
+		{"no crash, the first attempt running", map[int]times{0: running}, 0, noCrash},
 	} {
 		crash, next, found := crashAndReplacement(c.as)
 		if found != c.found {
