@@ -58,12 +58,19 @@ func (c *cluster) drain(ctx context.Context, node string, before map[string]stre
 		ns, _ := placed()
 		return "", fmt.Errorf("the drain check's pods are on %v, want all %d on %s", ns, drainReplicas, node)
 	}
-	evicted, err := c.k(ctx, "get", "pods", "-A", "--field-selector", "spec.nodeName="+node,
-		"-o", `jsonpath={range .items[?(@.metadata.ownerReferences[0].kind!="DaemonSet")]}{.metadata.namespace}/{.metadata.name} {end}`)
+	// The pods the drain evicts or deletes: all but the DaemonSets' (a bare pod has no owner, which a
+	// jsonpath filter on the owner's kind would leave out).
+	onIt, err := c.k(ctx, "get", "pods", "-A", "--field-selector", "spec.nodeName="+node,
+		"-o", `jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}={.metadata.ownerReferences[0].kind}{"\n"}{end}`)
 	if err != nil {
 		return "", err
 	}
-	pods := strings.Fields(evicted)
+	var pods []string
+	for _, l := range strings.Fields(onIt) {
+		if name, owner, _ := strings.Cut(l, "="); owner != "DaemonSet" {
+			pods = append(pods, name)
+		}
+	}
 
 	start := time.Now()
 	if out, err := c.k(ctx, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=5m"); err != nil {
