@@ -102,12 +102,12 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range regexp.MustCompile("`(?:sudo )?make ([a-z-]+)").FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile("`(?:sudo )?make ([a-z0-9-]+)").FindAllStringSubmatch(doc, -1) {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(m[1]) + `:`).Match(mk) {
 			t.Errorf("docs/operations.md names make %s, which is not a target", m[1])
 		}
 	}
-	for _, m := range regexp.MustCompile(`(?m)^make ([a-z-]+)`).FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^make ([a-z0-9-]+)`).FindAllStringSubmatch(doc, -1) {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(m[1]) + `:`).Match(mk) {
 			t.Errorf("docs/operations.md names make %s, which is not a target", m[1])
 		}
