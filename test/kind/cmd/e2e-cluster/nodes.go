@@ -108,10 +108,10 @@ func (c *cluster) drain(ctx context.Context, node string, before map[string]stre
 		failures = append(failures, fmt.Sprintf("%s: the kubelet's event stream after the drain: %s, before: %s; want 0 errors, "+
 			"the same connections, 1 subscriber", node, st, before[node]))
 	}
-	if all, err := crashbench.Containers(ctx, node, ""); err != nil {
+	if dup, err := c.duplicated(ctx, node, "after the drain"); err != nil {
 		return "", err
-	} else if d := crashbench.Duplicates(all); len(d) > 0 {
-		failures = append(failures, fmt.Sprintf("%s: duplicated containers after the drain: %s", node, strings.Join(d, "; ")))
+	} else if dup != "" {
+		failures = append(failures, dup)
 	}
 
 	start = time.Now()
@@ -197,10 +197,10 @@ func (c *cluster) loseNode(ctx context.Context, node string, before map[string]s
 	if err := c.checkWorkloads(ctx); err != nil {
 		failures = append(failures, fmt.Sprintf("after the loss of %s: %v", node, err))
 	}
-	if all, err := crashbench.Containers(ctx, node, ""); err != nil {
+	if dup, err := c.duplicated(ctx, node, "after its restart"); err != nil {
 		return "", err
-	} else if d := crashbench.Duplicates(all); len(d) > 0 {
-		failures = append(failures, fmt.Sprintf("%s: duplicated containers after its restart: %s", node, strings.Join(d, "; ")))
+	} else if dup != "" {
+		failures = append(failures, dup)
 	}
 	st2, err := c.stream(ctx, node)
 	if err != nil {
@@ -229,4 +229,17 @@ func monotonicPair(s string) (a, b uint64, ok bool) {
 	a, errA := strconv.ParseUint(f[0], 10, 64)
 	b, errB := strconv.ParseUint(f[1], 10, 64)
 	return a, b, errA == nil && errB == nil
+}
+
+// duplicated describes the containers duplicated on node (two of one attempt, or two running at once)
+// as a failure "when" (empty: none).
+func (c *cluster) duplicated(ctx context.Context, node, when string) (string, error) {
+	cs, err := crashbench.Containers(ctx, node, "")
+	if err != nil {
+		return "", err
+	}
+	if d := crashbench.Duplicates(cs); len(d) > 0 {
+		return fmt.Sprintf("%s: duplicated containers %s: %s", node, when, strings.Join(d, "; ")), nil
+	}
+	return "", nil
 }

@@ -166,12 +166,12 @@ func (c *cluster) roll(ctx context.Context, name, ns, wantVersion string, before
 			failures = append(failures, fmt.Sprintf("%s: the kubelet's event stream after %s: %s, before: %s; want 0 errors, "+
 				"the same connections, 1 subscriber", n, name, st, before[n]))
 		}
-		cs, err := crashbench.Containers(ctx, n, "")
+		dup, err := c.duplicated(ctx, n, "after "+name)
 		if err != nil {
 			return ph, err
 		}
-		if d := crashbench.Duplicates(cs); len(d) > 0 {
-			failures = append(failures, fmt.Sprintf("%s: duplicated containers after %s: %s", n, name, strings.Join(d, "; ")))
+		if dup != "" {
+			failures = append(failures, dup)
 		}
 	}
 	if len(failures) > 0 {
