@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -286,7 +287,7 @@ func BenchmarkProxyUnary(b *testing.B) {
 	p := startPlegNRI(b, benchPlegFlags...)
 	direct := benchRuntime(b, env.Address)
 	proxied := benchRuntime(b, p.Socket)
-	benchSleepers(b, direct, "bench-proxy")
+	benchSleepers(b, direct, "bench-proxy", 4, 3)
 	time.Sleep(500 * time.Millisecond) // let the events of the setup settle
 	res := &benchreport.Proxy{Methods: []benchreport.ProxyMethod{
 		benchInterleaved(b, "Version", direct, proxied, func(rt runtimeapi.RuntimeServiceClient) (int, error) {
@@ -307,7 +308,8 @@ func BenchmarkStateReads(b *testing.B) {
 	p := startPlegNRI(b, append(slices.Clone(benchPlegFlags), "--read-source", "state")...)
 	direct := benchRuntime(b, env.Address)
 	state := benchRuntime(b, p.Socket)
-	containers := benchSleepers(b, direct, "bench-state")
+	pods, perPod := benchReadsShape(b)
+	containers := benchSleepers(b, direct, "bench-state", pods, perPod)
 	// The state is current once pleg-nri's relist after the setup repaired nothing and every object
 	// is settled: wait until a list is answered from it.
 	err := harness.WaitFor(b.Context(), 60*time.Second, "pleg-nri to answer ListContainers from its state", func() (bool, error) {
@@ -338,13 +340,36 @@ func BenchmarkStateReads(b *testing.B) {
 	saveBench(b, func(r *benchreport.Results) { r.StateReads = res })
 }
 
-// benchSleepers runs four pods with three sleeping containers each on rt (something to list), and
+// benchReadsShape is the pods BenchmarkStateReads lists: PLEG_NRI_BENCH_READ_PODS pods (default 4) of
+// PLEG_NRI_BENCH_READ_PER_POD sleeping containers each (default 3); make bench-reads sets them for a
+// node-sized list (250 pods of one container, a dense node).
+func benchReadsShape(b *testing.B) (pods, perPod int) {
+	b.Helper()
+	pods, perPod = 4, 3
+	for _, v := range []struct {
+		env string
+		n   *int
+	}{{"PLEG_NRI_BENCH_READ_PODS", &pods}, {"PLEG_NRI_BENCH_READ_PER_POD", &perPod}} {
+		s := os.Getenv(v.env)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("%s=%q: want a positive number", v.env, s)
+		}
+		*v.n = n
+	}
+	return pods, perPod
+}
+
+// benchSleepers runs pods pods with perPod sleeping containers each on rt (something to list), and
 // returns the containers' ids.
-func benchSleepers(b *testing.B, rt runtimeapi.RuntimeServiceClient, prefix string) []string {
+func benchSleepers(b *testing.B, rt runtimeapi.RuntimeServiceClient, prefix string, pods, perPod int) []string {
 	var ids []string
-	for i := range 4 {
+	for i := range pods {
 		id, cfg := benchRunPod(b, rt, fmt.Sprintf("%s-%d", prefix, i))
-		for j := range 3 {
+		for j := range perPod {
 			c := harness.ContainerConfig(fmt.Sprintf("sleeper-%d", j), "sleep 3600")
 			resp, err := rt.CreateContainer(b.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: c, SandboxConfig: cfg})
 			if err != nil {

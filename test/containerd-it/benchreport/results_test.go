@@ -112,3 +112,23 @@ func TestReport(t *testing.T) {
 		t.Errorf("SVG lacks the legend")
 	}
 }
+
+// TestStateReadsMarkdown renders make bench-reads' report: the shape it ran with, and each read's p50 and
+// p99 against containerd's with the goal's verdict.
+func TestStateReadsMarkdown(t *testing.T) {
+	r := &Results{Date: "2026-01-01T00:00:00Z", StateReads: &Proxy{Methods: []ProxyMethod{
+		{Method: "ListContainers", Items: 250, DirectUs: []float64{1000, 1000, 1000}, ProxiedUs: []float64{1200, 1200, 1200}},
+		{Method: "ContainerStatus", DirectUs: []float64{300, 300}, ProxiedUs: []float64{200, 200}},
+	}}}
+	md := StateReadsMarkdown(r, 250, 1)
+	for _, want := range []string{
+		"# Reads answered from pleg-nri's state, 250 pods",
+		"`make bench-reads READ_PODS=250 READ_PER_POD=1` on 2026-01-01T00:00:00Z",
+		"| ListContainers (250 containers) from pleg-nri's state (read-source state), p50 (3 calls each) | 1000 µs | 1200 µs | +20% | below direct | **no** |",
+		"| ContainerStatus from the state, p99 | 300 µs | 200 µs | -33% | below direct | yes |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
