@@ -347,7 +347,7 @@ SHARD ?=
 E2E_NODE_SELECTION ?= job
 
 .PHONY: e2e-node
-e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection (SHARD=i/N: one shard of it), per PLEG setup (builds the suite once per version, ~1 h; runs take hours); writes docs/e2e-node-<version>.{md,json}.
+e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection (SHARD=i/N: one shard of it), per PLEG setup (builds the suite once per version: ~1 h from a cold Go build cache, ~5 min after that version's kubelet; runs take hours); writes docs/e2e-node-<version>.{md,json}.
 	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION='$(E2E_NODE_SELECTION)' E2E_NODE_SHARD='$(SHARD)' \
 	  E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
