@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds upstream's node e2e suite, the test binary of k8s.io/kubernetes/test/e2e_node, unmodified, from
 # the Go module proxy into $PLEG_NRI_CACHE/e2e-node-<version>/e2e_node.test, once per version (a second
-# run builds nothing), with what runs it: the ginkgo CLI at the version k8s.io/kubernetes requires (it
+# run builds nothing); with E2E_SUITE=e2e, the cluster suite of k8s.io/kubernetes/test/e2e instead, into
+# $PLEG_NRI_CACHE/e2e-<version>/e2e.test (make e2e-cluster-conformance). Either comes with what runs it: the ginkgo CLI at the version k8s.io/kubernetes requires (it
 # runs the suite's specs in parallel processes, as upstream's jobs do) and agnhost, the test image's
 # program, from k8s.io/kubernetes/test/images/agnhost at the same version. The binary starts its own etcd
 # and API server (test/e2e_node/services); the kubelet it runs is the one
@@ -15,15 +16,21 @@
 # measured at v1.37.2; 5 min at v1.35.4 right after that version's kubelet was built): run it
 # alone, never beside another Kubernetes build.
 #
-# Usage: build-e2e-node.sh          (prints the directory on success: e2e_node.test, ginkgo, agnhost)
+# Usage: build-e2e-node.sh          (prints the directory on success: e2e_node.test or e2e.test, ginkgo, agnhost)
 # Env:   PLEG_NRI_CACHE             cache root (default /var/cache/pleg-nri)
 #        KUBELET_VERSION            default v1.37.2 (v1.35.x, v1.36.3, v1.37.2)
+#        E2E_SUITE                  e2e_node (default) or e2e
 set -euo pipefail
 
 KUBELET_VERSION=${KUBELET_VERSION:-v1.37.2}
 CACHE=${PLEG_NRI_CACHE:-/var/cache/pleg-nri}
-out="$CACHE/e2e-node-$KUBELET_VERSION"
-pkg=k8s.io/kubernetes/test/e2e_node
+case ${E2E_SUITE:-e2e_node} in
+e2e_node) out="$CACHE/e2e-node-$KUBELET_VERSION" ;;
+e2e) out="$CACHE/e2e-$KUBELET_VERSION" ;;
+*) echo "build-e2e-node: ERROR: E2E_SUITE must be e2e_node or e2e, not $E2E_SUITE" >&2; exit 1 ;;
+esac
+suite=${E2E_SUITE:-e2e_node}
+pkg=k8s.io/kubernetes/test/$suite
 
 log() { echo "build-e2e-node: $*" >&2; }
 die() { echo "build-e2e-node: ERROR: $*" >&2; exit 1; }
@@ -41,7 +48,7 @@ mkdir -p "$CACHE"
 exec 8>"$CACHE/.e2e-node.lock"
 flock 8
 
-bins=(e2e_node.test ginkgo agnhost)
+bins=("$suite.test" ginkgo agnhost)
 done=true
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || done=false; done
 if [ -f "$out/.done" ] && $done; then
@@ -55,7 +62,7 @@ start=$SECONDS
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/src"
 src=$(cd "$out.tmp/src" && go_mod_dir "k8s.io/kubernetes@$KUBELET_VERSION") || die "cannot download k8s.io/kubernetes@$KUBELET_VERSION"
-[ -d "$src/test/e2e_node" ] || die "k8s.io/kubernetes@$KUBELET_VERSION has no test/e2e_node"
+[ -d "$src/test/$suite" ] || die "k8s.io/kubernetes@$KUBELET_VERSION has no test/$suite"
 staging=$(sed -n 's|^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.io/[a-z0-9-]*$|\1|p' "$src/go.mod")
 [ -n "$staging" ] || die "found no staging replacements in $src/go.mod"
 {
@@ -80,7 +87,7 @@ ginkgo_version=$(sed -n 's|^[[:space:]]*github.com/onsi/ginkgo/v2 \(v[^[:space:]
 retry go -C "$out.tmp/src" get "github.com/onsi/ginkgo/v2/ginkgo@$ginkgo_version" >&2 ||
 	die "go get github.com/onsi/ginkgo/v2/ginkgo@$ginkgo_version failed"
 vpkg=k8s.io/component-base/version
-CGO_ENABLED=0 go -C "$out.tmp/src" test -c -trimpath -o "$out.tmp/e2e_node.test" -ldflags "-s -w \
+CGO_ENABLED=0 go -C "$out.tmp/src" test -c -trimpath -o "$out.tmp/$suite.test" -ldflags "-s -w \
 	-X $vpkg.gitVersion=$KUBELET_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor \
 	-X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z" \
 	"$pkg" >&2 || die "building $pkg $KUBELET_VERSION failed"
@@ -88,8 +95,8 @@ CGO_ENABLED=0 go -C "$out.tmp/src" build -trimpath -o "$out.tmp/agnhost" -ldflag
 	die "building $agnhost $KUBELET_VERSION failed"
 CGO_ENABLED=0 go -C "$out.tmp/src" build -trimpath -o "$out.tmp/ginkgo" -ldflags "-s -w" github.com/onsi/ginkgo/v2/ginkgo >&2 ||
 	die "building ginkgo $ginkgo_version failed"
-"$out.tmp/e2e_node.test" --list-images >/dev/null 2>"$out.tmp/list-images.err" ||
-	die "the built e2e_node.test does not run: $(tail -n 5 "$out.tmp/list-images.err")"
+"$out.tmp/$suite.test" --list-images >/dev/null 2>"$out.tmp/list-images.err" ||
+	die "the built $suite.test does not run: $(tail -n 5 "$out.tmp/list-images.err")"
 "$out.tmp/ginkgo" version >&2 || die "the built ginkgo does not run"
 rm -f "$out.tmp/list-images.err"
 rm -rf "$out.tmp/src"
