@@ -129,6 +129,12 @@ func run(m *testing.M) (code int) {
 
 // script runs one of the build scripts under test/ (each builds into the dependency cache once, then
 // only prints where) and returns what it printed.
+// repoRoot is the repository's root.
+func repoRoot() string {
+	_, self, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(self), "..", "..")
+}
+
 func script(ctx context.Context, rel string, args ...string) (string, error) {
 	_, self, _, _ := runtime.Caller(0)
 	path := filepath.Join(filepath.Dir(self), "..", rel)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 )
 
 // The specs that pull (PullAlways: "Container Runtime blackbox test when running a container with a new
@@ -111,7 +112,7 @@ func splitRegistry(name string) (host, rest string, ok bool) {
 
 // mirror pushes every built image to the registry (from the harness's containerd, with its ctr) and
 // makes containerd pull each of their registries from it. It returns the registries mirrored.
-func (r *registry) mirror(ctx context.Context, images []suiteImage) ([]string, error) {
+func (r *registry) mirror(ctx context.Context, images []e2eimages.Result) ([]string, error) {
 	ctr := filepath.Join(env.BinDir, "ctr")
 	run := func(args ...string) error {
 		cmd := exec.CommandContext(ctx, ctr, append([]string{"--address", env.Address, "--namespace", "k8s.io"}, args...)...)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
+	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 )
 
 // selection is which specs a run ran.
@@ -48,14 +49,14 @@ type testResult struct {
 
 // suiteRun is one setup's run of a selection.
 type suiteRun struct {
-	Setup       string       `json:"setup"`
-	Selection   selection    `json:"selection"`
-	Procs       int          `json:"procs"`
-	Started     string       `json:"started"`
-	WallSeconds float64      `json:"wall_seconds"`
-	Commit      string       `json:"commit"`
-	Images      []suiteImage `json:"images,omitempty"`
-	Tests       []testResult `json:"tests"`
+	Setup       string             `json:"setup"`
+	Selection   selection          `json:"selection"`
+	Procs       int                `json:"procs"`
+	Started     string             `json:"started"`
+	WallSeconds float64            `json:"wall_seconds"`
+	Commit      string             `json:"commit"`
+	Images      []e2eimages.Result `json:"images,omitempty"`
+	Tests       []testResult       `json:"tests"`
 }
 
 type counts struct{ Passed, Failed, Skipped int }

@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 )
 
 // shardEnv runs one shard of the selection: "i/N" (1 <= i <= N) runs the i-th of N parts (make
@@ -325,7 +327,7 @@ func cutShard(ctx context.Context, sel selection, index, count int, dir string) 
 	if err != nil {
 		return sel, nil, nil, err
 	}
-	modcache, err := goEnv("GOMODCACHE")
+	modcache, err := e2eimages.GoEnv("GOMODCACHE")
 	if err != nil {
 		return sel, nil, nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
+	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 )
 
 // setup is one way the kubelet learns about container changes.
@@ -102,12 +103,16 @@ func TestNodeE2E(t *testing.T) {
 		t.Logf("shard %d of %d: %d of the selection's %d specs (the selection's %d Ordered containers kept whole, of %v specs), stored as selection %q:\n  %s",
 			index, count, len(part), sel.Shard.Selected, len(ordered), ordered, sel.Name, strings.Join(part, "\n  "))
 	}
-	names, err := suiteImages(ctx)
+	names, err := e2eimages.List(ctx, filepath.Join(suiteDir, "e2e_node.test"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	images, err := buildSuiteImages(ctx, names)
+	images, archives, err := e2eimages.Builder{Root: repoRoot(), Cache: env.Cache, Agnhost: filepath.Join(suiteDir, "agnhost"),
+		Version: version}.Build(ctx, names)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Import(ctx, archives...); err != nil {
 		t.Fatal(err)
 	}
 	for _, im := range images {
@@ -294,7 +299,7 @@ func suiteCommand(s setup, sel selection, procs int, timeout time.Duration, dir,
 		"--container-runtime-process-name="+filepath.Join(env.BinDir, "containerd"),
 		"--report-dir="+filepath.Join(dir, "report"),
 		"--node-name="+hostname,
-		// Every image is built here and imported (images_test.go); nothing can be pulled.
+		// Every image is built here and imported (package e2eimages); nothing can be pulled.
 		"--prepull-images=false",
 		"--kubelet-config-file="+kubeletConfig,
 		// Without systemd the suite runs the kubelet with --runtime-cgroups=/docker-daemon and a system

@@ -1,4 +1,8 @@
-package e2enode
+// Package e2eimages builds, offline, the test images upstream's e2e suites ask for (e2e_node.test and
+// e2e.test --list-images), under exactly the names the suites use, from the Go module proxy and
+// Debian's packages: make e2e-node imports them into the harness's containerd, make
+// e2e-cluster-conformance loads them into every node of the kind cluster.
+package e2eimages
 
 import (
 	"archive/tar"
@@ -9,7 +13,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -17,20 +20,20 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 )
 
-// suiteImage is one image the suite names, and what became of it here.
-type suiteImage struct {
+// Result is one image the suite names, and what became of it here.
+type Result struct {
 	Name string `json:"name"`
 	// Built says it was built offline and imported under Name; else Why says why not.
 	Built bool   `json:"built"`
 	Why   string `json:"why,omitempty"`
 }
 
-// suiteImages asks the suite for every image it uses (e2e_node.test --list-images: the names at this
-// version, registries and tags as upstream's tests ask for them).
-func suiteImages(ctx context.Context) ([]string, error) {
-	out, err := exec.CommandContext(ctx, filepath.Join(suiteDir, "e2e_node.test"), "--list-images").Output()
+// List asks a suite's binary (e2e_node.test or e2e.test) for every image it uses (--list-images: the
+// names at its version, registries and tags as upstream's tests ask for them).
+func List(ctx context.Context, suite string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, suite, "--list-images").Output()
 	if err != nil {
-		return nil, fmt.Errorf("e2e_node.test --list-images: %w", err)
+		return nil, fmt.Errorf("%s --list-images: %w", filepath.Base(suite), err)
 	}
 	var names []string
 	for _, l := range strings.Split(string(out), "\n") {
@@ -39,15 +42,27 @@ func suiteImages(ctx context.Context) ([]string, error) {
 		}
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("e2e_node.test --list-images listed no image:\n%s", out)
+		return nil, fmt.Errorf("%s --list-images listed no image:\n%s", filepath.Base(suite), out)
 	}
 	sort.Strings(names)
 	return names, nil
 }
 
-// buildSuiteImages builds, from the module proxy and Debian's packages only, every image of names this
-// project knows how to make the way upstream does, imports them into env's containerd, and returns
-// every name with what became of it.
+// Builder builds a suite's images.
+type Builder struct {
+	// Root is the repository's root (this package's hack/build-rootfs.sh and nmeter are under it).
+	Root string
+	// Cache is the dependency cache (busybox, pause, the built programs and the image archives).
+	Cache string
+	// Agnhost is upstream's agnhost program built at the suite's version (the suite's build makes it).
+	Agnhost string
+	// Version is the suite's k8s.io/kubernetes version: its module's test/images are read.
+	Version string
+}
+
+// Build builds, from the module proxy and Debian's packages only, every image of names this project
+// knows how to make the way upstream does, writes each as an OCI archive under the cache, and returns
+// every name with what became of it, and the archives (for ctr images import or kind load).
 //
 //   - agnhost (every tag the suite names): upstream's agnhost program built from
 //     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
@@ -66,96 +81,95 @@ func suiteImages(ctx context.Context) ([]string, error) {
 //   - pause: the harness's pause image under the suite's name.
 //
 // An image pinned by digest cannot be rebuilt (its content would differ): it is listed, not built.
-func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error) {
-	bb, err := harness.BusyboxFiles(ctx, env.Cache)
+func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string, error) {
+	bb, err := harness.BusyboxFiles(ctx, b.Cache)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	bb = withEveryAppletInBin(bb)
-	pause, err := harness.PauseFiles(ctx, env.Cache)
+	pause, err := harness.PauseFiles(ctx, b.Cache)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var agnhost []harness.File
 	var nginxBase, agnhostBase string
 	var nmeter []byte
 	var images []harness.Image
-	var out []suiteImage
+	var out []Result
 	for _, name := range names {
-		repo, tag, ok := splitTag(name)
+		repo, tag, ok := SplitTag(name)
 		switch {
 		case !ok:
-			out = append(out, suiteImage{Name: name, Why: "pinned by digest: no rebuild has that digest"})
+			out = append(out, Result{Name: name, Why: "pinned by digest: no rebuild has that digest"})
 		case strings.HasPrefix(name, "gcr.io/k8s-authenticated-test/") || strings.HasPrefix(name, "invalid."):
-			out = append(out, suiteImage{Name: name, Why: "never built: the specs that name it expect its pull to fail (a private or an invalid registry)"})
+			out = append(out, Result{Name: name, Why: "never built: the specs that name it expect its pull to fail (a private or an invalid registry)"})
 		case repo == e2eImages+"agnhost" || repo == e2eImages+"kitten" || repo == e2eImages+"nautilus":
 			if agnhost == nil {
-				if agnhostBase, err = script(ctx, "e2e-node/hack/build-rootfs.sh", append([]string{"agnhost"}, agnhostPackages...)...); err != nil {
-					return nil, err
+				if agnhostBase, err = b.rootfs(ctx, "agnhost", agnhostPackages...); err != nil {
+					return nil, nil, err
 				}
-				if agnhost, err = agnhostImage(agnhostBase); err != nil {
-					return nil, err
+				if agnhost, err = b.agnhostImage(agnhostBase); err != nil {
+					return nil, nil, err
 				}
 			}
 			im := harness.Image{Name: name, Base: agnhostBase, Files: agnhost, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}
 			if repo != e2eImages+"agnhost" {
 				// Upstream's kitten and nautilus: agnhost with a picture and data.json at the root,
 				// serving them (the ImageVolume specs mount the image and read data.json).
-				extra, err := webserverFiles(strings.TrimPrefix(repo, e2eImages))
+				extra, err := b.webserverFiles(strings.TrimPrefix(repo, e2eImages))
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				im.Files = append(append([]harness.File{}, agnhost...), extra...)
 				im.Cmd = []string{"test-webserver"}
 			}
 			images = append(images, im)
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
 			if nmeter == nil {
-				_, self, _, _ := runtime.Caller(0)
-				if nmeter, err = harness.BuildStatic(ctx, env.Cache, filepath.Join(filepath.Dir(self), "nmeter"), "nmeter"); err != nil {
-					return nil, err
+				if nmeter, err = harness.BuildStatic(ctx, b.Cache, filepath.Join(b.Root, "test", "e2eimages", "nmeter"), "nmeter"); err != nil {
+					return nil, nil, err
 				}
 			}
 			files := append(append([]harness.File{}, bb...), harness.File{Name: "bin/nmeter", Mode: 0o755, Type: harness.Reg, Data: nmeter})
 			images = append(images, harness.Image{Name: name, Files: files, Cmd: []string{"sh"}})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"nginx":
 			if nginxBase == "" {
-				if nginxBase, err = script(ctx, "e2e-node/hack/build-rootfs.sh", "nginx", "nginx-light"); err != nil {
-					return nil, err
+				if nginxBase, err = b.rootfs(ctx, "nginx", "nginx-light"); err != nil {
+					return nil, nil, err
 				}
 			}
 			images = append(images, harness.Image{Name: name, Base: nginxBase, Files: []harness.File{
 				{Name: "var/log/nginx/access.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stdout"},
 				{Name: "var/log/nginx/error.log", Mode: 0o777, Type: harness.Symlink, Link: "/dev/stderr"},
 			}, Cmd: []string{"nginx", "-g", "daemon off;"}, StopSignal: "SIGQUIT"})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"glibc-dns-testing":
 			// Upstream: debian bookworm-slim with dnsutils, and CoreDNS 1.5.0 downloaded from
 			// GitHub, which no spec of the node suite runs (left out: not on the module proxy at
 			// that version). The Hostname specs run hostname and hostname -f in sh.
-			base, err := script(ctx, "e2e-node/hack/build-rootfs.sh", "glibc-dns-testing", "dnsutils")
+			base, err := b.rootfs(ctx, "glibc-dns-testing", "dnsutils")
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			images = append(images, harness.Image{Name: name, Base: base, Cmd: []string{"bash"}})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"ipc-utils":
 			// Upstream: alpine with util-linux (ipcs, ipcmk); here Debian's util-linux, the same
 			// programs, with awk (mawk), which the HostIPC specs pipe ipcs into.
-			base, err := script(ctx, "e2e-node/hack/build-rootfs.sh", "ipc-utils", "util-linux", "mawk")
+			base, err := b.rootfs(ctx, "ipc-utils", "util-linux", "mawk")
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			images = append(images, harness.Image{Name: name, Base: base, Cmd: []string{"sh"}})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"nonewprivs":
 			// Upstream: alpine with nnp (test/images/nonewprivs/nnp.go, printing its effective
 			// uid) setuid root at /usr/local/bin/nnp, run by default; here on the busybox root.
-			nnp, err := buildUpstreamProgram(ctx, "nonewprivs", "nnp.go")
+			nnp, err := b.buildUpstreamProgram(ctx, "nonewprivs", "nnp.go")
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			files := append(append([]harness.File{}, bb...),
 				harness.File{Name: "usr/local", Mode: 0o755, Type: harness.Dir},
@@ -163,26 +177,35 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 				harness.File{Name: "usr/local/bin/nnp", Mode: 0o4755, Type: harness.Reg, Data: nnp})
 			images = append(images, harness.Image{Name: name, Files: files, Cmd: []string{"nnp"},
 				Env: []string{"PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"nonroot":
 			// Upstream: debian-base with USER 1234; here the busybox root (the specs run id).
 			images = append(images, harness.Image{Name: name, Files: bb, Cmd: []string{"sh"}, User: "1234"})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		case repo == "registry.k8s.io/pause":
 			images = append(images, harness.Image{Name: name, Files: pause, Entrypoint: []string{"/pause"}})
-			out = append(out, suiteImage{Name: name, Built: true})
+			out = append(out, Result{Name: name, Built: true})
 		default:
-			out = append(out, suiteImage{Name: name, Why: "no offline build yet"})
+			out = append(out, Result{Name: name, Why: "no offline build yet"})
 		}
 	}
-	archives, err := harness.WriteImages(env.Cache, images)
+	archives, err := harness.WriteImages(b.Cache, images)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := env.Import(ctx, archives...); err != nil {
-		return nil, err
+	return out, archives, nil
+}
+
+// rootfs is hack/build-rootfs.sh's Debian root of packages, a tar (cached by the script).
+func (b Builder) rootfs(ctx context.Context, name string, packages ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(b.Root, "test", "e2eimages", "hack", "build-rootfs.sh"), name}, packages...)...)
+	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(), "PLEG_NRI_CACHE="+b.Cache)
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build-rootfs.sh %s: %w", name, err)
 	}
-	return out, nil
+	return strings.TrimSpace(string(out)), nil
 }
 
 // e2eImages is the registry and path of upstream's test images. The suite also names agnhost in a
@@ -190,8 +213,8 @@ func buildSuiteImages(ctx context.Context, names []string) ([]suiteImage, error)
 // expect the pull to fail, so they are never built.
 const e2eImages = "registry.k8s.io/e2e-test-images/"
 
-// splitTag splits "registry/repo:tag"; ok is false for a name pinned by digest.
-func splitTag(name string) (repo, tag string, ok bool) {
+// SplitTag splits "registry/repo:tag"; ok is false for a name pinned by digest.
+func SplitTag(name string) (repo, tag string, ok bool) {
 	if strings.Contains(name, "@") {
 		return "", "", false
 	}
@@ -209,12 +232,12 @@ var agnhostPackages = []string{"curl", "netcat-openbsd", "iproute2", "iputils-pi
 // agnhostImage is the agnhost image's layer: a Debian root with agnhostPackages (base), the agnhost
 // program, its agnhost-2 link, /uploads, porter's key pair, and the user and group upstream's
 // Dockerfile adds.
-func agnhostImage(base string) ([]harness.File, error) {
-	bin, err := os.ReadFile(filepath.Join(suiteDir, "agnhost"))
+func (b Builder) agnhostImage(base string) ([]harness.File, error) {
+	bin, err := os.ReadFile(b.Agnhost)
 	if err != nil {
 		return nil, err
 	}
-	src, err := moduleDir()
+	src, err := ModuleDir(b.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -270,8 +293,8 @@ func withEveryAppletInBin(files []harness.File) []harness.File {
 
 // buildUpstreamProgram builds test/images/<dir>/<file> of k8s.io/kubernetes at the suite's version,
 // a program of one file using only the standard library, as a static binary (cached by its source).
-func buildUpstreamProgram(ctx context.Context, dir, file string) ([]byte, error) {
-	src, err := moduleDir()
+func (b Builder) buildUpstreamProgram(ctx context.Context, dir, file string) ([]byte, error) {
+	src, err := ModuleDir(b.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -289,13 +312,13 @@ func buildUpstreamProgram(ctx context.Context, dir, file string) ([]byte, error)
 			return nil, err
 		}
 	}
-	return harness.BuildStatic(ctx, env.Cache, tmp, strings.TrimSuffix(file, ".go"))
+	return harness.BuildStatic(ctx, b.Cache, tmp, strings.TrimSuffix(file, ".go"))
 }
 
 // webserverFiles are the files upstream's kitten or nautilus Dockerfile adds to agnhost: the picture
 // and data.json from test/images/<name>/html, at the root.
-func webserverFiles(name string) ([]harness.File, error) {
-	src, err := moduleDir()
+func (b Builder) webserverFiles(name string) ([]harness.File, error) {
+	src, err := ModuleDir(b.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -332,9 +355,9 @@ func readTarFile(path, name string) ([]byte, error) {
 	}
 }
 
-// moduleDir is k8s.io/kubernetes at the suite's version in the module cache (the build downloaded it).
-func moduleDir() (string, error) {
-	modcache, err := goEnv("GOMODCACHE")
+// ModuleDir is k8s.io/kubernetes at version in the module cache (the suite's build downloaded it).
+func ModuleDir(version string) (string, error) {
+	modcache, err := GoEnv("GOMODCACHE")
 	if err != nil {
 		return "", err
 	}
@@ -345,8 +368,8 @@ func moduleDir() (string, error) {
 	return dir, nil
 }
 
-// goEnv is the go command's setting name (go env name).
-func goEnv(name string) (string, error) {
+// GoEnv is the go command's setting name (go env name).
+func GoEnv(name string) (string, error) {
 	out, err := exec.Command("go", "env", name).Output()
 	if err != nil {
 		return "", fmt.Errorf("go env %s: %w", name, err)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds a Debian bookworm root filesystem with debootstrap (minbase) and the given packages, from
-# Debian's packages only, as a tar for an image layer of the node e2e suite's test images
-# (test/e2e-node/images_test.go), once per package list: $PLEG_NRI_CACHE/e2e-rootfs/<name>-<hash>.tar,
-# the hash over the packages and this script's code. debootstrap's .debs are shared with
-# test/images/debian-base.sh ($PLEG_NRI_CACHE/debootstrap-debs).
+# Debian's packages only, as a tar for an image layer of upstream's e2e suites' test images
+# (test/e2eimages: make e2e-node, make e2e-cluster-conformance), once per package list:
+# $PLEG_NRI_CACHE/e2e-rootfs/<name>-<hash>.tar, the hash over the packages and this script's code.
+# debootstrap's .debs are shared with test/images/debian-base.sh ($PLEG_NRI_CACHE/debootstrap-debs).
 #
 # Usage: build-rootfs.sh NAME PACKAGE...    (prints the tar's path on success)
 # Env:   PLEG_NRI_CACHE                      cache root (default /var/cache/pleg-nri)
