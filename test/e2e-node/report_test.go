@@ -2,7 +2,6 @@ package e2enode
 
 import (
 	"encoding/json"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
+	"github.com/pleg-nri/pleg-nri/test/junit"
 )
 
 // selection is which specs a run ran.
@@ -39,13 +39,7 @@ func (s selection) ginkgoFocus() string {
 }
 
 // testResult is one spec of a run, as ginkgo's JUnit report gives it.
-type testResult struct {
-	Name string `json:"name"`
-	// Status is ginkgo's: passed, failed, skipped, pending, panicked, interrupted, timedout, aborted.
-	Status  string  `json:"status"`
-	Seconds float64 `json:"seconds"`
-	Failure string  `json:"failure,omitempty"`
-}
+type testResult = junit.Result
 
 // suiteRun is one setup's run of a selection.
 type suiteRun struct {
@@ -76,105 +70,8 @@ func (r suiteRun) counts() counts {
 	return c
 }
 
-// junit is the part of ginkgo's JUnit report read here.
-type junit struct {
-	Time   float64 `xml:"time,attr"`
-	Suites []struct {
-		Timestamp  string `xml:"timestamp,attr"`
-		Properties []struct {
-			Name  string `xml:"name,attr"`
-			Value string `xml:"value,attr"`
-		} `xml:"properties>property"`
-		Cases []struct {
-			Name    string  `xml:"name,attr"`
-			Status  string  `xml:"status,attr"`
-			Time    float64 `xml:"time,attr"`
-			Failure *struct {
-				Message string `xml:"message,attr"`
-				Text    string `xml:",chardata"`
-			} `xml:"failure"`
-			Skipped *struct {
-				Message string `xml:"message,attr"`
-			} `xml:"skipped"`
-			Error *struct {
-				Message string `xml:"message,attr"`
-			} `xml:"error"`
-		} `xml:"testcase"`
-	} `xml:"testsuite"`
-}
-
-// readJUnit reads the specs a run selected from a ginkgo JUnit report: the "[It]" entries but those
-// the focus and skip left out (skipped with the bare message "skipped"; a spec that skips itself says
-// why, and is kept). Suite setup and teardown nodes that failed count as failed specs of their own.
-func readJUnit(path string) ([]testResult, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var j junit
-	if err := xml.Unmarshal(data, &j); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	var out []testResult
-	for _, s := range j.Suites {
-		for _, c := range s.Cases {
-			if !strings.HasPrefix(c.Name, "[It] ") && c.Status == "passed" {
-				continue
-			}
-			if c.Status == "skipped" && c.Skipped != nil && c.Skipped.Message == "skipped" {
-				continue
-			}
-			r := testResult{Name: specName(c.Name), Status: c.Status, Seconds: c.Time}
-			switch {
-			case c.Failure != nil:
-				r.Failure = firstLine(c.Failure.Message)
-			case c.Error != nil:
-				r.Failure = firstLine(c.Error.Message)
-			case c.Skipped != nil:
-				r.Failure = firstLine(c.Skipped.Message)
-			}
-			if r.Status == "" {
-				r.Status = "passed"
-				if r.Failure != "" {
-					r.Status = "failed"
-				}
-			}
-			out = append(out, r)
-		}
-	}
-	if len(out) == 0 {
-		return nil, errors.New(path + ": no spec in the report")
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
-	return out, nil
-}
-
-// specName is a JUnit test case's name without ginkgo's "[It] " and the list of labels it appends
-// ("... [NodeConformance] [sig-node, NodeConformance]"), each of which the name already carries.
-func specName(junitName string) string {
-	name := strings.TrimPrefix(junitName, "[It] ")
-	i := strings.LastIndex(name, " [")
-	if i < 0 || !strings.HasSuffix(name, "]") {
-		return name
-	}
-	for _, label := range strings.Split(name[i+2:len(name)-1], ", ") {
-		if !strings.Contains(name[:i], "["+label+"]") && !strings.Contains(name[:i], label) {
-			return name
-		}
-	}
-	return name[:i]
-}
-
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
-	if len(s) > 300 {
-		s = s[:300] + "..."
-	}
-	return s
-}
+// readJUnit reads the specs a run selected from a ginkgo JUnit report (junit.Read).
+func readJUnit(path string) ([]testResult, error) { return junit.Read(path) }
 
 // results is docs/e2e-node-<version>.json: the latest run of each setup and selection.
 type results struct {
@@ -663,16 +560,12 @@ func median(v []float64) float64 {
 func reimport(version, sel, results string) error {
 	for _, s := range setups {
 		path := junitPath(filepath.Join(results, version, sel, s.Name))
-		data, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 			continue
 		}
+		j, err := junit.Parse(path)
 		if err != nil {
 			return err
-		}
-		var j junit
-		if err := xml.Unmarshal(data, &j); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
 		}
 		tests, err := readJUnit(path)
 		if err != nil {
