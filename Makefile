@@ -270,6 +270,15 @@ e2e-cluster: image helm prometheus ## A kind cluster of 3 nodes (K8S_VERSION, de
 	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) \
 	  bash test/kind/cluster.sh
 
+# make e2e-cluster-conformance: ginkgo's parallel processes per setup.
+CONFORMANCE_PROCS ?= 4
+
+.PHONY: e2e-cluster-conformance
+e2e-cluster-conformance: deps-runtime image helm ## Upstream's [sig-node] [Conformance] specs (e2e.test at K8S_VERSION, built once into the cache; its images built offline) on make e2e-cluster's 3-node cluster with GenericPLEG, containerd's stream and pleg-nri; writes docs/e2e-cluster-conformance-<version>.{md,json}.
+	@test "$$(id -u)" = 0 || { echo "e2e-cluster-conformance needs root (it builds images with debootstrap)"; exit 1; }
+	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_CONFORMANCE=1 CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) \
+	  $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) bash test/kind/cluster.sh
+
 .PHONY: test-deploy
 test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }

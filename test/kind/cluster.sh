@@ -14,6 +14,11 @@
 #        PLEG_NRI_CACHE              cache root (default /var/cache/pleg-nri)
 #        KIND_VERSION                default v0.33.0
 #        PLEG_NRI_E2E_KEEP           keep the cluster (to look into a failure)
+#        PLEG_NRI_CONFORMANCE        1: instead of the rest, upstream's [sig-node] [Conformance] specs of
+#                                    e2e.test (built at K8S_VERSION into the cache) on the cluster per setup
+#                                    (GenericPLEG, containerd's stream, pleg-nri), written to
+#                                    docs/e2e-cluster-conformance-$K8S_VERSION.{md,json} (make e2e-cluster-conformance)
+#        CONFORMANCE_PROCS           ginkgo's parallel processes (default 4)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -67,6 +72,16 @@ VERSION=cluster-upgrade bash deploy/image/build.sh "$upgrade_image" "$tmp/upgrad
 # pleg-nri's kubelet-config command, copied to the nodes to put their kubelets on containerd's stream.
 CGO_ENABLED=0 go build -trimpath -o "$tmp/pleg-nri" ./cmd/pleg-nri || die "building pleg-nri failed"
 
+conformance=()
+if [ "${PLEG_NRI_CONFORMANCE:-}" = 1 ]; then
+	suite=$(E2E_SUITE=e2e KUBELET_VERSION=$K8S_VERSION bash test/e2e-node/hack/build-e2e-node.sh) ||
+		die "building e2e.test $K8S_VERSION failed"
+	commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+	[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit+changes"
+	conformance=(-conformance "$suite" -conformance-report "docs/e2e-cluster-conformance-$K8S_VERSION.md"
+		-conformance-procs "${CONFORMANCE_PROCS:-4}" -cache "$CACHE" -commit "$commit")
+fi
+
 # kind's docker provider runs its nodes --privileged: the shim stands in where the engine cannot grant
 # every capability (make e2e-kind does the same). kind's entrypoint would pick fuse-overlayfs here.
 export PATH=$here/hack/docker-shim:$PATH
@@ -76,7 +91,8 @@ if "$tmp/e2e-cluster" -kind "$kind" -kubectl "$kubectl" -helm "$helm" -image "$n
 	-nodenet-image-tar "$tmp/nodenet.tar" -nodenet-image "$nodenet_image" \
 	-pleg-nri-image-tar "$image_tar" -pleg-nri-image "$plegnri_image" -chart deploy/helm/pleg-nri \
 	-upgrade-image-tar "$tmp/upgrade.tar" -upgrade-image "$upgrade_image" -pleg-nri-bin "$tmp/pleg-nri" \
-	-k8s-version "$K8S_VERSION" -report "docs/e2e-cluster-$K8S_VERSION.md" ${PLEG_NRI_PROMETHEUS:+-prometheus "$PLEG_NRI_PROMETHEUS"}; then
+	-k8s-version "$K8S_VERSION" -report "docs/e2e-cluster-$K8S_VERSION.md" ${PLEG_NRI_PROMETHEUS:+-prometheus "$PLEG_NRI_PROMETHEUS"} \
+	"${conformance[@]}"; then
 	log "Kubernetes $K8S_VERSION passed in $((SECONDS - start))s"
 else
 	die "Kubernetes $K8S_VERSION FAILED after $((SECONDS - start))s"

@@ -71,6 +71,13 @@ func main() {
 	flag.StringVar(&o.rules, "rules", "deploy/prometheus/pleg-nri-rules.yaml", "the shipped alerting rules")
 	flag.StringVar(&o.dashboard, "dashboard", "deploy/grafana/pleg-nri-dashboard.json", "the shipped dashboard")
 	flag.StringVar(&o.name, "name", "pleg-nri-cluster", "the cluster's name")
+	flag.StringVar(&o.conformance, "conformance", "", "a directory with upstream's e2e.test, ginkgo and agnhost at the cluster's version "+
+		"(build-e2e-node.sh, E2E_SUITE=e2e): run its [sig-node] [Conformance] specs per setup instead of the rest")
+	flag.StringVar(&o.conformanceReport, "conformance-report", "", "with -conformance: write the report there (markdown; the results beside it as .json)")
+	flag.IntVar(&o.conformanceProcs, "conformance-procs", 4, "with -conformance: ginkgo's parallel processes")
+	flag.DurationVar(&o.conformanceTimeout, "conformance-timeout", 2*time.Hour, "with -conformance: ginkgo's timeout per setup")
+	flag.StringVar(&o.cache, "cache", "/var/cache/pleg-nri", "the dependency cache (the test images' inputs and archives)")
+	flag.StringVar(&o.commit, "commit", "unknown", "the tree's commit, for the reports")
 	flag.Parse()
 	for f, v := range map[string]string{"-image": o.image, "-nodenet-image-tar": o.nodenetTar, "-nodenet-image": o.nodenetImage,
 		"-pleg-nri-image-tar": o.plegNRITar, "-pleg-nri-image": o.plegNRIImage, "-upgrade-image-tar": o.upgradeTar,
@@ -92,6 +99,9 @@ type options struct {
 	kind, kubectl, helm, image, nodenetTar, nodenetImage, plegNRITar, plegNRIImage, chart, name string
 	upgradeTar, upgradeImage, plegNRIBin, report, version                                       string
 	prometheus, scrapeConfig, rules, dashboard                                                  string
+	conformance, conformanceReport, cache, commit                                               string
+	conformanceProcs                                                                            int
+	conformanceTimeout                                                                          time.Duration
 	keep                                                                                        bool
 }
 
@@ -214,6 +224,9 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
+	if o.conformance != "" {
+		return c.conformance(ctx, tmp)
+	}
 
 	// Crash to restart without pleg-nri: kind's kubelets on GenericPLEG, then on containerd's own event
 	// stream (EventedPLEG), then back.
@@ -247,45 +260,13 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	// 4. pleg-nri on every node, the kubelets switched.
-	start = time.Now()
-	repo, tag, ok := strings.Cut(o.plegNRIImage, ":")
-	if !ok {
-		return fmt.Errorf("-pleg-nri-image %q has no tag", o.plegNRIImage)
-	}
 	upRepo, upTag, ok := strings.Cut(o.upgradeImage, ":")
-	if !ok || upRepo != repo || upTag == tag {
+	if repo, tag, _ := strings.Cut(o.plegNRIImage, ":"); !ok || upRepo != repo || upTag == tag {
 		return fmt.Errorf("-upgrade-image %q is not another tag of %s", o.upgradeImage, repo)
 	}
-	install := []string{"--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", o.chart,
-		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
-		"--set", "kubelet.switchEndpoint=true", "--set", fmt.Sprintf("minReadySeconds=%d", rollMinReadySeconds),
-		"--wait", "--timeout", "10m"}
-	if o.prometheus != "" {
-		// Prometheus scrapes each node's pleg-nri at the node's address (docs/operations.md).
-		install = append(install, "--set", "config.metrics-address=0.0.0.0:9810")
-	}
-	if out, err := cmd(ctx, o.helm, install...); err != nil {
-		return fmt.Errorf("helm install: %w\n%s", err, out)
-	}
-	// helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for every pod.
-	if _, err := c.k(ctx, "-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=10m"); err != nil {
-		return fmt.Errorf("the pleg-nri DaemonSet did not roll out: %w", err)
-	}
-	installed := time.Since(start)
-	fmt.Printf("e2e-cluster: helm install (pleg-nri on %d nodes, the kubelets switched): %s\n", len(c.nodes), installed.Round(time.Second))
-	before := map[string]streamState{}
-	for _, n := range c.nodes {
-		st, err := c.waitStreaming(ctx, n)
-		if err != nil {
-			return err
-		}
-		before[n] = st
-		fmt.Printf("e2e-cluster: %s: kubelet on pleg-nri with EventedPLEG: %s\n", n, st)
-	}
-	for _, n := range c.nodes {
-		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
-			return fmt.Errorf("node %s is not Ready after the kubelet switch: %w", n, err)
-		}
+	installed, before, err := c.install(ctx)
+	if err != nil {
+		return err
 	}
 	version, err := c.onNode(ctx, c.nodes[0], "/usr/local/bin/pleg-nri", "version")
 	if err != nil {
@@ -399,6 +380,49 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	return nil
+}
+
+// install installs the chart on every node with the kubelet switch on (pleg-nri's metrics on the node's
+// address when Prometheus scrapes them), waits for every pod of its DaemonSet, for every kubelet's event
+// stream from pleg-nri and for every node Ready; it returns how long that took and each node's stream.
+func (c *cluster) install(ctx context.Context) (time.Duration, map[string]streamState, error) {
+	start := time.Now()
+	repo, tag, ok := strings.Cut(c.o.plegNRIImage, ":")
+	if !ok {
+		return 0, nil, fmt.Errorf("-pleg-nri-image %q has no tag", c.o.plegNRIImage)
+	}
+	install := []string{"--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", c.o.chart,
+		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "kubelet.switchEndpoint=true", "--set", fmt.Sprintf("minReadySeconds=%d", rollMinReadySeconds),
+		"--wait", "--timeout", "10m"}
+	if c.o.prometheus != "" {
+		// Prometheus scrapes each node's pleg-nri at the node's address (docs/operations.md).
+		install = append(install, "--set", "config.metrics-address=0.0.0.0:9810")
+	}
+	if out, err := cmd(ctx, c.o.helm, install...); err != nil {
+		return 0, nil, fmt.Errorf("helm install: %w\n%s", err, out)
+	}
+	// helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for every pod.
+	if _, err := c.k(ctx, "-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=10m"); err != nil {
+		return 0, nil, fmt.Errorf("the pleg-nri DaemonSet did not roll out: %w", err)
+	}
+	installed := time.Since(start)
+	fmt.Printf("e2e-cluster: helm install (pleg-nri on %d nodes, the kubelets switched): %s\n", len(c.nodes), installed.Round(time.Second))
+	before := map[string]streamState{}
+	for _, n := range c.nodes {
+		st, err := c.waitStreaming(ctx, n)
+		if err != nil {
+			return 0, nil, err
+		}
+		before[n] = st
+		fmt.Printf("e2e-cluster: %s: kubelet on pleg-nri with EventedPLEG: %s\n", n, st)
+	}
+	for _, n := range c.nodes {
+		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
+			return 0, nil, fmt.Errorf("node %s is not Ready after the kubelet switch: %w", n, err)
+		}
+	}
+	return installed, before, nil
 }
 
 // apply renders a manifest and applies it.

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/test/e2eimages"
+	"github.com/pleg-nri/pleg-nri/test/junit"
+)
+
+// Upstream's cluster conformance tests of SIG Node, run by e2e.test (make e2e-cluster-conformance):
+// the specs labelled [Conformance] under [sig-node], on this cluster as kind made it (GenericPLEG),
+// with every kubelet on containerd's own event stream (EventedPLEG), and with pleg-nri installed by the
+// chart. The [Serial] ones among them run after the others, on one process, as ginkgo does for every
+// spec decorated Serial.
+const (
+	conformanceFocus = `\[sig-node\].*\[Conformance\]`
+	// conformanceSkip: none. The report lists every spec the focus selects.
+	conformanceSkip = ""
+)
+
+// conformanceSetup is one way the cluster's kubelets learn of container changes.
+type conformanceSetup struct {
+	Name, Title string
+}
+
+var conformanceSetups = []conformanceSetup{
+	{"generic", "GenericPLEG (kind's kubelets as made)"},
+	{"containerd", "EventedPLEG on containerd's stream"},
+	{"pleg-nri", "EventedPLEG on pleg-nri (the chart, kubelet switch on)"},
+}
+
+// conformanceRun is one setup's run of the selection.
+type conformanceRun struct {
+	Setup       string             `json:"setup"`
+	Started     string             `json:"started"`
+	WallSeconds float64            `json:"wall_seconds"`
+	Procs       int                `json:"procs"`
+	Tests       []junit.Result     `json:"tests"`
+	StreamErrs  map[string]float64 `json:"stream_errors,omitempty"`
+	GinkgoErr   string             `json:"ginkgo_error,omitempty"`
+}
+
+// conformanceResults is docs/e2e-cluster-conformance-<version>.json.
+type conformanceResults struct {
+	Version string             `json:"version"`
+	Commit  string             `json:"commit"`
+	Focus   string             `json:"focus"`
+	Skip    string             `json:"skip,omitempty"`
+	Images  []e2eimages.Result `json:"images"`
+	Runs    []conformanceRun   `json:"runs"`
+}
+
+// conformance builds the images e2e.test names offline, loads them into every node, and runs the
+// selection in each setup in turn; it writes the report and fails when a spec that passed with
+// GenericPLEG did not pass with pleg-nri (containerd's stream's differences are reported, not failed).
+func (c *cluster) conformance(ctx context.Context, tmp string) (err error) {
+	suite := filepath.Join(c.o.conformance, "e2e.test")
+	names, err := e2eimages.List(ctx, suite)
+	if err != nil {
+		return err
+	}
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	images, archives, err := e2eimages.Builder{Root: root, Cache: c.o.cache, Agnhost: filepath.Join(c.o.conformance, "agnhost"),
+		Version: c.o.version}.Build(ctx, names)
+	if err != nil {
+		return fmt.Errorf("building e2e.test's images: %w", err)
+	}
+	for _, a := range archives {
+		if out, err := cmd(ctx, c.o.kind, "load", "image-archive", a, "--name", c.o.name); err != nil {
+			return fmt.Errorf("kind load image-archive %s: %w\n%s", a, err, out)
+		}
+	}
+	built := 0
+	for _, im := range images {
+		if im.Built {
+			built++
+		} else {
+			fmt.Printf("e2e-cluster: image NOT BUILT (a spec that runs it fails alike in every setup): %s: %s\n", im.Name, im.Why)
+		}
+	}
+	fmt.Printf("e2e-cluster: %d of e2e.test's %d images built and loaded into every node in %s\n", built, len(images),
+		time.Since(start).Round(time.Second))
+
+	res := conformanceResults{Version: c.o.version, Commit: c.o.commit, Focus: conformanceFocus, Skip: conformanceSkip, Images: images}
+	defer func() {
+		if werr := writeConformance(c.o.conformanceReport, res); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}()
+	for _, s := range conformanceSetups {
+		switch s.Name {
+		case "containerd":
+			if err := c.kubeletOnContainerd(ctx, true); err != nil {
+				return fmt.Errorf("switching the kubelets to containerd's event stream: %w", err)
+			}
+		case "pleg-nri":
+			if err := c.kubeletOnContainerd(ctx, false); err != nil {
+				return fmt.Errorf("putting the kubelets back on GenericPLEG: %w", err)
+			}
+			if _, _, err := c.install(ctx); err != nil {
+				return err
+			}
+		}
+		r, err := c.runConformance(ctx, s, filepath.Join(tmp, "conformance", s.Name))
+		if err != nil {
+			return err
+		}
+		if s.Name != "generic" {
+			if r.StreamErrs, err = c.kubeletErrors(ctx); err != nil {
+				return err
+			}
+		}
+		res.Runs = append(res.Runs, r)
+		// Written after every setup: a later setup's failure keeps the earlier ones' results.
+		if err := writeConformance(c.o.conformanceReport, res); err != nil {
+			return err
+		}
+	}
+	if _, err := c.uninstall(ctx); err != nil {
+		return err
+	}
+	var problems []string
+	if regressions := conformanceRegressions(res.Runs, "pleg-nri"); len(regressions) > 0 {
+		problems = append(problems, "passed with GenericPLEG, not with pleg-nri:\n  "+strings.Join(regressions, "\n  "))
+	}
+	for _, r := range res.Runs {
+		for n, e := range r.StreamErrs {
+			if r.Setup == "pleg-nri" && e != 0 {
+				problems = append(problems, fmt.Sprintf("%s: the kubelet counted %v stream errors on pleg-nri", n, e))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+// runConformance runs the selection with ginkgo in dir against the cluster and reads its JUnit report.
+func (c *cluster) runConformance(ctx context.Context, s conformanceSetup, dir string) (conformanceRun, error) {
+	r := conformanceRun{Setup: s.Name, Procs: c.o.conformanceProcs}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return r, err
+	}
+	args := []string{"--procs=" + strconv.Itoa(c.o.conformanceProcs), "--timeout=" + c.o.conformanceTimeout.String(), "--no-color",
+		"--output-dir=" + dir, "--junit-report=junit.xml", "--poll-progress-after=5m", "--focus=" + conformanceFocus}
+	if conformanceSkip != "" {
+		args = append(args, "--skip="+conformanceSkip)
+	}
+	args = append(args, filepath.Join(c.o.conformance, "e2e.test"), "--",
+		"--kubeconfig="+c.kubeconfig, "--provider=skeleton", "--num-nodes="+strconv.Itoa(len(c.nodes)-1),
+		"--report-dir="+filepath.Join(dir, "report"), "--dump-logs-on-failure=false")
+	logFile, err := os.Create(filepath.Join(dir, "ginkgo.log"))
+	if err != nil {
+		return r, err
+	}
+	defer logFile.Close()
+	g := exec.CommandContext(ctx, filepath.Join(c.o.conformance, "ginkgo"), args...)
+	g.Dir = dir
+	g.Stdout = io.MultiWriter(logFile, os.Stdout)
+	g.Stderr = g.Stdout
+	g.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	g.Cancel = func() error { return syscall.Kill(-g.Process.Pid, syscall.SIGKILL) }
+	fmt.Printf("e2e-cluster: conformance, %s: ginkgo %s\n", s.Title, strings.Join(args, " "))
+	start := time.Now()
+	r.Started = start.UTC().Format(time.RFC3339)
+	runErr := g.Run()
+	r.WallSeconds = time.Since(start).Seconds()
+	if runErr != nil {
+		r.GinkgoErr = runErr.Error()
+	}
+	path := filepath.Join(dir, "junit.xml")
+	if m, _ := filepath.Glob(filepath.Join(dir, "*junit.xml")); len(m) == 1 {
+		path = m[0]
+	}
+	if r.Tests, err = junit.Read(path); err != nil {
+		return r, fmt.Errorf("conformance, %s: the suite left no results (%v; ginkgo: %v); see %s", s.Name, err, runErr, logFile.Name())
+	}
+	p, f, k := conformanceCounts(r.Tests)
+	fmt.Printf("e2e-cluster: conformance, %s: %d passed, %d failed, %d skipped in %s (ginkgo: %v)\n", s.Title, p, f, k,
+		time.Duration(r.WallSeconds*float64(time.Second)).Round(time.Second), runErr)
+	return r, nil
+}
+
+// conformanceCounts counts passed, failed and skipped specs (pending counts as skipped, every other
+// status as failed).
+func conformanceCounts(tests []junit.Result) (passed, failed, skipped int) {
+	for _, t := range tests {
+		switch t.Status {
+		case "passed":
+			passed++
+		case "skipped", "pending":
+			skipped++
+		default:
+			failed++
+		}
+	}
+	return passed, failed, skipped
+}
+
+// conformanceRegressions names the specs that passed in the generic run and did not pass in setup's.
+func conformanceRegressions(runs []conformanceRun, setup string) []string {
+	status := map[string]map[string]string{}
+	for _, r := range runs {
+		status[r.Setup] = map[string]string{}
+		for _, t := range r.Tests {
+			status[r.Setup][t.Name] = t.Status
+		}
+	}
+	if status["generic"] == nil || status[setup] == nil {
+		return nil
+	}
+	var out []string
+	for name, st := range status["generic"] {
+		if st == "passed" && status[setup][name] != "passed" {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// writeConformance writes the results as JSON and the report as markdown beside it (path: the .md).
+func writeConformance(path string, res conformanceResults) error {
+	if path == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(strings.TrimSuffix(path, ".md")+".json", append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(conformanceReport(res)), 0o644)
+}
+
+// conformanceReport is the markdown report: per setup the counts and the wall time, every spec whose
+// outcome differs between the setups with its failure, the specs that failed in every setup, and the
+// images that were not built.
+func conformanceReport(res conformanceResults) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Upstream's `[sig-node]` `[Conformance]` tests on a 3-node kind cluster, Kubernetes %s\n\n", res.Version)
+	fmt.Fprintf(&b, "Generated by `make e2e-cluster-conformance K8S_VERSION=%s` (tree at `%s`): `e2e.test` built from "+
+		"`k8s.io/kubernetes@%s`, unmodified, run by ginkgo with `--focus='%s'` against one cluster (one control plane, "+
+		"two workers, nodenet, kube-proxy) in each setup in turn. Nothing is retried.\n\n", res.Version, res.Commit, res.Version, res.Focus)
+	b.WriteString("| setup | passed | failed | skipped | wall time | procs | kubelet stream errors |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	title := map[string]string{}
+	for _, s := range conformanceSetups {
+		title[s.Name] = s.Title
+	}
+	for _, r := range res.Runs {
+		p, f, k := conformanceCounts(r.Tests)
+		errs := "-"
+		if r.StreamErrs != nil {
+			var parts []string
+			for _, n := range sortedKeys(r.StreamErrs) {
+				parts = append(parts, fmt.Sprintf("%s %v", n, r.StreamErrs[n]))
+			}
+			errs = strings.Join(parts, ", ")
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s |\n", title[r.Setup], p, f, k,
+			time.Duration(r.WallSeconds*float64(time.Second)).Round(time.Second), r.Procs, errs)
+	}
+	// Every spec, its status per setup.
+	status := map[string]map[string]junit.Result{}
+	var specs []string
+	for _, r := range res.Runs {
+		for _, t := range r.Tests {
+			if status[t.Name] == nil {
+				status[t.Name] = map[string]junit.Result{}
+				specs = append(specs, t.Name)
+			}
+			status[t.Name][r.Setup] = t
+		}
+	}
+	sort.Strings(specs)
+	var differ, failedAll []string
+	for _, name := range specs {
+		same, allFailed := true, len(status[name]) == len(res.Runs)
+		var first string
+		for i, r := range res.Runs {
+			st := status[name][r.Setup].Status
+			if st == "" {
+				st = "not run"
+			}
+			if i == 0 {
+				first = st
+			} else if st != first {
+				same = false
+			}
+			if st == "passed" || st == "skipped" {
+				allFailed = false
+			}
+		}
+		switch {
+		case !same:
+			var parts []string
+			for _, r := range res.Runs {
+				t, ok := status[name][r.Setup]
+				switch {
+				case !ok:
+					parts = append(parts, r.Setup+": not run")
+				case t.Failure != "" && t.Status != "passed":
+					parts = append(parts, fmt.Sprintf("%s: %s (%s)", r.Setup, t.Status, t.Failure))
+				default:
+					parts = append(parts, fmt.Sprintf("%s: %s", r.Setup, t.Status))
+				}
+			}
+			differ = append(differ, fmt.Sprintf("- %s: %s", name, strings.Join(parts, "; ")))
+		case allFailed && len(res.Runs) > 0:
+			failedAll = append(failedAll, fmt.Sprintf("- %s: %s", name, status[name][res.Runs[0].Setup].Failure))
+		}
+	}
+	fmt.Fprintf(&b, "\n## Specs whose outcome differs between the setups (%d)\n\n", len(differ))
+	if len(differ) == 0 {
+		b.WriteString("None.\n")
+	} else {
+		b.WriteString(strings.Join(differ, "\n") + "\n")
+	}
+	fmt.Fprintf(&b, "\n## Specs that failed in every setup (%d)\n\n", len(failedAll))
+	if len(failedAll) == 0 {
+		b.WriteString("None.\n")
+	} else {
+		b.WriteString(strings.Join(failedAll, "\n") + "\n")
+	}
+	var notBuilt []string
+	for _, im := range res.Images {
+		if !im.Built {
+			notBuilt = append(notBuilt, fmt.Sprintf("- `%s`: %s", im.Name, im.Why))
+		}
+	}
+	fmt.Fprintf(&b, "\n## Images\n\n%d of the %d images `e2e.test --list-images` names were built offline (package "+
+		"`test/e2eimages`) and loaded into every node; a spec that runs one of the others fails alike in every setup:\n\n",
+		len(res.Images)-len(notBuilt), len(res.Images))
+	b.WriteString(strings.Join(notBuilt, "\n") + "\n")
+	return b.String()
+}
+
+func sortedKeys(m map[string]float64) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
