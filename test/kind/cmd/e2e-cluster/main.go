@@ -767,6 +767,15 @@ func (c *cluster) diagnose(ctx context.Context) {
 	if out, err := c.k(ctx, "get", "nodes,pods", "-A", "-o", "wide"); err == nil {
 		fmt.Fprintf(os.Stderr, "---- kubectl get nodes,pods -A ----\n%s\n", out)
 	}
+	// The events say why a container restarted (a probe, a back-off, a kill) where 30 lines of a
+	// kubelet's journal do not reach.
+	if out, err := c.k(ctx, "get", "events", "-A", "--sort-by=.lastTimestamp"); err == nil {
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) > 80 {
+			lines = lines[len(lines)-80:]
+		}
+		fmt.Fprintf(os.Stderr, "---- kubectl get events -A (the last 80) ----\n%s\n", strings.Join(lines, "\n"))
+	}
 	for _, n := range c.nodes {
 		for _, unit := range []string{"kubelet", "pleg-nri", "containerd"} {
 			logs, _ := c.onNode(ctx, n, "journalctl", "--no-pager", "-n", "30", "-u", unit)
