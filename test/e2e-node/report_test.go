@@ -53,22 +53,9 @@ type suiteRun struct {
 	Tests       []testResult       `json:"tests"`
 }
 
-type counts struct{ Passed, Failed, Skipped int }
+type counts = junit.Counts
 
-func (r suiteRun) counts() counts {
-	var c counts
-	for _, t := range r.Tests {
-		switch t.Status {
-		case "passed":
-			c.Passed++
-		case "skipped", "pending":
-			c.Skipped++
-		default:
-			c.Failed++
-		}
-	}
-	return c
-}
+func (r suiteRun) counts() counts { return junit.Count(r.Tests) }
 
 // readJUnit reads the specs a run selected from a ginkgo JUnit report (junit.Read).
 func readJUnit(path string) ([]testResult, error) { return junit.Read(path) }

@@ -18,6 +18,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
+	"github.com/pleg-nri/pleg-nri/test/junit"
 )
 
 // setup is one way the kubelet learns about container changes.
@@ -318,14 +319,8 @@ func suiteCommand(s setup, sel selection, procs int, timeout time.Duration, dir,
 	return args, cmdEnv, nil
 }
 
-// junitPath is the JUnit report ginkgo wrote into dir: junit.xml, or with the suite's path as prefix
-// (ginkgo's name for the report of a precompiled suite).
-func junitPath(dir string) string {
-	if m, _ := filepath.Glob(filepath.Join(dir, "*junit.xml")); len(m) == 1 {
-		return m[0]
-	}
-	return filepath.Join(dir, "junit.xml")
-}
+// junitPath is the JUnit report ginkgo wrote into dir (junit.Path).
+func junitPath(dir string) string { return junit.Path(dir) }
 
 // kubeletConfigYAML is the suite's own default kubelet configuration
 // (test/e2e_node/jenkins/default-kubelet-config.yaml) for this node: cgroupfs, as the harness's

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -129,4 +130,33 @@ func FirstLine(s string) string {
 		s = s[:300] + "..."
 	}
 	return s
+}
+
+// Counts are a run's specs by outcome: pending counts as skipped, every status but passed and skipped as
+// failed.
+type Counts struct{ Passed, Failed, Skipped int }
+
+// Count counts results by outcome.
+func Count(results []Result) Counts {
+	var c Counts
+	for _, r := range results {
+		switch r.Status {
+		case "passed":
+			c.Passed++
+		case "skipped", "pending":
+			c.Skipped++
+		default:
+			c.Failed++
+		}
+	}
+	return c
+}
+
+// Path is the JUnit report ginkgo wrote into dir with --junit-report=junit.xml: junit.xml, or with the
+// suite's path as prefix (ginkgo's name for the report of a precompiled suite).
+func Path(dir string) string {
+	if m, _ := filepath.Glob(filepath.Join(dir, "*junit.xml")); len(m) == 1 {
+		return m[0]
+	}
+	return filepath.Join(dir, "junit.xml")
 }

@@ -185,33 +185,13 @@ func (c *cluster) runConformance(ctx context.Context, s conformanceSetup, dir st
 	if runErr != nil {
 		r.GinkgoErr = runErr.Error()
 	}
-	path := filepath.Join(dir, "junit.xml")
-	if m, _ := filepath.Glob(filepath.Join(dir, "*junit.xml")); len(m) == 1 {
-		path = m[0]
-	}
-	if r.Tests, err = junit.Read(path); err != nil {
+	if r.Tests, err = junit.Read(junit.Path(dir)); err != nil {
 		return r, fmt.Errorf("conformance, %s: the suite left no results (%v; ginkgo: %v); see %s", s.Name, err, runErr, logFile.Name())
 	}
-	p, f, k := conformanceCounts(r.Tests)
-	fmt.Printf("e2e-cluster: conformance, %s: %d passed, %d failed, %d skipped in %s (ginkgo: %v)\n", s.Title, p, f, k,
+	n := junit.Count(r.Tests)
+	fmt.Printf("e2e-cluster: conformance, %s: %d passed, %d failed, %d skipped in %s (ginkgo: %v)\n", s.Title, n.Passed, n.Failed, n.Skipped,
 		time.Duration(r.WallSeconds*float64(time.Second)).Round(time.Second), runErr)
 	return r, nil
-}
-
-// conformanceCounts counts passed, failed and skipped specs (pending counts as skipped, every other
-// status as failed).
-func conformanceCounts(tests []junit.Result) (passed, failed, skipped int) {
-	for _, t := range tests {
-		switch t.Status {
-		case "passed":
-			passed++
-		case "skipped", "pending":
-			skipped++
-		default:
-			failed++
-		}
-	}
-	return passed, failed, skipped
 }
 
 // conformanceRegressions names the specs that passed in the generic run and did not pass in setup's.
@@ -266,7 +246,7 @@ func conformanceReport(res conformanceResults) string {
 		title[s.Name] = s.Title
 	}
 	for _, r := range res.Runs {
-		p, f, k := conformanceCounts(r.Tests)
+		n := junit.Count(r.Tests)
 		errs := "-"
 		if r.StreamErrs != nil {
 			var parts []string
@@ -275,7 +255,7 @@ func conformanceReport(res conformanceResults) string {
 			}
 			errs = strings.Join(parts, ", ")
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s |\n", title[r.Setup], p, f, k,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %d | %s |\n", title[r.Setup], n.Passed, n.Failed, n.Skipped,
 			time.Duration(r.WallSeconds*float64(time.Second)).Round(time.Second), r.Procs, errs)
 	}
 	// Every spec, its status per setup.
