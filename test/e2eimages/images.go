@@ -68,9 +68,11 @@ type Builder struct {
 //     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
 //     tools upstream's alpine image installs (agnhostPackages), with the entrypoint, the agnhost-2
 //     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds;
-//   - busybox (by tag): Debian's static busybox with every applet, as the harness's busybox image, each
-//     also linked in /bin as in upstream's image, and a stand-in for the one applet the tests call
-//     that Debian's build leaves out, nmeter (./nmeter);
+//   - busybox (by tag): Debian's static busybox with every applet, each also linked in /bin as in
+//     upstream's image, and a stand-in for the one applet the tests call that Debian's build leaves
+//     out, nmeter (./nmeter). Built from Debian's source without the patch that reverts upstream's
+//     9c143ce5 (hack/build-busybox.sh): Debian's binary drops environment variables whose names are
+//     not shell identifiers, upstream's keeps them, and the ConfigMap and Secrets specs read them;
 //   - nginx (every tag): Debian bookworm's nginx-light on a minbase root (upstream: the official
 //     nginx alpine image), serving its welcome page on port 80, logging to the container's stdout and
 //     stderr, stopped with SIGQUIT, as upstream's;
@@ -82,7 +84,11 @@ type Builder struct {
 //
 // An image pinned by digest cannot be rebuilt (its content would differ): it is listed, not built.
 func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string, error) {
-	bb, err := harness.BusyboxFiles(ctx, b.Cache)
+	bbPath, err := b.script(ctx, "build-busybox.sh")
+	if err != nil {
+		return nil, nil, err
+	}
+	bb, err := harness.BusyboxFilesOf(ctx, bbPath)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -198,12 +204,17 @@ func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string,
 
 // rootfs is hack/build-rootfs.sh's Debian root of packages, a tar (cached by the script).
 func (b Builder) rootfs(ctx context.Context, name string, packages ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(b.Root, "test", "e2eimages", "hack", "build-rootfs.sh"), name}, packages...)...)
+	return b.script(ctx, "build-rootfs.sh", append([]string{name}, packages...)...)
+}
+
+// script runs one of this package's hack scripts with the cache, and returns the path it prints.
+func (b Builder) script(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(b.Root, "test", "e2eimages", "hack", name)}, args...)...)
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), "PLEG_NRI_CACHE="+b.Cache)
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("build-rootfs.sh %s: %w", name, err)
+		return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
 	return strings.TrimSpace(string(out)), nil
 }

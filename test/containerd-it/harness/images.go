@@ -108,6 +108,11 @@ func BusyboxFiles(ctx context.Context, cache string) ([]File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox is not installed in %s (run install-deps.sh): %w", cache, err)
 	}
+	return BusyboxFilesOf(ctx, bbPath)
+}
+
+// BusyboxFilesOf are BusyboxFiles with the static busybox binary at bbPath instead of Debian's.
+func BusyboxFilesOf(ctx context.Context, bbPath string) ([]File, error) {
 	busybox, err := os.ReadFile(bbPath)
 	if err != nil {
 		return nil, err
