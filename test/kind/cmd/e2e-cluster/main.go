@@ -21,9 +21,10 @@
 //     pleg-nri left on a node or in the cluster.
 //
 // Crash to restart (package crashbench: pods whose container crashes once, times from containerd) is
-// measured on every node with kind's GenericPLEG, with EventedPLEG on containerd's own stream, with
-// pleg-nri idle, and during the upgrade and the rollback; -report writes the figures per phase and
-// per node.
+// measured right after the install with kind's GenericPLEG, with EventedPLEG on containerd's own
+// stream and with pleg-nri side by side (a setup per node at the same moments, rotated over the nodes
+// in three rounds), and during the upgrade and the rollback; -report writes the figures per phase and
+// per node, and the goals the side-by-side figures meet.
 //
 // The cluster is deleted at the end, whatever happened (PLEG_NRI_E2E_KEEP keeps it), and nothing of it
 // may be left: no container, no volume, no network kind made.
@@ -228,8 +229,6 @@ func run(ctx context.Context, o options) (err error) {
 		return c.conformance(ctx, tmp)
 	}
 
-	// Crash to restart without pleg-nri: kind's kubelets on GenericPLEG, then on containerd's own event
-	// stream (EventedPLEG), then back.
 	var phases []phase
 	var notes []string
 	defer func() {
@@ -237,27 +236,6 @@ func run(ctx context.Context, o options) (err error) {
 			err = errors.Join(err, werr)
 		}
 	}()
-	ph, err := c.idlePhase(ctx, "GenericPLEG (kind's default)", "crash-generic")
-	if err != nil {
-		return err
-	}
-	phases = append(phases, ph)
-	if err := c.kubeletOnContainerd(ctx, true); err != nil {
-		return fmt.Errorf("switching the kubelets to containerd's event stream: %w", err)
-	}
-	ph, err = c.idlePhase(ctx, "EventedPLEG on containerd's stream", "crash-containerd")
-	if err != nil {
-		return err
-	}
-	phases = append(phases, ph)
-	if errs, err := c.kubeletErrors(ctx); err != nil {
-		return err
-	} else {
-		notes = append(notes, fmt.Sprintf("kubelet stream errors on containerd's stream at the end of its phase: %v", errs))
-	}
-	if err := c.kubeletOnContainerd(ctx, false); err != nil {
-		return fmt.Errorf("putting the kubelets back on GenericPLEG: %w", err)
-	}
 
 	// 4. pleg-nri on every node, the kubelets switched.
 	upRepo, upTag, ok := strings.Cut(o.upgradeImage, ":")
@@ -267,6 +245,21 @@ func run(ctx context.Context, o options) (err error) {
 	installed, before, err := c.install(ctx)
 	if err != nil {
 		return err
+	}
+	// Crash to restart side by side: GenericPLEG, containerd's stream and pleg-nri, a node each,
+	// rotated over the nodes; then every kubelet back on pleg-nri, whose streams the rest of the run
+	// must keep.
+	ph3, roundNotes, err := c.sideBySidePhases(ctx)
+	phases = append(phases, ph3...)
+	notes = append(notes, roundNotes...)
+	if err != nil {
+		return err
+	}
+	notes = append(notes, compareSetups(ph3)...)
+	for _, n := range c.nodes {
+		if before[n], err = c.waitStreaming(ctx, n); err != nil {
+			return err
+		}
 	}
 	version, err := c.onNode(ctx, c.nodes[0], "/usr/local/bin/pleg-nri", "version")
 	if err != nil {
@@ -284,11 +277,6 @@ func run(ctx context.Context, o options) (err error) {
 		defer prom.stop()
 		promStart = time.Now()
 	}
-	ph, err = c.idlePhase(ctx, "pleg-nri", "crash-plegnri")
-	if err != nil {
-		return err
-	}
-	phases = append(phases, ph)
 
 	// 5. Workloads on every node.
 	start = time.Now()
@@ -302,7 +290,7 @@ func run(ctx context.Context, o options) (err error) {
 
 	// 6. A rolling upgrade to another image, then a rollback, each while a crash batch runs.
 	// The upgrade image's binary is of version upTag (test/kind/cluster.sh builds it so).
-	ph, err = c.roll(ctx, "rolling upgrade", "crash-upgrade", upTag, before,
+	ph, err := c.roll(ctx, "rolling upgrade", "crash-upgrade", upTag, before,
 		"upgrade", "pleg-nri", o.chart, "--reuse-values", "--set", "image.tag="+upTag)
 	phases = append(phases, ph)
 	if err != nil {

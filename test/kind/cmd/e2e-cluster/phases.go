@@ -60,28 +60,157 @@ func (c *cluster) crashes(ctx context.Context, ns string, perNode int, firstExit
 	return samples, nil
 }
 
-// idlePhase measures crash to restart on the idle cluster as it is now.
-func (c *cluster) idlePhase(ctx context.Context, name, ns string) (phase, error) {
-	s, err := c.crashes(ctx, ns, crashIdlePerNode, crashIdleFirstExit, crashbench.Spacing, nil)
-	return phase{name: name, samples: s}, err
+// kubeletSetup is where a node's kubelet takes its container events from.
+type kubeletSetup struct {
+	name     string // as the report names it
+	endpoint string // the kubelet's containerRuntimeEndpoint
+	gate     string // the EventedPLEG gate: "true", or "remove" for kind's default (GenericPLEG)
 }
 
-// kubeletOnContainerd points every node's kubelet at containerd's socket with the EventedPLEG gate set
-// (on: true) or removed (on: false), with pleg-nri's own kubelet-config command copied to the node (/usr/local/bin: the node's /tmp is a tmpfs, which docker cp does not reach), and
-// restarts the kubelets that changed; then waits until the nodes are Ready (and, with the gate, until
-// each kubelet holds containerd's event stream).
-func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
-	gate := "remove"
-	if on {
-		gate = "true"
+const (
+	containerdSocket = "unix:///run/containerd/containerd.sock"
+	plegNRISocket    = "unix:///run/pleg-nri/cri.sock"
+)
+
+var (
+	onGeneric    = kubeletSetup{"GenericPLEG (kind's default)", containerdSocket, "remove"}
+	onContainerd = kubeletSetup{"EventedPLEG on containerd's stream", containerdSocket, "true"}
+	onPlegNRI    = kubeletSetup{"pleg-nri", plegNRISocket, "true"}
+	// sideBySide are the setups measured side by side, one per node in each round.
+	sideBySide = []kubeletSetup{onGeneric, onContainerd, onPlegNRI}
+)
+
+// rotation is round r's setup of each node: node i runs setups[(i+r) mod len(setups)], so that over
+// len(setups) rounds every setup runs once on every node (with as many nodes as setups), and in every
+// round each setup runs beside the others at the same moments.
+func rotation(nodes []string, setups []kubeletSetup, r int) map[string]kubeletSetup {
+	out := make(map[string]kubeletSetup, len(nodes))
+	for i, n := range nodes {
+		out[n] = setups[(i+r)%len(setups)]
 	}
+	return out
+}
+
+// sideBySidePhases measures crash to restart for every setup of sideBySide at once, one setup per
+// node, in len(sideBySide) rounds that rotate the setups over the nodes (the control plane is busier
+// than a worker: each setup has it once). pleg-nri runs on every node, as the chart installed it;
+// a node's setup is only where its kubelet takes its events from (as in make bench-kubelet, where
+// every setup's kubelet runs against the same containerd with pleg-nri attached). It leaves every
+// kubelet on pleg-nri, and returns a phase per setup and what the evented kubelets counted.
+func (c *cluster) sideBySidePhases(ctx context.Context) ([]phase, []string, error) {
+	phases := make([]phase, len(sideBySide))
+	for i, s := range sideBySide {
+		phases[i].name = s.name
+	}
+	var notes []string
+	for r := range sideBySide {
+		want := rotation(c.nodes, sideBySide, r)
+		if err := c.switchKubelets(ctx, want); err != nil {
+			return phases, notes, fmt.Errorf("round %d: %w", r+1, err)
+		}
+		var desc []string
+		for _, n := range c.nodes {
+			desc = append(desc, n+": "+want[n].name)
+		}
+		fmt.Printf("e2e-cluster: side by side, round %d of %d: %s\n", r+1, len(sideBySide), strings.Join(desc, "; "))
+		samples, err := c.crashes(ctx, fmt.Sprintf("crash-round%d", r+1), crashIdlePerNode, crashIdleFirstExit, crashbench.Spacing, nil)
+		if err != nil {
+			return phases, notes, err
+		}
+		for _, smp := range samples {
+			for i, s := range sideBySide {
+				if want[smp.Node] == s {
+					phases[i].samples = append(phases[i].samples, smp)
+				}
+			}
+		}
+		// The evented kubelets' stream errors, before the next round restarts them.
+		var errs []string
+		for _, n := range c.nodes {
+			if want[n].gate != "true" {
+				continue
+			}
+			m, err := c.kubeletMetrics(ctx, n)
+			if err != nil {
+				return phases, notes, err
+			}
+			e := metric(m, "kubelet_evented_pleg_connection_error_count")
+			errs = append(errs, fmt.Sprintf("%s on %s: %v", want[n].name, n, e))
+			if want[n] == onPlegNRI && e != 0 {
+				return phases, notes, fmt.Errorf("round %d: the kubelet on %s counted %v stream errors on pleg-nri", r+1, n, e)
+			}
+		}
+		notes = append(notes, fmt.Sprintf("round %d: %s; kubelet stream errors at its end: %s", r+1, strings.Join(desc, ", "), strings.Join(errs, ", ")))
+	}
+	all := map[string]kubeletSetup{}
 	for _, n := range c.nodes {
+		all[n] = onPlegNRI
+	}
+	if err := c.switchKubelets(ctx, all); err != nil {
+		return phases, notes, fmt.Errorf("putting every kubelet back on pleg-nri: %w", err)
+	}
+	return phases, notes, nil
+}
+
+// compareSetups states the goals of the crash-to-restart figures of the side-by-side phases: created
+// at most 0.5x of containerd's stream's and at least 10x sooner than GenericPLEG's, started at least
+// 50 ms sooner than containerd's stream's, at p50 (and p90 alongside).
+func compareSetups(phases []phase) []string {
+	by := map[string]crashbench.Stats{}
+	for _, p := range phases {
+		by[p.name] = crashbench.Of(p.samples)
+	}
+	g, cd, pn := by[onGeneric.name], by[onContainerd.name], by[onPlegNRI.name]
+	if g.N == 0 || cd.N == 0 || pn.N == 0 {
+		return nil
+	}
+	yes := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "not met"
+	}
+	return []string{
+		fmt.Sprintf("side by side, created p50: pleg-nri %.0f ms, containerd's stream %.0f ms (%.2fx; goal <= 0.5x: %s), "+
+			"GenericPLEG %.0f ms (%.1fx sooner; goal >= 10x: %s); p90 %.0f / %.0f / %.0f ms",
+			pn.CreatedP50, cd.CreatedP50, pn.CreatedP50/cd.CreatedP50, yes(pn.CreatedP50 <= 0.5*cd.CreatedP50),
+			g.CreatedP50, g.CreatedP50/pn.CreatedP50, yes(g.CreatedP50 >= 10*pn.CreatedP50), pn.CreatedP90, cd.CreatedP90, g.CreatedP90),
+		fmt.Sprintf("side by side, started p50: pleg-nri %.0f ms, containerd's stream %.0f ms (%+.0f ms; goal >= 50 ms sooner: %s), "+
+			"GenericPLEG %.0f ms; p90 %.0f / %.0f / %.0f ms (%+.0f ms against containerd's stream: %s)",
+			pn.StartedP50, cd.StartedP50, pn.StartedP50-cd.StartedP50, yes(cd.StartedP50-pn.StartedP50 >= 50),
+			g.StartedP50, pn.StartedP90, cd.StartedP90, g.StartedP90, pn.StartedP90-cd.StartedP90, yes(cd.StartedP90-pn.StartedP90 >= 50)),
+	}
+}
+
+// kubeletOnContainerd points every node's kubelet at containerd's socket, with containerd's event
+// stream (on) or kind's default GenericPLEG.
+func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
+	want := map[string]kubeletSetup{}
+	for _, n := range c.nodes {
+		want[n] = onGeneric
+		if on {
+			want[n] = onContainerd
+		}
+	}
+	return c.switchKubelets(ctx, want)
+}
+
+// switchKubelets points each node's kubelet where want says, with pleg-nri's own kubelet-config
+// command copied to the node (/usr/local/bin: the node's /tmp is a tmpfs, which docker cp does not
+// reach), and restarts the kubelets that changed; then waits until the nodes are Ready and each
+// evented kubelet holds its event stream (pleg-nri's: one subscriber, no error).
+func (c *cluster) switchKubelets(ctx context.Context, want map[string]kubeletSetup) error {
+	for _, n := range c.nodes {
+		s, ok := want[n]
+		if !ok {
+			continue
+		}
 		if _, err := cmd(ctx, "docker", "cp", c.o.plegNRIBin, n+":/usr/local/bin/e2e-pleg-nri"); err != nil {
 			return err
 		}
 		out, err := c.onNode(ctx, n, "/usr/local/bin/e2e-pleg-nri", "kubelet-config", "--config", "/var/lib/kubelet/config.yaml",
-			"--kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "--container-runtime-endpoint", "unix:///run/containerd/containerd.sock",
-			"--evented-pleg", gate)
+			"--kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "--container-runtime-endpoint", s.endpoint,
+			"--evented-pleg", s.gate)
 		if err != nil {
 			return fmt.Errorf("%s: kubelet-config: %w", n, err)
 		}
@@ -95,19 +224,27 @@ func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {
 		}
 	}
 	for _, n := range c.nodes {
+		s, ok := want[n]
+		if !ok {
+			continue
+		}
 		// The restarted kubelet posts Ready again within its status period; the node may still show the
 		// old kubelet's Ready for a moment, which is why the stream is waited for too.
 		if _, err := c.k(ctx, "wait", "--for=condition=Ready", "node/"+n, "--timeout=180s"); err != nil {
 			return fmt.Errorf("node %s is not Ready after its kubelet restarted: %w", n, err)
 		}
-		if !on {
-			continue
-		}
-		if err := testutil.PollEvery(ctx, 2*time.Minute, 2*time.Second, "the kubelet on "+n+" to hold containerd's event stream", func() (bool, error) {
-			m, err := c.kubeletMetrics(ctx, n)
-			return err == nil && metric(m, "kubelet_evented_pleg_connection_success_count") >= 1, nil
-		}); err != nil {
-			return err
+		switch {
+		case s == onPlegNRI:
+			if _, err := c.waitStreaming(ctx, n); err != nil {
+				return err
+			}
+		case s.gate == "true":
+			if err := testutil.PollEvery(ctx, 2*time.Minute, 2*time.Second, "the kubelet on "+n+" to hold containerd's event stream", func() (bool, error) {
+				m, err := c.kubeletMetrics(ctx, n)
+				return err == nil && metric(m, "kubelet_evented_pleg_connection_success_count") >= 1, nil
+			}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -195,7 +332,7 @@ func (c *cluster) uninstall(ctx context.Context) (time.Duration, error) {
 		if err != nil {
 			return took, err
 		}
-		if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") {
+		if !strings.Contains(kcfg, "containerRuntimeEndpoint: "+containerdSocket) || strings.Contains(kcfg, "EventedPLEG") {
 			left = append(left, fmt.Sprintf("%s: the kubelet's configuration after uninstall:\n%s", n, kcfg))
 		}
 		if out, err := c.onNode(ctx, n, "systemctl", "cat", "pleg-nri.service"); err == nil {
@@ -231,8 +368,10 @@ func report(version string, phases []phase, extra []string) string {
 	fmt.Fprintf(&b, "# make e2e-cluster on Kubernetes %s: crash to restart, per setup and per node\n\n", version)
 	b.WriteString("Written by `make e2e-cluster` (test/kind/cmd/e2e-cluster). A kind cluster of 3 nodes on this machine " +
 		"(2 cores, shared); each sample is a pod whose container crashes once: its exit to the creation and the start of the " +
-		"container the kubelet replaces it with, from the node's containerd. An upgrade's or a rollback's figures count the " +
-		"samples whose exit fell while the DaemonSet rolled.\n\n")
+		"container the kubelet replaces it with, from the node's containerd. The three idle setups run side by side: in each of 3 " +
+		"rounds every node's kubelet takes its events from one setup, rotated so that each setup runs once on every node (a " +
+		"setup's row for a node is its round there), with pleg-nri installed by the chart on every node throughout. An " +
+		"upgrade's or a rollback's figures count the samples whose exit fell while the DaemonSet rolled.\n\n")
 	b.WriteString("| phase | node | samples | created p50 | created p90 | started p50 | started p90 |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, p := range phases {
 		rows := []struct {
