@@ -274,9 +274,9 @@ e2e-cluster: image helm prometheus ## A kind cluster of 3 nodes (K8S_VERSION, de
 CONFORMANCE_PROCS ?= 4
 
 .PHONY: e2e-cluster-conformance
-e2e-cluster-conformance: deps-runtime image helm ## Upstream's [sig-node] [Conformance] specs (e2e.test at K8S_VERSION, built once into the cache; its images built offline) on make e2e-cluster's 3-node cluster with GenericPLEG, containerd's stream and pleg-nri; writes docs/e2e-cluster-conformance-<version>.{md,json}.
+e2e-cluster-conformance: deps-runtime image helm $(REGISTRY) ## Upstream's [sig-node] [Conformance] specs (e2e.test at K8S_VERSION, built once into the cache; its images built offline) on make e2e-cluster's 3-node cluster with GenericPLEG, containerd's stream and pleg-nri; writes docs/e2e-cluster-conformance-<version>.{md,json}.
 	@test "$$(id -u)" = 0 || { echo "e2e-cluster-conformance needs root (it builds images with debootstrap)"; exit 1; }
-	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_CONFORMANCE=1 CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) \
+	K8S_VERSION=$(K8S_VERSION) PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_CONFORMANCE=1 CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) PLEG_NRI_REGISTRY=$(REGISTRY) \
 	  $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) bash test/kind/cluster.sh
 
 .PHONY: test-deploy

@@ -76,20 +76,3 @@ func TestReport(t *testing.T) {
 		t.Errorf("genericRegressions = %q, want the one spec that failed with containerd's stream only", got)
 	}
 }
-
-func TestSplitRegistry(t *testing.T) {
-	for _, c := range []struct {
-		name, host, rest string
-		ok               bool
-	}{
-		{"registry.k8s.io/e2e-test-images/agnhost:2.62", "registry.k8s.io", "e2e-test-images/agnhost:2.62", true},
-		{"localhost:5000/pause:testing", "localhost:5000", "pause:testing", true},
-		{"busybox:1.37", "", "", false},
-		{"library/busybox:1.37", "", "", false},
-	} {
-		host, rest, ok := splitRegistry(c.name)
-		if host != c.host || rest != c.rest || ok != c.ok {
-			t.Errorf("splitRegistry(%q) = %q, %q, %v; want %q, %q, %v", c.name, host, rest, ok, c.host, c.rest, c.ok)
-		}
-	}
-}

@@ -123,12 +123,16 @@ func TestNodeE2E(t *testing.T) {
 	}
 	if bin := os.Getenv(registryEnv); bin != "" {
 		// Not under the results: cleaning the node between setups kills what runs from there.
-		r, err := startRegistry(ctx, bin, t.TempDir())
+		addr, err := testutil.FreeLoopbackAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(r.stop)
-		hosts, err := r.mirror(ctx, images)
+		r, err := e2eimages.StartRegistry(ctx, bin, t.TempDir(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Stop)
+		hosts, err := mirror(ctx, r, images)
 		t.Cleanup(func() {
 			if err := unmirror(hosts); err != nil {
 				t.Error(err)
@@ -137,7 +141,7 @@ func TestNodeE2E(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("registry on %s holds every image built; containerd pulls %s from it", r.addr, strings.Join(hosts, ", "))
+		t.Logf("registry on %s holds every image built; containerd pulls %s from it", r.Addr, strings.Join(hosts, ", "))
 	} else {
 		t.Logf("NO REGISTRY (%s is not set): the specs that pull an image fail alike in every setup", registryEnv)
 	}

@@ -19,6 +19,8 @@
 #                                    (GenericPLEG, containerd's stream, pleg-nri), written to
 #                                    docs/e2e-cluster-conformance-$K8S_VERSION.{md,json} (make e2e-cluster-conformance)
 #        CONFORMANCE_PROCS           ginkgo's parallel processes (default 4)
+#        PLEG_NRI_REGISTRY           with PLEG_NRI_CONFORMANCE: the registry binary (make builds it) serving the
+#                                    built images to the specs that pull, on the kind network's gateway
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -79,7 +81,7 @@ if [ "${PLEG_NRI_CONFORMANCE:-}" = 1 ]; then
 	commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 	[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit+changes"
 	conformance=(-conformance "$suite" -conformance-report "docs/e2e-cluster-conformance-$K8S_VERSION.md"
-		-conformance-procs "${CONFORMANCE_PROCS:-4}" -cache "$CACHE" -commit "$commit")
+		-conformance-procs "${CONFORMANCE_PROCS:-4}" -cache "$CACHE" -commit "$commit" ${PLEG_NRI_REGISTRY:+-registry "$PLEG_NRI_REGISTRY"})
 fi
 
 # kind's docker provider runs its nodes --privileged: the shim stands in where the engine cannot grant

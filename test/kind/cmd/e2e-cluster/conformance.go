@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,87 @@ type conformanceResults struct {
 	Focus   string             `json:"focus"`
 	Skip    string             `json:"skip,omitempty"`
 	Images  []e2eimages.Result `json:"images"`
-	Runs    []conformanceRun   `json:"runs"`
+	// Registry says where the specs that pull find the built images ("" without a registry).
+	Registry string           `json:"registry,omitempty"`
+	Runs     []conformanceRun `json:"runs"`
+}
+
+// startRegistry starts the registry binary on the host, on the kind network's gateway address (every
+// node reaches it there), pushes every built image to it from the control plane's containerd (kind
+// load put them there), and writes on every node containerd's registry host configuration for each of
+// their registries: a spec that pulls (ImageVolume's PullAlways) pulls over the network, as from
+// registry.k8s.io. It returns the registry (to stop) and a line saying what it holds.
+func (c *cluster) startRegistry(ctx context.Context, dir string, images []e2eimages.Result) (*e2eimages.Registry, string, error) {
+	gw, err := kindGateway(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(gw, "0"))
+	if err != nil {
+		return nil, "", fmt.Errorf("the kind network's gateway %s: %w", gw, err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	r, err := e2eimages.StartRegistry(ctx, c.o.registry, dir, addr)
+	if err != nil {
+		return nil, "", err
+	}
+	ctr := func(args ...string) error {
+		if out, err := c.onNode(ctx, c.nodes[0], append([]string{"ctr", "--namespace", "k8s.io"}, args...)...); err != nil {
+			return fmt.Errorf("on %s: ctr %s: %w\n%s", c.nodes[0], strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	hosts := map[string]bool{}
+	pushed := 0
+	for _, im := range images {
+		host, rest, ok := e2eimages.SplitRegistry(im.Name)
+		if !im.Built || !ok {
+			continue
+		}
+		local := addr + "/" + rest
+		if err := ctr("images", "tag", "--force", im.Name, local); err != nil {
+			return r, "", err
+		}
+		err := ctr("images", "push", "--plain-http", local)
+		if rmErr := ctr("images", "rm", local); err == nil {
+			err = rmErr
+		}
+		if err != nil {
+			return r, "", err
+		}
+		hosts[host] = true
+		pushed++
+	}
+	var names []string
+	for host := range hosts {
+		names = append(names, host)
+	}
+	sort.Strings(names)
+	for _, n := range c.nodes {
+		for _, host := range names {
+			d := "/etc/containerd/certs.d/" + host
+			if out, err := c.onNode(ctx, n, "sh", "-c", `mkdir -p "$1" && printf '%s' "$2" >"$1/hosts.toml"`, "sh", d, e2eimages.HostsTOML(host, addr)); err != nil {
+				return r, "", fmt.Errorf("%s: writing %s/hosts.toml: %w\n%s", n, d, err, out)
+			}
+		}
+	}
+	return r, fmt.Sprintf("a registry (distribution, built from the module proxy) on the host at %s holds the %d images built; "+
+		"every node's containerd pulls %s from it (/etc/containerd/certs.d)", addr, pushed, strings.Join(names, ", ")), nil
+}
+
+// kindGateway is the host's IPv4 address on the kind network.
+func kindGateway(ctx context.Context) (string, error) {
+	out, err := cmd(ctx, "docker", "network", "inspect", "kind", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}")
+	if err != nil {
+		return "", err
+	}
+	for _, f := range strings.Fields(out) {
+		if ip := net.ParseIP(f); ip != nil && ip.To4() != nil {
+			return f, nil
+		}
+	}
+	return "", fmt.Errorf("the kind network has no IPv4 gateway: %q", out)
 }
 
 // conformance builds the images e2e.test names offline, loads them into every node, and runs the
@@ -98,6 +179,17 @@ func (c *cluster) conformance(ctx context.Context, tmp string) (err error) {
 		time.Since(start).Round(time.Second))
 
 	res := conformanceResults{Version: c.o.version, Commit: c.o.commit, Focus: conformanceFocus, Skip: conformanceSkip, Images: images}
+	if c.o.registry != "" {
+		r, line, err := c.startRegistry(ctx, filepath.Join(tmp, "registry"), images)
+		if r != nil {
+			defer r.Stop()
+		}
+		if err != nil {
+			return err
+		}
+		res.Registry = line
+		fmt.Printf("e2e-cluster: %s\n", line)
+	}
 	defer func() {
 		if werr := writeConformance(c.o.conformanceReport, res); werr != nil {
 			err = errors.Join(err, werr)
@@ -329,6 +421,9 @@ func conformanceReport(res conformanceResults) string {
 	fmt.Fprintf(&b, "\n## Images\n\n%d of the %d images `e2e.test --list-images` names were built offline (package "+
 		"`test/e2eimages`) and loaded into every node; a spec that runs one of the others fails alike in every setup:\n\n",
 		len(res.Images)-len(notBuilt), len(res.Images))
+	if res.Registry != "" {
+		fmt.Fprintf(&b, "For the specs that pull: %s.\n\n", res.Registry)
+	}
 	b.WriteString(strings.Join(notBuilt, "\n") + "\n")
 	return b.String()
 }

@@ -75,6 +75,7 @@ func main() {
 	flag.StringVar(&o.conformance, "conformance", "", "a directory with upstream's e2e.test, ginkgo and agnhost at the cluster's version "+
 		"(build-e2e-node.sh, E2E_SUITE=e2e): run its [sig-node] [Conformance] specs per setup instead of the rest")
 	flag.StringVar(&o.conformanceReport, "conformance-report", "", "with -conformance: write the report there (markdown; the results beside it as .json)")
+	flag.StringVar(&o.registry, "registry", "", "with -conformance: the registry binary (distribution's) to serve the built images to the specs that pull")
 	flag.IntVar(&o.conformanceProcs, "conformance-procs", 4, "with -conformance: ginkgo's parallel processes")
 	flag.DurationVar(&o.conformanceTimeout, "conformance-timeout", 2*time.Hour, "with -conformance: ginkgo's timeout per setup")
 	flag.StringVar(&o.cache, "cache", "/var/cache/pleg-nri", "the dependency cache (the test images' inputs and archives)")
@@ -100,7 +101,7 @@ type options struct {
 	kind, kubectl, helm, image, nodenetTar, nodenetImage, plegNRITar, plegNRIImage, chart, name string
 	upgradeTar, upgradeImage, plegNRIBin, report, version                                       string
 	prometheus, scrapeConfig, rules, dashboard                                                  string
-	conformance, conformanceReport, cache, commit                                               string
+	conformance, conformanceReport, cache, commit, registry                                     string
 	conformanceProcs                                                                            int
 	conformanceTimeout                                                                          time.Duration
 	keep                                                                                        bool

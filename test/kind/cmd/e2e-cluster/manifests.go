@@ -21,6 +21,12 @@ nodes:
   - hostPath: {{ .CNIDir }}
     containerPath: /etc/cni/net.d
 {{- end }}
+# containerd reads registry host configuration from /etc/containerd/certs.d (kind's own docs do the
+# same): make e2e-cluster-conformance points registry.k8s.io at a registry on the host there.
+containerdConfigPatches:
+- |-
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
 kubeadmConfigPatches:
 - |
   kind: KubeletConfiguration
