@@ -32,10 +32,18 @@ die() { echo "build-busybox: ERROR: $*" >&2; exit 1; }
 # shellcheck source=../../../hack/retry.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../../hack/retry.sh"
 
-for tool in curl gpgv xz bzip2 make gcc patch; do
-	command -v "$tool" >/dev/null || die "$tool is missing (Debian: curl gpgv xz-utils bzip2 make gcc patch)"
+# The tools of the build, installed from Debian's packages where missing.
+missing=()
+for pair in curl:curl gpgv:gpgv xz:xz-utils bzip2:bzip2 make:make gcc:gcc patch:patch; do
+	command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
-[ -r "$KEYRING" ] || die "$KEYRING is missing (Debian: debian-archive-keyring)"
+[ -r "$KEYRING" ] || missing+=(debian-archive-keyring)
+if [ ${#missing[@]} -gt 0 ]; then
+	log "apt-get install ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+		die "apt-get install ${missing[*]} failed"
+fi
 
 mkdir -p "$CACHE/busybox-e2e"
 exec 9>"$CACHE/busybox-e2e/.lock"
