@@ -297,7 +297,8 @@ metadata:
   name: job-{{ $i }}
   namespace: workloads
 spec:
-  backoffLimit: 0
+  # A pod the runtime could not start is retried; one that ran and failed fails the run (checkJobFailures).
+  backoffLimit: 2
   template:
     spec:
       nodeName: {{ $n }}
