@@ -65,3 +65,12 @@ func TestCompareSetups(t *testing.T) {
 		t.Errorf("without every setup: %q, want nothing", got)
 	}
 }
+
+func TestExitOrStartError(t *testing.T) {
+	ok := exitOrStartError("n", "3")
+	for s, want := range map[string]bool{"3 Error": true, "128 StartError": true, "128 Error": false, "0 Completed": false, "": false} {
+		if got := ok(s); got != want {
+			t.Errorf("exitOrStartError(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
