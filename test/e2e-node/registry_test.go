@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
@@ -29,30 +28,11 @@ func mirror(ctx context.Context, r *e2eimages.Registry, images []e2eimages.Resul
 		}
 		return nil
 	}
-	hosts := map[string]bool{}
-	for _, im := range images {
-		if !im.Built {
-			continue
-		}
-		host, rest, ok := e2eimages.SplitRegistry(im.Name)
-		if !ok {
-			continue
-		}
-		local := r.Addr + "/" + rest
-		if err := run("images", "tag", "--force", im.Name, local); err != nil {
-			return nil, err
-		}
-		err := run("images", "push", "--plain-http", local)
-		if rmErr := run("images", "rm", local); err == nil {
-			err = rmErr
-		}
-		if err != nil {
-			return nil, err
-		}
-		hosts[host] = true
+	hosts, _, err := r.Push(images, run)
+	if err != nil {
+		return nil, err
 	}
-	var out []string
-	for host := range hosts {
+	for _, host := range hosts {
 		dir := filepath.Join(env.RegistryHostsDir(), host)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
@@ -60,10 +40,8 @@ func mirror(ctx context.Context, r *e2eimages.Registry, images []e2eimages.Resul
 		if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(e2eimages.HostsTOML(host, r.Addr)), 0o644); err != nil {
 			return nil, err
 		}
-		out = append(out, host)
 	}
-	sort.Strings(out)
-	return out, nil
+	return hosts, nil
 }
 
 // unmirror removes the registry host configuration mirror wrote.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -105,4 +106,36 @@ func SplitRegistry(name string) (host, rest string, ok bool) {
 // pull and resolve host's images from the registry at addr, over plain HTTP.
 func HostsTOML(host, addr string) string {
 	return fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "https://"+host, "http://"+addr)
+}
+
+// Push pushes every built image that names a registry host to r under its own path, through ctr (the
+// ctr of the containerd that holds the images, in their namespace: ctr("images", "push", ...)), and
+// returns the registry hosts of the images pushed, sorted, for containerd's host configuration, and
+// how many it pushed.
+func (r *Registry) Push(images []Result, ctr func(args ...string) error) (hosts []string, pushed int, err error) {
+	seen := map[string]bool{}
+	for _, im := range images {
+		host, rest, ok := SplitRegistry(im.Name)
+		if !im.Built || !ok {
+			continue
+		}
+		local := r.Addr + "/" + rest
+		if err := ctr("images", "tag", "--force", im.Name, local); err != nil {
+			return nil, pushed, err
+		}
+		err := ctr("images", "push", "--plain-http", local)
+		if rmErr := ctr("images", "rm", local); err == nil {
+			err = rmErr
+		}
+		if err != nil {
+			return nil, pushed, err
+		}
+		pushed++
+		if !seen[host] {
+			seen[host] = true
+			hosts = append(hosts, host)
+		}
+	}
+	sort.Strings(hosts)
+	return hosts, pushed, nil
 }

@@ -91,32 +91,10 @@ func (c *cluster) startRegistry(ctx context.Context, dir string, images []e2eima
 		}
 		return nil
 	}
-	hosts := map[string]bool{}
-	pushed := 0
-	for _, im := range images {
-		host, rest, ok := e2eimages.SplitRegistry(im.Name)
-		if !im.Built || !ok {
-			continue
-		}
-		local := addr + "/" + rest
-		if err := ctr("images", "tag", "--force", im.Name, local); err != nil {
-			return r, "", err
-		}
-		err := ctr("images", "push", "--plain-http", local)
-		if rmErr := ctr("images", "rm", local); err == nil {
-			err = rmErr
-		}
-		if err != nil {
-			return r, "", err
-		}
-		hosts[host] = true
-		pushed++
+	names, pushed, err := r.Push(images, ctr)
+	if err != nil {
+		return r, "", err
 	}
-	var names []string
-	for host := range hosts {
-		names = append(names, host)
-	}
-	sort.Strings(names)
 	for _, n := range c.nodes {
 		for _, host := range names {
 			d := "/etc/containerd/certs.d/" + host
