@@ -146,6 +146,19 @@ func (s *state) wakeCheckpoint() {
 	}
 }
 
+// phaseEvent is the event type that reports phase ph (PhaseCreated to PhaseRemoved).
+func phaseEvent(ph Phase) runtimeapi.ContainerEventType {
+	switch ph {
+	case PhaseCreated:
+		return runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+	case PhaseRunning:
+		return runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+	case PhaseExited:
+		return runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	}
+	return runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT
+}
+
 // eventPhase is the phase an event type reports.
 func eventPhase(t runtimeapi.ContainerEventType) Phase {
 	switch t {

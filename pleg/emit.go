@@ -180,6 +180,7 @@ func (s *state) emit(ctx context.Context, o *object, t runtimeapi.ContainerEvent
 	s.metrics.EventEmitted(t, o.kind, c.src, latency)
 	if c.src == SourceRelist {
 		s.metrics.RelistRepair(o.kind, t)
+		o.repaired |= 1 << eventPhase(t)
 	}
 	if log.GetLevel() >= log.DebugLevel {
 		log.G(ctx).WithField(o.kind.String(), o.id).WithField("source", c.src).Debugf("emit %s", t)

@@ -286,20 +286,21 @@ func containerStatus(id, sandbox string, at time.Time) *runtimeapi.ContainerStat
 // countingMetrics counts what the tests look at.
 type countingMetrics struct {
 	NopMetrics
-	mu         sync.Mutex
-	suppressed map[string]int
-	dropped    map[string]int
-	corrected  int
-	repairs    map[string]int
-	coalesced  int
-	evicted    int
-	mismatch   int
-	emitted    int
-	ticks      int // emitted with SourceTick
+	mu          sync.Mutex
+	suppressed  map[string]int
+	dropped     map[string]int
+	corrected   int
+	repairs     map[string]int
+	repairsLate map[string]int
+	coalesced   int
+	evicted     int
+	mismatch    int
+	emitted     int
+	ticks       int // emitted with SourceTick
 }
 
 func newCountingMetrics() *countingMetrics {
-	return &countingMetrics{suppressed: map[string]int{}, dropped: map[string]int{}, repairs: map[string]int{}}
+	return &countingMetrics{suppressed: map[string]int{}, dropped: map[string]int{}, repairs: map[string]int{}, repairsLate: map[string]int{}}
 }
 
 func (m *countingMetrics) ObservationSuppressed(_ Source, reason string) {
@@ -324,6 +325,11 @@ func (m *countingMetrics) EventEmitted(_ runtimeapi.ContainerEventType, _ Kind, 
 func (m *countingMetrics) RelistRepair(k Kind, t runtimeapi.ContainerEventType) {
 	m.mu.Lock()
 	m.repairs[k.String()+"_"+eventName(t)]++
+	m.mu.Unlock()
+}
+func (m *countingMetrics) RelistRepairLate(k Kind, t runtimeapi.ContainerEventType) {
+	m.mu.Lock()
+	m.repairsLate[k.String()+"_"+eventName(t)]++
 	m.mu.Unlock()
 }
 func (m *countingMetrics) EventsCoalesced(n int)    { m.mu.Lock(); m.coalesced += n; m.mu.Unlock() }

@@ -97,6 +97,10 @@ type Metrics interface {
 	RelistCompleted(d time.Duration, err error)
 	// RelistRepair counts an event emitted because a relist found what the events missed.
 	RelistRepair(kind Kind, t runtimeapi.ContainerEventType)
+	// RelistRepairLate counts a relist repair (RelistRepair) whose transition an event input (NRI, a
+	// task event) reported afterwards: the input was late, not missing (a busy node or containerd), and
+	// the relist only sent the event first.
+	RelistRepairLate(kind Kind, t runtimeapi.ContainerEventType)
 	// CheckpointLoaded reports the checkpoint read at startup: the objects restored from it and the
 	// result (one of the Checkpoint* constants).
 	CheckpointLoaded(objects int, result string)
@@ -133,6 +137,7 @@ func (NopMetrics) EventsCoalesced(int)                                          
 func (NopMetrics) SubscriberEvicted(uint64)                                                {}
 func (NopMetrics) RelistCompleted(time.Duration, error)                                    {}
 func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                        {}
+func (NopMetrics) RelistRepairLate(Kind, runtimeapi.ContainerEventType)                    {}
 func (NopMetrics) CheckpointLoaded(int, string)                                            {}
 func (NopMetrics) CheckpointWritten(int, int, time.Duration, error)                        {}
 func (NopMetrics) StartupReplayDropped()                                                   {}

@@ -29,6 +29,7 @@ type PrometheusMetrics struct {
 	evicted        prometheus.Counter
 	relist         *prometheus.HistogramVec
 	repairs        *prometheus.CounterVec
+	repairsLate    *prometheus.CounterVec
 	ckptRestore    *prometheus.CounterVec
 	ckptRestored   prometheus.Gauge
 	ckptWrites     *prometheus.CounterVec
@@ -78,6 +79,8 @@ func NewPrometheusMetrics(reg prometheus.Registerer) *PrometheusMetrics {
 			Help: "Relists, by result.", Buckets: promutil.LatencyBuckets}, []string{"result"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_total",
 			Help: "Events emitted because a relist found what the event inputs missed."}, []string{"kind", "type"}),
+		repairsLate: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_late_input_total",
+			Help: "Relist repairs whose transition an event input (NRI, a task event) reported afterwards: the input was late, not missing."}, []string{"kind", "type"}),
 		ckptRestore: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_restores_total",
 			Help: "Checkpoints read at startup, by result (restored, absent, unusable)."}, []string{"result"}),
 		ckptRestored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_restored_objects",
@@ -96,7 +99,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) *PrometheusMetrics {
 			Help: "OOM checks (containerd task metrics) of exits with status 137 before their STOPPED, by result."}, []string{"result"}),
 	}
 	reg.MustRegister(m.observations, m.suppressed, m.emitted, m.corrected, m.dropped, m.emitLatency, m.sendLatency,
-		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs,
+		m.statusCalls, m.statusMismatch, m.subscribers, m.queueDepth, m.coalesced, m.evicted, m.relist, m.repairs, m.repairsLate,
 		m.ckptRestore, m.ckptRestored, m.ckptWrites, m.ckptWriteTime, m.ckptBytes, m.ckptObjects, m.replayDropped, m.oomChecks)
 	// Repairs exist from the start (at 0): a dashboard shows 0 on a node that never needed one, and the
 	// alert on their increase sees the first one.
@@ -177,6 +180,10 @@ func (m *PrometheusMetrics) RelistCompleted(d time.Duration, err error) {
 
 func (m *PrometheusMetrics) RelistRepair(kind Kind, t runtimeapi.ContainerEventType) {
 	m.repairs.WithLabelValues(kind.String(), eventType(t)).Inc()
+}
+
+func (m *PrometheusMetrics) RelistRepairLate(kind Kind, t runtimeapi.ContainerEventType) {
+	m.repairsLate.WithLabelValues(kind.String(), eventType(t)).Inc()
 }
 
 func (m *PrometheusMetrics) CheckpointLoaded(objects int, result string) {

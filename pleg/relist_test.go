@@ -214,3 +214,34 @@ func TestRelistErrors(t *testing.T) {
 		t.Error("New without a StatusSource succeeded")
 	}
 }
+
+// TestRelistRepairLateInput: a relist that sends an exit before containerd's task event reaches
+// pleg-nri repaired nothing the inputs missed: the late input is counted against the repair (once,
+// however many inputs report it), and a repair no input ever reports stays a repair.
+func TestRelistRepairLateInput(t *testing.T) {
+	h := newHarness(t)
+	h.startPod("s1", "c1", "c2")
+	h.clock.Advance(time.Second)
+	now := h.clock.Now()
+	h.cri.exitContainer("c1", 3, now)
+	h.cri.exitContainer("c2", 3, now)
+	if _, err := h.p.Relist(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if d := cmp.Diff([]string{"STOPPED c1", "STOPPED c2"}, summary(h.events())); d != "" {
+		t.Fatalf("events (-want +got):\n%s", d)
+	}
+	// c1's task exit arrives after the relist, twice (NRI's StopContainer would report it too); c2's never.
+	h.observe(taskExit("c1", 3, now), nriExit("c1", "s1", 3, now, now))
+	h.settle()
+	if evs := h.events(); len(evs) != 0 {
+		t.Errorf("the late exit emitted %v", summary(evs))
+	}
+	if d := cmp.Diff(map[string]int{"container_stopped": 2}, h.metrics.repairs); d != "" {
+		t.Errorf("repairs (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(map[string]int{"container_stopped": 1}, h.metrics.repairsLate); d != "" {
+		t.Errorf("late inputs (-want +got):\n%s", d)
+	}
+}

@@ -78,6 +78,9 @@ type object struct {
 	facts   facts    // container facts from the fast inputs
 	queued  bool     // in pod.queue
 	dropped bool     // forgotten without events
+	// repaired has bit 1<<phase set for each phase whose event a relist emitted (a repair), until an
+	// event input reports that phase: the input was then late, not missing (Metrics.RelistRepairLate).
+	repaired uint8
 
 	// The last CRI answer (immutable) and the status events carry (base with phase and facts applied;
 	// the same pointer as base when nothing had to change). Only one of each pair is used, by kind.
@@ -343,6 +346,10 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 			s.metrics.ObservationSuppressed(ob.Source, SuppressStale)
 		case ob.Phase == o.phase:
 			s.metrics.ObservationSuppressed(ob.Source, SuppressDuplicate)
+		}
+		if bit := uint8(1) << ob.Phase; o.repaired&bit != 0 && (ob.Source == SourceNRI || ob.Source == SourceTaskEvent) {
+			o.repaired &^= bit
+			s.metrics.RelistRepairLate(o.kind, phaseEvent(ob.Phase))
 		}
 	}
 	target := max(ob.Phase, derived)
