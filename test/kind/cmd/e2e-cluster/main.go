@@ -271,12 +271,16 @@ func run(ctx context.Context, o options) (err error) {
 	// an upgrade, a rollback), and data in every panel of the dashboard.
 	var prom *promServer
 	var promStart time.Time
+	var psiStart pressureReading
 	if o.prometheus != "" {
 		if prom, err = c.startPrometheus(ctx, filepath.Join(tmp, "prometheus")); err != nil {
 			return err
 		}
 		defer prom.stop()
 		promStart = time.Now()
+		if psiStart, err = readPressure(); err != nil {
+			return err
+		}
 	}
 
 	// 5. Workloads on every node.
@@ -331,13 +335,35 @@ func run(ctx context.Context, o options) (err error) {
 	if prom != nil {
 		// Two scrapes and evaluations more, so that the end of the run is in.
 		time.Sleep(2 * promScrapeInterval)
-		if fired, err := prom.firingSince(ctx, time.Since(promStart)); err != nil {
+		window := time.Since(promStart)
+		psiEnd, err := readPressure()
+		if err != nil {
 			return err
-		} else if len(fired) > 0 {
-			failures = append(failures, fmt.Sprintf("alerts fired on the healthy cluster over %s: %s",
-				time.Since(promStart).Round(time.Second), strings.Join(fired, "; ")))
+		}
+		pressure := psiStart.share(psiEnd)
+		fmt.Printf("e2e-cluster: the machine's CPU pressure over the healthy window (%s): %.0f%% (a runnable task waited for a CPU that share of the time)\n",
+			window.Round(time.Second), 100*pressure)
+		notes = append(notes, fmt.Sprintf("The machine's CPU pressure over the %s Prometheus watched the healthy cluster: %.0f%%.", window.Round(time.Second), 100*pressure))
+		fired, err := prom.firingSince(ctx, window)
+		if err != nil {
+			return err
+		}
+		if len(fired) == 0 {
+			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", window.Round(time.Second))
 		} else {
-			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", time.Since(promStart).Round(time.Second))
+			// What the alerts were about, so that a failure says it.
+			for _, l := range append(prom.latencies(ctx, window), c.explainRepairs(ctx, prom, window)...) {
+				fmt.Printf("e2e-cluster: %s\n", l)
+			}
+			bad, ok := judgeFiring(fired, pressure)
+			for _, n := range ok {
+				fmt.Printf("e2e-cluster: %s\n", n)
+			}
+			notes = append(notes, ok...)
+			if len(bad) > 0 {
+				failures = append(failures, fmt.Sprintf("alerts fired on the healthy cluster over %s (CPU pressure %.0f%%): %s",
+					window.Round(time.Second), 100*pressure, strings.Join(bad, "; ")))
+			}
 		}
 		// Faults on three nodes at once: each must fire its alert, and the cluster come back whole.
 		// The dashboard is checked after them: some of its panels (evictions, stream ends) only have

@@ -249,18 +249,49 @@ func (p *promServer) query(ctx context.Context, q string) ([]series, error) {
 	return d.Result, nil
 }
 
-// firingSince names every alert that fired at some evaluation in the last d.
-func (p *promServer) firingSince(ctx context.Context, d time.Duration) ([]string, error) {
+// firing is an alert that fired, with its labels.
+type firing struct{ alert, labels string }
+
+func (f firing) String() string { return f.alert + " on " + f.labels }
+
+// firingSince returns every alert that fired at some evaluation in the last d.
+func (p *promServer) firingSince(ctx context.Context, d time.Duration) ([]firing, error) {
 	res, err := p.query(ctx, fmt.Sprintf(`max_over_time(ALERTS{alertstate="firing"}[%ds])`, int(d.Seconds())+1))
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []firing
 	for _, s := range res {
-		out = append(out, fmt.Sprintf("%s on %s", s.Metric["alertname"], labelsOf(s.Metric)))
+		out = append(out, firing{alert: s.Metric["alertname"], labels: labelsOf(s.Metric)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, nil
+}
+
+// latencies returns, per node, the p99 of pleg-nri's event send latency and of its status calls to
+// containerd over the last d: what a latency alert was about, and containerd's share of it.
+func (p *promServer) latencies(ctx context.Context, d time.Duration) []string {
+	w := int(d.Seconds()) + 1
+	var out []string
+	for _, q := range []struct{ what, expr string }{
+		{"event send latency p99", fmt.Sprintf(`histogram_quantile(0.99, sum by (instance, le) (rate(pleg_nri_event_send_latency_seconds_bucket[%ds])))`, w)},
+		{"status calls to containerd p99", fmt.Sprintf(`histogram_quantile(0.99, sum by (instance, le) (rate(pleg_nri_status_call_duration_seconds_bucket[%ds])))`, w)},
+	} {
+		res, err := p.query(ctx, q.expr)
+		if err != nil {
+			out = append(out, q.what+": "+err.Error())
+			continue
+		}
+		for _, s := range res {
+			v := "?"
+			if len(s.Value) == 2 {
+				v, _ = s.Value[1].(string)
+			}
+			out = append(out, fmt.Sprintf("%s over %s: %s %s s", q.what, d.Round(time.Second), s.Metric["instance"], v))
+		}
 	}
 	sort.Strings(out)
-	return out, nil
+	return out
 }
 
 func labelsOf(m map[string]string) string {

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The kind nodes are containers sharing the machine's CPUs, so the machine's CPU pressure (PSI,
+// /proc/pressure/cpu) is every node's. A latency alert that fires while the machine was starved says
+// what it should: the events were slow because nothing could run. starvedPressure is the share of the
+// time at least one runnable task waited for a CPU above which the machine counts as starved.
+const starvedPressure = 0.5
+
+// latencyAlerts fire on slowness that CPU starvation alone causes; every other alert of the rules is a
+// failure on the healthy cluster whatever the machine's load.
+var latencyAlerts = map[string]bool{"PlegNRISendLatencyHigh": true, "PlegNRIHookSlow": true}
+
+// pressureReading is the machine's cumulative CPU stall ("some") at a moment.
+type pressureReading struct {
+	at    time.Time
+	stall time.Duration
+}
+
+// readPressure reads /proc/pressure/cpu.
+func readPressure() (pressureReading, error) {
+	f, err := os.Open("/proc/pressure/cpu")
+	if err != nil {
+		return pressureReading{}, fmt.Errorf("the machine's CPU pressure (a kernel with PSI): %w", err)
+	}
+	defer f.Close()
+	stall, err := parsePressure(f)
+	return pressureReading{at: time.Now(), stall: stall}, err
+}
+
+// parsePressure returns the "some" line's total (microseconds) of a PSI file.
+func parsePressure(r io.Reader) (time.Duration, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || fields[0] != "some" {
+			continue
+		}
+		for _, f := range fields[1:] {
+			if v, ok := strings.CutPrefix(f, "total="); ok {
+				us, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("PSI total %q: %w", v, err)
+				}
+				return time.Duration(us) * time.Microsecond, nil
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no \"some ... total=\" line in the PSI file")
+}
+
+// share is the part of the time between a and b during which a runnable task waited for a CPU.
+func (a pressureReading) share(b pressureReading) float64 {
+	wall := b.at.Sub(a.at)
+	if wall <= 0 {
+		return 0
+	}
+	return float64(b.stall-a.stall) / float64(wall)
+}
+
+// judgeFiring splits the alerts that fired on the healthy cluster into failures and notes: a latency
+// alert on a machine starved over the window (pressure at or above starvedPressure) is a note, with the
+// pressure; anything else is a failure.
+func judgeFiring(fired []firing, pressure float64) (failures, notes []string) {
+	for _, f := range fired {
+		if latencyAlerts[f.alert] && pressure >= starvedPressure {
+			notes = append(notes, fmt.Sprintf("%s fired while the machine was starved (CPU pressure %.0f%% over the window, "+
+				"at or above %.0f%%): expected, the events were slow because nothing ran", f, 100*pressure, 100*starvedPressure))
+			continue
+		}
+		failures = append(failures, f.String())
+	}
+	return failures, notes
+}
+
+// explainRepairs lists the relist repairs each node made over the last d, by kind and type, and the
+// times pleg-nri logged them (its journal), so that a PlegNRIRelistRepairs says which transitions the
+// inputs missed and when.
+func (c *cluster) explainRepairs(ctx context.Context, p *promServer, d time.Duration) []string {
+	var out []string
+	for _, m := range []struct{ what, metric string }{
+		{"relist repairs", "pleg_nri_relist_repairs_total"},
+		{"of which an input reported later", "pleg_nri_relist_repairs_late_input_total"},
+	} {
+		res, err := p.query(ctx, fmt.Sprintf(`sum by (instance, kind, type) (increase(%s[%ds])) > 0`, m.metric, int(d.Seconds())+1))
+		if err != nil {
+			out = append(out, m.what+": "+err.Error())
+			continue
+		}
+		for _, s := range res {
+			v := "?"
+			if len(s.Value) == 2 {
+				v, _ = s.Value[1].(string)
+			}
+			out = append(out, fmt.Sprintf("%s over %s: %s %s_%s: %s", m.what, d.Round(time.Second), s.Metric["instance"], s.Metric["kind"], s.Metric["type"], v))
+		}
+	}
+	sort.Strings(out)
+	since := fmt.Sprintf("@%d", time.Now().Add(-d).Unix())
+	for _, n := range c.nodes {
+		log, err := c.onNode(ctx, n, "journalctl", "-u", "pleg-nri", "--since", since, "-o", "short-iso-precise", "--no-pager",
+			"--grep", "relist found changes the events missed")
+		if err != nil && strings.TrimSpace(log) == "" {
+			continue // journalctl exits 1 when nothing matches
+		}
+		for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+			if l != "" && !strings.HasPrefix(l, "-- ") {
+				out = append(out, n+": "+l)
+			}
+		}
+	}
+	return out
+}
