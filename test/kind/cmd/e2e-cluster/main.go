@@ -137,7 +137,15 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if o.keep {
+			// The kept nodes' /etc/cni/net.d are mounted from it: removing it takes their pod network.
+			fmt.Printf("e2e-cluster: PLEG_NRI_E2E_KEEP: %s kept too (the nodes' CNI configurations are mounted from it): "+
+				"remove it once the cluster is deleted\n", tmp)
+			return
+		}
+		os.RemoveAll(tmp)
+	}()
 	c := &cluster{o: o, kubeconfig: filepath.Join(tmp, "kubeconfig"),
 		nodes: []string{o.name + "-control-plane", o.name + "-worker", o.name + "-worker2"}, reboots: map[string]int{}}
 

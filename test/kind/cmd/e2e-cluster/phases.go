@@ -29,6 +29,9 @@ const (
 	// stays ready this long before the rollout moves on, so that a rollout lasts long enough for a
 	// per-node figure (about 3 minutes for 3 nodes here; the exits span as long).
 	rollMinReadySeconds = 40
+	// crashStartTimeout bounds the wait for a batch's pods to run: the upgrade's 108 pods took more
+	// than 3 minutes on a machine here whose three nodes were starved (CPU pressure near 60 %).
+	crashStartTimeout = 10 * time.Minute
 )
 
 // phase is one setup or moment of the cluster and its crash-to-restart samples.
@@ -51,7 +54,8 @@ func (p phase) inWindow() []crashbench.Sample {
 // crashes runs a batch of pods on every node whose containers crash once each, runs during (if any)
 // once they all run, and returns the batch's samples once every container was replaced.
 func (c *cluster) crashes(ctx context.Context, ns string, perNode int, firstExit, spacing time.Duration, during func() error) ([]crashbench.Sample, error) {
-	p := crashbench.Plan{Namespace: ns, Nodes: c.nodes, PerNode: perNode, FirstExit: firstExit, Spacing: spacing, Image: busybox}
+	p := crashbench.Plan{Namespace: ns, Nodes: c.nodes, PerNode: perNode, FirstExit: firstExit, Spacing: spacing, Image: busybox,
+		StartTimeout: crashStartTimeout}
 	samples, err := p.Run(ctx, c.k, during)
 	if err != nil {
 		return samples, err

@@ -40,7 +40,15 @@ type Plan struct {
 	FirstExit, Spacing time.Duration
 	// Image is a busybox image present on every node.
 	Image string
+	// StartTimeout bounds the wait for every pod to run (zero: DefaultStartTimeout). A node starved of
+	// CPU starts a large batch slowly (108 pods over three kind nodes on two cores took more than 3
+	// minutes on one machine here); a pod's first exit is timed from its own start, so a slow start
+	// delays its samples, it does not change them.
+	StartTimeout time.Duration
 }
+
+// DefaultStartTimeout is Plan.StartTimeout's default.
+const DefaultStartTimeout = 3 * time.Minute
 
 // Spacing is the default spacing of exits: not a divisor of the 1 s relist period.
 const Spacing = 530 * time.Millisecond
@@ -130,9 +138,15 @@ func (p Plan) Run(ctx context.Context, k Kubectl, during func() error) ([]Sample
 	if _, err := k(ctx, "apply", "-f", f.Name()); err != nil {
 		return nil, fmt.Errorf("the crash batch %s: %w", p.Namespace, err)
 	}
-	if err := p.WaitRunning(ctx, k, 3*time.Minute); err != nil {
+	timeout := p.StartTimeout
+	if timeout == 0 {
+		timeout = DefaultStartTimeout
+	}
+	start := time.Now()
+	if err := p.WaitRunning(ctx, k, timeout); err != nil {
 		return nil, err
 	}
+	fmt.Printf("crashbench: the %d pods of %s ran %s after their creation\n", p.PerNode*len(p.Nodes), p.Namespace, time.Since(start).Round(time.Second))
 	if during != nil {
 		if err := during(); err != nil {
 			return nil, err
