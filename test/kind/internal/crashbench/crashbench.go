@@ -236,7 +236,9 @@ func (p Plan) Wait(ctx context.Context, k Kubectl, timeout time.Duration) ([]Sam
 
 // replaced says, from a pod's status in the API, whether its container crashed and a replacement
 // runs: the last termination is the planned crash, or a start that runc failed after it (at least two
-// restarts: the crash and the failed start).
+// restarts: the crash and the failed start), or there is no last termination after a restart: the
+// kubelet's container GC removed the crashed attempt (seen under load with every setup, GenericPLEG
+// included), and Wait leaves the pod out.
 func replaced(exitCode, reason, restarts, runningSince string) bool {
 	if runningSince == "" {
 		return false
@@ -245,7 +247,10 @@ func replaced(exitCode, reason, restarts, runningSince string) bool {
 		return true
 	}
 	n, err := strconv.Atoi(restarts)
-	return reason == "StartError" && err == nil && n >= 2
+	if err != nil {
+		return false
+	}
+	return (reason == "StartError" && n >= 2) || (exitCode == "" && reason == "" && n >= 1)
 }
 
 // Delete deletes the plan's namespace and waits until it is gone.

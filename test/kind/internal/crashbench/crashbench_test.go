@@ -115,6 +115,9 @@ func TestReplaced(t *testing.T) {
 		{"128", "StartError", "2", "2026-11-26T22:00:00Z", true},
 		{"128", "StartError", "1", "2026-11-26T22:00:00Z", false}, // the first start failed; the crash is still to come
 		{"", "", "0", "2026-11-26T22:00:00Z", false},
+		// The crashed attempt removed by the kubelet's container GC: no last termination after a restart.
+		{"", "", "1", "2026-11-26T22:00:00Z", true},
+		{"", "", "1", "", false},
 	} {
 		if got := replaced(c.exit, c.reason, c.restarts, c.running); got != c.want {
 			t.Errorf("replaced(%q, %q, %q, %q) = %v, want %v", c.exit, c.reason, c.restarts, c.running, got, c.want)
