@@ -2,11 +2,9 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -85,44 +83,4 @@ func judgeFiring(fired []firing, pressure float64) (failures, notes []string) {
 		failures = append(failures, f.String())
 	}
 	return failures, notes
-}
-
-// explainRepairs lists the relist repairs each node made over the last d, by kind and type, and the
-// times pleg-nri logged them (its journal), so that a PlegNRIRelistRepairs says which transitions the
-// inputs missed and when.
-func (c *cluster) explainRepairs(ctx context.Context, p *promServer, d time.Duration) []string {
-	var out []string
-	for _, m := range []struct{ what, metric string }{
-		{"relist repairs", "pleg_nri_relist_repairs_total"},
-		{"of which an input reported later", "pleg_nri_relist_repairs_late_input_total"},
-	} {
-		res, err := p.query(ctx, fmt.Sprintf(`sum by (instance, kind, type) (increase(%s[%ds])) > 0`, m.metric, int(d.Seconds())+1))
-		if err != nil {
-			out = append(out, m.what+": "+err.Error())
-			continue
-		}
-		for _, s := range res {
-			v := "?"
-			if len(s.Value) == 2 {
-				v, _ = s.Value[1].(string)
-			}
-			out = append(out, fmt.Sprintf("%s over %s: %s %s_%s: %s", m.what, d.Round(time.Second), s.Metric["instance"], s.Metric["kind"], s.Metric["type"], v))
-		}
-	}
-	sort.Strings(out)
-	since := fmt.Sprintf("@%d", time.Now().Add(-d).Unix())
-	for _, n := range c.nodes {
-		log, err := c.onNode(ctx, n, "sh", "-c", "journalctl -u pleg-nri --since "+since+
-			" -o short-iso-precise --no-pager | grep 'relist found changes the events missed' || true")
-		if err != nil {
-			out = append(out, n+": pleg-nri's journal: "+err.Error())
-			continue
-		}
-		for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
-			if l != "" {
-				out = append(out, n+": "+l)
-			}
-		}
-	}
-	return out
 }

@@ -237,6 +237,16 @@ type series struct {
 	Value  []any             `json:"value"`
 }
 
+// value is the sample's value as Prometheus wrote it, "?" if it has none.
+func (s series) value() string {
+	if len(s.Value) == 2 {
+		if v, ok := s.Value[1].(string); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
 // query runs an instant query.
 func (p *promServer) query(ctx context.Context, q string) ([]series, error) {
 	var d struct {
@@ -283,11 +293,7 @@ func (p *promServer) latencies(ctx context.Context, d time.Duration) []string {
 			continue
 		}
 		for _, s := range res {
-			v := "?"
-			if len(s.Value) == 2 {
-				v, _ = s.Value[1].(string)
-			}
-			out = append(out, fmt.Sprintf("%s over %s: %s %s s", q.what, d.Round(time.Second), s.Metric["instance"], v))
+			out = append(out, fmt.Sprintf("%s over %s: %s %s s", q.what, d.Round(time.Second), s.Metric["instance"], s.value()))
 		}
 	}
 	sort.Strings(out)
@@ -303,6 +309,42 @@ func labelsOf(m map[string]string) string {
 	}
 	sort.Strings(l)
 	return "{" + strings.Join(l, ",") + "}"
+}
+
+// explainRepairs lists the relist repairs each node made over the last d, by kind and type, and the
+// times pleg-nri logged them (its journal), so that a PlegNRIRelistRepairs says which transitions the
+// inputs missed and when.
+func (c *cluster) explainRepairs(ctx context.Context, p *promServer, d time.Duration) []string {
+	var out []string
+	for _, m := range []struct{ what, metric string }{
+		{"relist repairs", "pleg_nri_relist_repairs_total"},
+		{"of which an input reported later", "pleg_nri_relist_repairs_late_input_total"},
+	} {
+		res, err := p.query(ctx, fmt.Sprintf(`sum by (instance, kind, type) (increase(%s[%ds])) > 0`, m.metric, int(d.Seconds())+1))
+		if err != nil {
+			out = append(out, m.what+": "+err.Error())
+			continue
+		}
+		for _, s := range res {
+			out = append(out, fmt.Sprintf("%s over %s: %s %s_%s: %s", m.what, d.Round(time.Second), s.Metric["instance"], s.Metric["kind"], s.Metric["type"], s.value()))
+		}
+	}
+	sort.Strings(out)
+	since := fmt.Sprintf("@%d", time.Now().Add(-d).Unix())
+	for _, n := range c.nodes {
+		log, err := c.onNode(ctx, n, "sh", "-c", "journalctl -u pleg-nri --since "+since+
+			" -o short-iso-precise --no-pager | grep 'relist found changes the events missed' || true")
+		if err != nil {
+			out = append(out, n+": pleg-nri's journal: "+err.Error())
+			continue
+		}
+		for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
+			if l != "" {
+				out = append(out, n+": "+l)
+			}
+		}
+	}
+	return out
 }
 
 // dashboardQueries are the shipped dashboard's panel queries, by panel title.
