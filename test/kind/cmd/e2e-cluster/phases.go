@@ -14,17 +14,20 @@ import (
 )
 
 // The crash-to-restart samples of the idle setups: crashIdlePerNode pods on every node, each of whose
-// container crashes once; crashIdleFirstExit leaves every pod of the batch the time to start before
-// the first exit, so the exits find the node idle.
+// container crashes once; the exits start crashIdleFirstExit after the batch is released (every pod
+// runs), so they find the node idle.
 const (
 	crashIdlePerNode   = 10
-	crashIdleFirstExit = 30 * time.Second
-	// The batch made just before an upgrade or a rollback: its exits are spread over the time the
-	// DaemonSet takes to roll through the nodes (rollMinReadySeconds and about 6 s a node here), so
-	// that every node has samples while it runs the old pleg-nri, while its own is replaced, and after.
-	crashRollPerNode   = 36
+	crashIdleFirstExit = 10 * time.Second
+	// The batch made just before an upgrade or a rollback, released as the upgrade starts: its exits
+	// are spread over the time the DaemonSet takes to roll through the nodes (rollMinReadySeconds and
+	// about 6 s a node on a quiet machine, minutes on a starved one), so that every node has samples
+	// while it runs the old pleg-nri, while its own is replaced, and after. 24 a node give about 20
+	// a node in the rollout of a quiet machine; the 36 used before took up to 9 minutes to start
+	// on a starved machine, and starved the nodes further.
+	crashRollPerNode   = 24
 	crashRollFirstExit = 20 * time.Second
-	crashRollSpacing   = 5530 * time.Millisecond
+	crashRollSpacing   = 7530 * time.Millisecond
 	// rollMinReadySeconds is the chart's minReadySeconds in this cluster: each node's new pleg-nri
 	// stays ready this long before the rollout moves on, so that a rollout lasts long enough for a
 	// per-node figure (about 3 minutes for 3 nodes here; the exits span as long).

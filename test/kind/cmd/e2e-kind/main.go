@@ -220,7 +220,7 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 		return res, err
 	}
 	// Crash to restart on the idle node, before the workloads.
-	plan := crashbench.Plan{Namespace: "crash-bench", Nodes: []string{node}, PerNode: crashPods, FirstExit: 30 * time.Second,
+	plan := crashbench.Plan{Namespace: "crash-bench", Nodes: []string{node}, PerNode: crashPods, FirstExit: 10 * time.Second,
 		Spacing: crashbench.Spacing, Image: "docker.io/library/busybox:plegit"}
 	samples, err := plan.Run(ctx, func(_ context.Context, args ...string) (string, error) { return k(args...) }, nil)
 	if err != nil {

@@ -6,7 +6,10 @@
 // Each sample is its own pod, pinned to a node, whose only container crashes exactly once: only a
 // container's first restart comes without the kubelet's crash-loop back-off, so the samples are many
 // containers, not many crashes of one. The exits are spaced by a spacing that does not divide the
-// GenericPLEG relist period (1 s), so they fall at every phase of it.
+// GenericPLEG relist period (1 s), so they fall at every phase of it. They are timed from the moment
+// the batch is released, once every pod of it runs, never from each pod's own start: a starved node
+// starts a large batch over minutes, and exits timed from each start would fall while the rest of the
+// batch is still being started, and before whatever the batch is meant to measure.
 package crashbench
 
 import (
@@ -35,15 +38,15 @@ type Plan struct {
 	// Nodes are the nodes to run PerNode pods on each.
 	Nodes   []string
 	PerNode int
-	// FirstExit is how long the first container of a node runs before it exits; Spacing separates two
-	// exits on a node.
+	// FirstExit is how long after the batch's release (every pod runs) the first container of a node
+	// exits; Spacing separates two exits on a node.
 	FirstExit, Spacing time.Duration
 	// Image is a busybox image present on every node.
 	Image string
 	// StartTimeout bounds the wait for every pod to run (zero: DefaultStartTimeout). A node starved of
 	// CPU starts a large batch slowly (108 pods over three kind nodes on two cores took more than 3
-	// minutes on one machine here); a pod's first exit is timed from its own start, so a slow start
-	// delays its samples, it does not change them.
+	// minutes on one machine here); the exits are timed from the release, so a slow start delays
+	// the samples, it does not change them.
 	StartTimeout time.Duration
 }
 
@@ -85,13 +88,20 @@ spec:
   - name: c
     image: {{ $.Image }}
     imagePullPolicy: Never
-    command: [sh, -c, '[ -e /state/crashed ] && exec sleep 3600; touch /state/crashed; sleep {{ .Delay }}; exit 1']
+    command: [sh, -c, '[ -e /state/crashed ] && exec sleep 3600; touch /state/crashed; until [ -e /release/go ]; do sleep 1; done; sleep {{ .Delay }}; exit 1']
     volumeMounts:
     - name: state
       mountPath: /state
+    - name: release
+      mountPath: /release
+      readOnly: true
   volumes:
   - name: state
     emptyDir: {}
+  - name: release
+    hostPath:
+      path: {{ $.ReleaseDir }}
+      type: DirectoryOrCreate
 {{- end }}
 `))
 
@@ -109,12 +119,26 @@ func (p Plan) Manifest() (string, error) {
 		}
 	}
 	var b bytes.Buffer
-	err := podsTemplate.Execute(&b, map[string]any{"Namespace": p.Namespace, "Image": p.Image, "Pods": pods})
+	err := podsTemplate.Execute(&b, map[string]any{"Namespace": p.Namespace, "Image": p.Image, "Pods": pods, "ReleaseDir": p.releaseDir()})
 	return b.String(), err
 }
 
-// Run makes the plan's pods, runs during (if not nil) once they all run, waits until every container
-// was replaced once, reads the samples and deletes the pods.
+// releaseDir is the directory on every node whose file "go" releases the batch: each pod mounts it and
+// polls for the file every second before it starts counting down to its exit.
+func (p Plan) releaseDir() string { return "/run/crashbench/" + p.Namespace }
+
+// release lets the batch's containers count down to their exits, on every node.
+func (p Plan) release(ctx context.Context) error {
+	for _, n := range p.Nodes {
+		if _, err := kindrun.Cmd(ctx, "docker", "exec", n, "sh", "-c", `mkdir -p "$1" && touch "$1/go"`, "-", p.releaseDir()); err != nil {
+			return fmt.Errorf("releasing the crash batch %s on %s: %w", p.Namespace, n, err)
+		}
+	}
+	return nil
+}
+
+// Run makes the plan's pods, releases them once they all run, runs during (if not nil), waits until
+// every container was replaced once, reads the samples and deletes the pods.
 func (p Plan) Run(ctx context.Context, k Kubectl, during func() error) ([]Sample, error) {
 	m, err := p.Manifest()
 	if err != nil {
@@ -147,6 +171,9 @@ func (p Plan) Run(ctx context.Context, k Kubectl, during func() error) ([]Sample
 		return nil, err
 	}
 	fmt.Printf("crashbench: the %d pods of %s ran %s after their creation\n", p.PerNode*len(p.Nodes), p.Namespace, time.Since(start).Round(time.Second))
+	if err := p.release(ctx); err != nil {
+		return nil, err
+	}
 	if during != nil {
 		if err := during(); err != nil {
 			return nil, err
@@ -253,10 +280,18 @@ func replaced(exitCode, reason, restarts, runningSince string) bool {
 	return (reason == "StartError" && n >= 2) || (exitCode == "" && reason == "" && n >= 1)
 }
 
-// Delete deletes the plan's namespace and waits until it is gone.
+// Delete deletes the plan's namespace, waits until it is gone, and removes its release directory
+// from every node.
 func (p Plan) Delete(ctx context.Context, k Kubectl) error {
-	_, err := k(ctx, "delete", "namespace", p.Namespace, "--wait=true", "--timeout=5m")
-	return err
+	if _, err := k(ctx, "delete", "namespace", p.Namespace, "--wait=true", "--timeout=5m"); err != nil {
+		return err
+	}
+	for _, n := range p.Nodes {
+		if _, err := kindrun.Cmd(ctx, "docker", "exec", n, "rm", "-rf", p.releaseDir()); err != nil {
+			return fmt.Errorf("%s: %w", n, err)
+		}
+	}
+	return nil
 }
 
 // Container is one container of a node's containerd, as crictl ps -o json shows it.

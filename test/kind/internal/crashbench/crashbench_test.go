@@ -15,7 +15,8 @@ func TestManifest(t *testing.T) {
 	if n := strings.Count(m, "kind: Pod\n"); n != 6 {
 		t.Errorf("%d pods, want 6:\n%s", n, m)
 	}
-	for _, want := range []string{"name: crash-0-00\n", "name: crash-1-02\n", "nodeName: b\n", "sleep 11.060; exit 1", "image: busybox:t"} {
+	for _, want := range []string{"name: crash-0-00\n", "name: crash-1-02\n", "nodeName: b\n", "until [ -e /release/go ]; do sleep 1; done; sleep 11.060; exit 1", "image: busybox:t",
+		"path: /run/crashbench/crash-x\n"} {
 		if !strings.Contains(m, want) {
 			t.Errorf("the manifest has no %q:\n%s", want, m)
 		}
