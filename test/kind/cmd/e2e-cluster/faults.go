@@ -24,9 +24,40 @@ type fault struct {
 	// clears says whether the alert must clear within the test once repaired: an alert on
 	// increase(...[15m]) clears 15 minutes after the fault by its rule's design, and is not waited for.
 	clears bool
-	// firedAfter is how long after the injection the alert fired.
-	firedAfter, clearedAfter time.Duration
+	// pendingAfter and firedAfter are how long after the injection the alert was pending (the scrape
+	// and the rule evaluation that saw the fault; zero for an alert with no for:) and fired, from
+	// Prometheus' own ALERTS series; clearedAfter is how long after the repair it no longer fired.
+	pendingAfter, firedAfter, clearedAfter time.Duration
 }
+
+// line describes the fault's alert for the report, against the issue's goal: fired within its for:
+// plus one scrape interval. The evaluation interval is the scrape interval here, so the scrape and
+// the evaluation that see a fault can together take up to two intervals: a figure between the two is
+// reported as such.
+func (f *fault) line(forDur, interval time.Duration) string {
+	s := fmt.Sprintf("%s on %s (%s): ", f.alert, f.node, f.what)
+	if f.pendingAfter > 0 {
+		s += fmt.Sprintf("pending %s after the fault, ", f.pendingAfter.Round(time.Second))
+	}
+	s += fmt.Sprintf("firing %s after it (for: %s; ", f.firedAfter.Round(time.Second), forDur)
+	switch {
+	case f.firedAfter <= forDur+interval:
+		s += fmt.Sprintf("within for: + one scrape interval, %s)", forDur+interval)
+	case f.firedAfter <= forDur+2*interval:
+		s += fmt.Sprintf("over for: + one scrape interval, %s, within for: + one scrape and one evaluation interval, %s)", forDur+interval, forDur+2*interval)
+	default:
+		s += fmt.Sprintf("later than for: + one scrape and one evaluation interval, %s)", forDur+2*interval)
+	}
+	if f.clears {
+		s += fmt.Sprintf("; cleared %s after the repair", f.clearedAfter.Round(time.Second))
+	} else {
+		s += fmt.Sprintf("; %s, not waited for", clearsByDesign)
+	}
+	return s
+}
+
+// clearsByDesign is why a counter's alert is not waited for to clear.
+const clearsByDesign = "its rule looks back 15 minutes, so it clears 15 minutes after the fault"
 
 // faultChurnPods is the pods made and deleted on the node of the stuck subscriber: with a 4 KiB
 // annotation each (as pods often carry), their events fill the stuck stream's windows and queue.
@@ -85,6 +116,17 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 				return err == nil && len(res) > 0, nil
 			})
 			f.firedAfter = time.Since(injected)
+			if err == nil {
+				// Prometheus' own moments, not the poll's (one interval coarser).
+				if a, qerr := p.alertStarts(ctx, f.alert, f.node, injected, time.Now()); qerr != nil {
+					fmt.Printf("e2e-cluster: %s on %s: reading its ALERTS series: %v (the poll's figure is kept)\n", f.alert, f.node, qerr)
+				} else if !a.firing.IsZero() {
+					f.firedAfter = a.firing.Sub(injected)
+					if !a.pending.IsZero() {
+						f.pendingAfter = a.pending.Sub(injected)
+					}
+				}
+			}
 			if rerr := f.repair(ctx); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("repairing: %w", rerr))
 			}
@@ -105,6 +147,11 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 				return
 			}
 			f.clearedAfter = time.Since(repaired)
+			if a, qerr := p.alertStarts(ctx, f.alert, f.node, repaired, time.Now()); qerr == nil && !a.lastFiring.IsZero() {
+				// The series ends at the staleness marker of the first evaluation that no longer
+				// fired: the last 1 s step that shows it is the second before that evaluation.
+				f.clearedAfter = a.lastFiring.Sub(repaired) + time.Second
+			}
 			fmt.Printf("e2e-cluster: %s cleared %s after the repair on %s\n", f.alert, f.clearedAfter.Round(time.Second), f.node)
 		})
 	}

@@ -309,11 +309,13 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
+	notes = append(notes, compareRoll(ph3, ph, c.nodes))
 	ph, err = c.roll(ctx, "rollback", "crash-rollback", version, before, "rollback", "pleg-nri", "1")
 	phases = append(phases, ph)
 	if err != nil {
 		return err
 	}
+	notes = append(notes, compareRoll(ph3, ph, c.nodes))
 	if err := c.checkWorkloads(ctx); err != nil {
 		return fmt.Errorf("after the upgrade and the rollback: %w", err)
 	}
@@ -357,7 +359,10 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 		if len(fired) == 0 {
-			fmt.Printf("e2e-cluster: no alert fired over %s (install, crashes, upgrade, rollback)\n", window.Round(time.Second))
+			line := fmt.Sprintf("no alert of the shipped rules fired over the %s Prometheus watched the healthy cluster (workloads, crash batches, upgrade, rollback, drain)",
+				window.Round(time.Second))
+			fmt.Println("e2e-cluster:", line)
+			notes = append(notes, line)
 		} else {
 			// What the alerts were about, so that a failure says it.
 			for _, l := range append(prom.latencies(ctx, window), c.explainRepairs(ctx, prom, window)...) {
@@ -380,11 +385,17 @@ func run(ctx context.Context, o options) (err error) {
 		if err != nil {
 			return err
 		}
-		if _, err := c.injectFaults(ctx, prom, rulesFor, before); err != nil {
+		if faults, err := c.injectFaults(ctx, prom, rulesFor, before); err != nil {
 			failures = append(failures, err.Error())
+		} else {
+			for _, f := range faults {
+				notes = append(notes, "fault: "+f.line(rulesFor[f.alert], promScrapeInterval))
+			}
 		}
-		if err := c.checkDashboard(ctx, prom); err != nil {
+		if line, err := c.checkDashboard(ctx, prom); err != nil {
 			failures = append(failures, err.Error())
+		} else {
+			notes = append(notes, line)
 		}
 	}
 	if len(failures) > 0 {
@@ -399,9 +410,12 @@ func run(ctx context.Context, o options) (err error) {
 	notes = append(notes, line)
 
 	// 8. Uninstall: every kubelet back as kind made it, nothing of pleg-nri left.
-	if _, err := c.uninstall(ctx); err != nil {
+	took, err := c.uninstall(ctx)
+	if err != nil {
 		return err
 	}
+	notes = append(notes, fmt.Sprintf("helm uninstall in %s: every kubelet back on containerd's socket without EventedPLEG, Ready; nothing of pleg-nri left",
+		took.Round(time.Second)))
 	return nil
 }
 

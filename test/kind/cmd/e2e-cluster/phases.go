@@ -189,6 +189,41 @@ func compareSetups(phases []phase) []string {
 	}
 }
 
+// compareRoll states the goal for an upgrade or a rollback: on every node, crash to restart
+// (created, p50) within 2x of pleg-nri's idle figure on the cluster (its 30 side-by-side samples;
+// the node's own idle row, 10 samples from one round, is given beside it).
+func compareRoll(idle []phase, roll phase, nodes []string) string {
+	var base crashbench.Stats
+	var byNode map[string][]crashbench.Sample
+	for _, p := range idle {
+		if p.name == onPlegNRI.name {
+			base = crashbench.Of(p.samples)
+			byNode = crashbench.ByNode(p.samples)
+		}
+	}
+	in := roll.inWindow()
+	rolled := crashbench.ByNode(in)
+	var parts []string
+	met := base.N > 0
+	for _, n := range nodes {
+		st := crashbench.Of(rolled[n])
+		if st.N == 0 || base.N == 0 {
+			parts = append(parts, fmt.Sprintf("%s: no sample", n))
+			met = false
+			continue
+		}
+		r := st.CreatedP50 / base.CreatedP50
+		met = met && r <= 2
+		parts = append(parts, fmt.Sprintf("%s %.0f ms (%.2fx; the node idle %.0f ms)", n, st.CreatedP50, r, crashbench.Of(byNode[n]).CreatedP50))
+	}
+	verdict := "met"
+	if !met {
+		verdict = "not met"
+	}
+	return fmt.Sprintf("%s: rolled through %d nodes in %s, %d of %d samples in the rollout; created p50 per node against pleg-nri idle (%.0f ms): %s; goal within 2x: %s",
+		roll.name, len(nodes), roll.to.Sub(roll.from).Round(time.Second), len(in), len(roll.samples), base.CreatedP50, strings.Join(parts, ", "), verdict)
+}
+
 // kubeletOnContainerd points every node's kubelet at containerd's socket, with containerd's event
 // stream (on) or kind's default GenericPLEG.
 func (c *cluster) kubeletOnContainerd(ctx context.Context, on bool) error {

@@ -74,3 +74,57 @@ func TestExitOrStartError(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareRoll: each node's rollout p50 against pleg-nri's idle p50 on the cluster; only the
+// samples whose exit fell in the rollout count.
+func TestCompareRoll(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	sample := func(node string, at, createdMs int) crashbench.Sample {
+		e := t0.Add(time.Duration(at) * time.Second)
+		d := time.Duration(createdMs) * time.Millisecond
+		return crashbench.Sample{Node: node, Exited: e, Created: e.Add(d), Started: e.Add(2 * d)}
+	}
+	var idle []crashbench.Sample
+	for i := 0; i < 10; i++ {
+		idle = append(idle, sample("a", i, 75), sample("b", i, 75+i%2))
+	}
+	phases := []phase{{name: onGeneric.name, samples: []crashbench.Sample{sample("a", 0, 900)}}, {name: onPlegNRI.name, samples: idle}}
+	roll := phase{name: "rolling upgrade", from: t0.Add(100 * time.Second), to: t0.Add(200 * time.Second)}
+	for i := 0; i < 5; i++ {
+		roll.samples = append(roll.samples, sample("a", 110+i, 120), sample("b", 110+i, 180), sample("b", 300+i, 5000))
+	}
+	got := compareRoll(phases, roll, []string{"a", "b"})
+	for _, want := range []string{"rolled through 2 nodes in 1m40s", "10 of 15 samples", "against pleg-nri idle (75 ms)", "a 120 ms (1.60x; the node idle 75 ms)",
+		"b 180 ms (2.40x; the node idle 75 ms)", "goal within 2x: not met"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("compareRoll = %q, want it to hold %q", got, want)
+		}
+	}
+	roll.samples = roll.samples[:0]
+	for i := 0; i < 5; i++ {
+		roll.samples = append(roll.samples, sample("a", 110+i, 120), sample("b", 110+i, 140))
+	}
+	if got := compareRoll(phases, roll, []string{"a", "b"}); !strings.HasSuffix(got, "goal within 2x: met") {
+		t.Errorf("compareRoll = %q, want the goal met", got)
+	}
+}
+
+// TestFaultLine: an alert's figure against its for: plus one scrape interval, then plus one
+// evaluation interval more.
+func TestFaultLine(t *testing.T) {
+	f := &fault{what: "x stopped", node: "w1", alert: "A", clears: true, pendingAfter: 4 * time.Second, firedAfter: 124 * time.Second, clearedAfter: 6 * time.Second}
+	for _, c := range []struct {
+		fired time.Duration
+		want  string
+	}{
+		{124 * time.Second, "within for: + one scrape interval, 2m5s"},
+		{129 * time.Second, "over for: + one scrape interval, 2m5s, within for: + one scrape and one evaluation interval, 2m10s"},
+		{131 * time.Second, "later than for: + one scrape and one evaluation interval, 2m10s"},
+	} {
+		f.firedAfter = c.fired
+		got := f.line(2*time.Minute, 5*time.Second)
+		if !strings.Contains(got, c.want) || !strings.Contains(got, "pending 4s after the fault") || !strings.Contains(got, "cleared 6s after the repair") {
+			t.Errorf("line = %q, want %q", got, c.want)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -259,6 +260,74 @@ func (p *promServer) query(ctx context.Context, q string) ([]series, error) {
 	return d.Result, nil
 }
 
+// rangeSeries is one element of a range query's matrix.
+type rangeSeries struct {
+	Metric map[string]string `json:"metric"`
+	Values [][]any           `json:"values"`
+}
+
+// queryRange runs a range query from from to to at step.
+func (p *promServer) queryRange(ctx context.Context, q string, from, to time.Time, step time.Duration) ([]rangeSeries, error) {
+	var d struct {
+		Result []rangeSeries `json:"result"`
+	}
+	v := url.Values{"query": {q}, "start": {strconv.FormatInt(from.Unix(), 10)}, "end": {strconv.FormatInt(to.Unix()+1, 10)},
+		"step": {strconv.FormatFloat(step.Seconds(), 'f', -1, 64)}}
+	if err := p.get(ctx, "/api/v1/query_range", v, &d); err != nil {
+		return nil, fmt.Errorf("query_range %s: %w", q, err)
+	}
+	return d.Result, nil
+}
+
+// alertStart is when an alert of a node first was pending and first fired (zero: never), read from
+// the ALERTS series Prometheus writes at each rule evaluation, so that a figure is the server's
+// own moment, not when the test's poll saw it.
+// lastFiring is the last point of the firing series: Prometheus ends a resolved alert's series with
+// a staleness marker at the first evaluation that no longer fired it, so it is the second before.
+type alertStart struct{ pending, firing, lastFiring time.Time }
+
+// alertStarts reads alert's first pending and firing moments (and its last firing one) on node between from and to: a range
+// query at a 1 s step, whose first point of a state is the first second at or after the evaluation
+// that wrote it.
+func (p *promServer) alertStarts(ctx context.Context, alert, node string, from, to time.Time) (alertStart, error) {
+	res, err := p.queryRange(ctx, fmt.Sprintf(`ALERTS{alertname=%q,node=%q}`, alert, node), from, to, time.Second)
+	if err != nil {
+		return alertStart{}, err
+	}
+	return firstStates(res), nil
+}
+
+// firstStates is the first point of the pending and of the firing series of a range result.
+func firstStates(res []rangeSeries) alertStart {
+	var a alertStart
+	for _, s := range res {
+		for _, v := range s.Values {
+			if len(v) != 2 {
+				continue
+			}
+			ts, ok := v[0].(float64)
+			if !ok {
+				continue
+			}
+			t := time.Unix(0, int64(ts*1e9))
+			switch s.Metric["alertstate"] {
+			case "pending":
+				if a.pending.IsZero() || t.Before(a.pending) {
+					a.pending = t
+				}
+			case "firing":
+				if a.firing.IsZero() || t.Before(a.firing) {
+					a.firing = t
+				}
+				if t.After(a.lastFiring) {
+					a.lastFiring = t
+				}
+			}
+		}
+	}
+	return a
+}
+
 // firing is an alert that fired, with its labels.
 type firing struct{ alert, labels string }
 
@@ -401,13 +470,13 @@ func expand(expr string, vars map[string]string) string {
 // variable set to that node's value) and for all nodes; each must return data within
 // dashboardSettle: right after the faults a node's pleg-nri was down, and a rate over [1m] has data
 // only from its second scrape after it came back, as on a real dashboard.
-func (c *cluster) checkDashboard(ctx context.Context, p *promServer) error {
+func (c *cluster) checkDashboard(ctx context.Context, p *promServer) (string, error) {
 	vars, qs, err := dashboardQueries(c.o.dashboard)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if len(vars) != 1 {
-		return fmt.Errorf("%s: want one query variable (the node), got %v", c.o.dashboard, vars)
+		return "", fmt.Errorf("%s: want one query variable (the node), got %v", c.o.dashboard, vars)
 	}
 	type check struct{ panel, value, expr string }
 	var pending []check
@@ -422,7 +491,7 @@ func (c *cluster) checkDashboard(ctx context.Context, p *promServer) error {
 		for _, ch := range pending {
 			res, err := p.query(ctx, ch.expr)
 			if err != nil {
-				return err
+				return "", err
 			}
 			if len(res) == 0 {
 				empty = append(empty, ch)
@@ -437,17 +506,18 @@ func (c *cluster) checkDashboard(ctx context.Context, p *promServer) error {
 			for _, ch := range pending {
 				lines = append(lines, fmt.Sprintf("panel %q with %s=%q: %s", ch.panel, vars[0], ch.value, ch.expr))
 			}
-			return fmt.Errorf("dashboard queries that returned no data within %s:\n%s", dashboardSettle, strings.Join(lines, "\n"))
+			return "", fmt.Errorf("dashboard queries that returned no data within %s:\n%s", dashboardSettle, strings.Join(lines, "\n"))
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-time.After(promScrapeInterval):
 		}
 	}
-	fmt.Printf("e2e-cluster: every one of the dashboard's %d panel queries returned data, for each node and for all (%s after the check began)\n",
+	line := fmt.Sprintf("every one of the dashboard's %d panel queries returned data from Prometheus, for each node and for all (%s after the check began)",
 		len(qs), time.Since(start).Round(time.Second))
-	return nil
+	fmt.Println("e2e-cluster:", line)
+	return line, nil
 }
 
 // dashboardSettle is how long a panel may stay empty after the faults were repaired: the queries' [1m]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -197,5 +198,24 @@ current-context: x
 	}
 	if len(loaded) != len(want) {
 		t.Errorf("prometheus loaded %d rules, the file has %d alerts", len(loaded), len(want))
+	}
+}
+
+// TestFirstStates: the first point of each state of an ALERTS range result, whatever the order of
+// the series and their points.
+func TestFirstStates(t *testing.T) {
+	var res []rangeSeries
+	if err := json.Unmarshal([]byte(`[
+		{"metric": {"alertname": "PlegNRIDown", "alertstate": "firing"}, "values": [[1000.5, "1"], [1001, "1"]]},
+		{"metric": {"alertname": "PlegNRIDown", "alertstate": "pending"}, "values": [[881, "1"], [880, "1"], [999, "1"]]}
+	]`), &res); err != nil {
+		t.Fatal(err)
+	}
+	a := firstStates(res)
+	if !a.pending.Equal(time.Unix(880, 0)) || !a.firing.Equal(time.Unix(1000, 5e8)) || !a.lastFiring.Equal(time.Unix(1001, 0)) {
+		t.Errorf("firstStates = pending %v, firing %v, last firing %v; want 880 s, 1000500 ms, 1001 s", a.pending.Unix(), a.firing.UnixMilli(), a.lastFiring.Unix())
+	}
+	if a := firstStates(nil); !a.pending.IsZero() || !a.firing.IsZero() {
+		t.Errorf("firstStates(nil) = %+v", a)
 	}
 }
