@@ -104,13 +104,15 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 	errs := make([]error, len(faults))
 	for i, f := range faults {
 		wg.Go(func() {
+			// The fault's moment is when its injection began: the stuck subscriber's churn
+			// fills its queue, and evicts it, before the injection returns.
+			injected := time.Now()
 			if err := f.inject(ctx); err != nil {
 				errs[i] = fmt.Errorf("%s on %s: injecting: %w", f.what, f.node, err)
 				return
 			}
 			fmt.Printf("e2e-cluster: fault on %s: %s\n", f.node, f.what)
-			limit := rulesFor[f.alert] + 2*promScrapeInterval + time.Minute
-			injected := time.Now()
+			limit := rulesFor[f.alert] + 2*promScrapeInterval + time.Minute + time.Since(injected)
 			err := testutil.PollEvery(ctx, limit, promScrapeInterval, f.alert+" to fire for "+f.node, func() (bool, error) {
 				res, err := p.query(ctx, fmt.Sprintf(`ALERTS{alertname=%q,alertstate="firing",node=%q}`, f.alert, f.node))
 				return err == nil && len(res) > 0, nil
