@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,10 @@ type fault struct {
 	what, node, alert string
 	// inject makes the fault; repair undoes it.
 	inject, repair func(ctx context.Context) error
+	// occurred, if set, is when the fault took effect, read after its alert fired, when that is not
+	// the moment its injection began (the stuck subscriber is evicted only once the churn filled its
+	// queue); the alert's figures count from it.
+	occurred func(ctx context.Context, injected time.Time) (time.Time, error)
 	// clears says whether the alert must clear within the test once repaired: an alert on
 	// increase(...[15m]) clears 15 minutes after the fault by its rule's design, and is not waited for.
 	clears bool
@@ -28,6 +33,8 @@ type fault struct {
 	// and the rule evaluation that saw the fault; zero for an alert with no for:) and fired, from
 	// Prometheus' own ALERTS series; clearedAfter is how long after the repair it no longer fired.
 	pendingAfter, firedAfter, clearedAfter time.Duration
+	// tookEffect is how long after the injection began the fault took effect (with occurred).
+	tookEffect time.Duration
 }
 
 // line describes the fault's alert for the report, against the issue's goal: fired within its for:
@@ -36,6 +43,9 @@ type fault struct {
 // reported as such.
 func (f *fault) line(forDur, interval time.Duration) string {
 	s := fmt.Sprintf("%s on %s (%s): ", f.alert, f.node, f.what)
+	if f.occurred != nil && f.tookEffect > 0 {
+		s += fmt.Sprintf("the fault took effect %s after its injection began; ", f.tookEffect.Round(time.Second))
+	}
 	if f.pendingAfter > 0 {
 		s += fmt.Sprintf("pending %s after the fault, ", f.pendingAfter.Round(time.Second))
 	}
@@ -79,6 +89,9 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 		{what: "containerd stopped (the core's and the front's connections to it lost)", node: w1, alert: "PlegNRIUpstreamDisconnected", clears: true,
 			inject: c.systemctl(w1, "stop", "containerd"), repair: c.systemctl(w1, "start", "containerd")},
 		{what: "an event subscriber that stops reading", node: cp, alert: "PlegNRISubscriberEvicted",
+			occurred: func(ctx context.Context, injected time.Time) (time.Time, error) {
+				return c.evictedAt(ctx, cp, injected)
+			},
 			inject: func(ctx context.Context) error {
 				if err := c.setSubscriberQueue(ctx, cp, 16); err != nil {
 					return err
@@ -118,6 +131,14 @@ func (c *cluster) injectFaults(ctx context.Context, p *promServer, rulesFor map[
 				return err == nil && len(res) > 0, nil
 			})
 			f.firedAfter = time.Since(injected)
+			if err == nil && f.occurred != nil {
+				if at, oerr := f.occurred(ctx, injected); oerr != nil {
+					fmt.Printf("e2e-cluster: %s on %s: when the fault took effect: %v (counted from the injection's beginning)\n", f.alert, f.node, oerr)
+				} else {
+					f.tookEffect = at.Sub(injected)
+					injected = at
+				}
+			}
 			if err == nil {
 				// Prometheus' own moments, not the poll's (one interval coarser).
 				if a, qerr := p.alertStarts(ctx, f.alert, f.node, injected, time.Now()); qerr != nil {
@@ -208,6 +229,41 @@ func (c *cluster) setSubscriberQueue(ctx context.Context, node string, n int) er
 		_, err := c.onNode(ctx, node, "curl", "-fsS", "127.0.0.1:9810/readyz")
 		return err == nil, nil
 	})
+}
+
+// evictLog is what pleg-nri logs when it evicts a subscriber (pleg/fanout.go).
+const evictLog = "event subscriber cannot keep up: evicted"
+
+// evictedAt is when pleg-nri on node first evicted a subscriber since since, from its journal.
+func (c *cluster) evictedAt(ctx context.Context, node string, since time.Time) (time.Time, error) {
+	out, err := c.onNode(ctx, node, "sh", "-c", fmt.Sprintf("journalctl -u pleg-nri --since @%d -o short-unix --no-pager | grep -m1 -F %q",
+		since.Unix(), evictLog))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("no eviction in pleg-nri's journal since %s: %w", since.Format(time.TimeOnly), err)
+	}
+	return shortUnixTime(out)
+}
+
+// shortUnixTime is the time of a journal line in journalctl's short-unix format ("<seconds>.<µs>
+// host unit: message").
+func shortUnixTime(line string) (time.Time, error) {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return time.Time{}, errors.New("an empty journal line")
+	}
+	sec, frac, _ := strings.Cut(f[0], ".")
+	s, err := strconv.ParseInt(sec, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("journal line %q: %w", line, err)
+	}
+	var ns int64
+	if frac != "" {
+		frac = (frac + "000000000")[:9]
+		if ns, err = strconv.ParseInt(frac, 10, 64); err != nil {
+			return time.Time{}, fmt.Errorf("journal line %q: %w", line, err)
+		}
+	}
+	return time.Unix(s, ns), nil
 }
 
 // stuckStream is a GetContainerEvents stream on a node's pleg-nri socket whose client never reads:

@@ -128,3 +128,18 @@ func TestFaultLine(t *testing.T) {
 		}
 	}
 }
+
+func TestShortUnixTime(t *testing.T) {
+	got, err := shortUnixTime("1764263912.345678 pleg-nri-cluster-control-plane pleg-nri[812]: time=... level=WARN msg=\"" + evictLog + " with RESOURCE_EXHAUSTED\"")
+	if err != nil || !got.Equal(time.Unix(1764263912, 345678000)) {
+		t.Errorf("shortUnixTime = %v, %v", got.UnixNano(), err)
+	}
+	if got, err := shortUnixTime("1764263912 host x: y"); err != nil || !got.Equal(time.Unix(1764263912, 0)) {
+		t.Errorf("shortUnixTime without a fraction = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "-- No entries --"} {
+		if _, err := shortUnixTime(bad); err == nil {
+			t.Errorf("shortUnixTime(%q) took it", bad)
+		}
+	}
+}
