@@ -43,7 +43,7 @@ type fault struct {
 // reported as such.
 func (f *fault) line(forDur, interval time.Duration) string {
 	s := fmt.Sprintf("%s on %s (%s): ", f.alert, f.node, f.what)
-	if f.occurred != nil && f.tookEffect > 0 {
+	if f.tookEffect > 0 {
 		s += fmt.Sprintf("the fault took effect %s after its injection began; ", f.tookEffect.Round(time.Second))
 	}
 	if f.pendingAfter > 0 {

@@ -410,12 +410,10 @@ func run(ctx context.Context, o options) (err error) {
 	notes = append(notes, line)
 
 	// 8. Uninstall: every kubelet back as kind made it, nothing of pleg-nri left.
-	took, err := c.uninstall(ctx)
-	if err != nil {
+	if line, err = c.uninstall(ctx); err != nil {
 		return err
 	}
-	notes = append(notes, fmt.Sprintf("helm uninstall in %s: every kubelet back on containerd's socket without EventedPLEG, Ready; nothing of pleg-nri left",
-		took.Round(time.Second)))
+	notes = append(notes, line)
 	return nil
 }
 

@@ -361,18 +361,19 @@ func (c *cluster) roll(ctx context.Context, name, ns, wantVersion string, before
 
 // uninstall runs helm uninstall and checks that every node is back as it was before the install: the
 // kubelet on containerd's socket without the EventedPLEG gate, Ready, and nothing of pleg-nri left on
-// it (no unit, no binary, no process) nor in the cluster (no DaemonSet, ConfigMap, Job or pod).
-func (c *cluster) uninstall(ctx context.Context) (time.Duration, error) {
+// it (no unit, no binary, no process) nor in the cluster (no DaemonSet, ConfigMap, Job or pod). It
+// returns a line for the report.
+func (c *cluster) uninstall(ctx context.Context) (string, error) {
 	start := time.Now()
 	if out, err := cmd(ctx, c.o.helm, "--kubeconfig", c.kubeconfig, "-n", "kube-system", "uninstall", "pleg-nri", "--wait", "--timeout", "10m"); err != nil {
-		return 0, fmt.Errorf("helm uninstall: %w\n%s", err, out)
+		return "", fmt.Errorf("helm uninstall: %w\n%s", err, out)
 	}
 	took := time.Since(start)
 	var left []string
 	for _, n := range c.nodes {
 		kcfg, err := c.onNode(ctx, n, "cat", "/var/lib/kubelet/config.yaml")
 		if err != nil {
-			return took, err
+			return "", err
 		}
 		if !strings.Contains(kcfg, "containerRuntimeEndpoint: "+containerdSocket) || strings.Contains(kcfg, "EventedPLEG") {
 			left = append(left, fmt.Sprintf("%s: the kubelet's configuration after uninstall:\n%s", n, kcfg))
@@ -397,11 +398,12 @@ func (c *cluster) uninstall(ctx context.Context) (time.Duration, error) {
 		left = append(left, "in kube-system: "+strings.Join(strings.Fields(objs), " "))
 	}
 	if len(left) > 0 {
-		return took, errors.New("helm uninstall left things behind:\n" + strings.Join(left, "\n"))
+		return "", errors.New("helm uninstall left things behind:\n" + strings.Join(left, "\n"))
 	}
-	fmt.Printf("e2e-cluster: helm uninstall in %s: every kubelet back on containerd's socket without EventedPLEG, Ready; nothing of pleg-nri left\n",
+	line := fmt.Sprintf("helm uninstall in %s: every kubelet back on containerd's socket without EventedPLEG, Ready; nothing of pleg-nri left",
 		took.Round(time.Second))
-	return took, nil
+	fmt.Println("e2e-cluster:", line)
+	return line, nil
 }
 
 // report is the crash-to-restart table of every phase, cluster-wide and per node, in markdown.

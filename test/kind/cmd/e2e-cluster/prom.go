@@ -281,14 +281,13 @@ func (p *promServer) queryRange(ctx context.Context, q string, from, to time.Tim
 
 // alertStart is when an alert of a node first was pending and first fired (zero: never), read from
 // the ALERTS series Prometheus writes at each rule evaluation, so that a figure is the server's
-// own moment, not when the test's poll saw it.
-// lastFiring is the last point of the firing series: Prometheus ends a resolved alert's series with
-// a staleness marker at the first evaluation that no longer fired it, so it is the second before.
+// own moment, not when the test's poll saw it. lastFiring is the last point of the firing series:
+// Prometheus ends a resolved alert's series with a staleness marker at the first evaluation that no
+// longer fired it, so it is the second before.
 type alertStart struct{ pending, firing, lastFiring time.Time }
 
-// alertStarts reads alert's first pending and firing moments (and its last firing one) on node between from and to: a range
-// query at a 1 s step, whose first point of a state is the first second at or after the evaluation
-// that wrote it.
+// alertStarts reads alert's moments on node between from and to: a range query at a 1 s step, whose
+// first point of a state is the first second at or after the evaluation that wrote it.
 func (p *promServer) alertStarts(ctx context.Context, alert, node string, from, to time.Time) (alertStart, error) {
 	res, err := p.queryRange(ctx, fmt.Sprintf(`ALERTS{alertname=%q,node=%q}`, alert, node), from, to, time.Second)
 	if err != nil {
