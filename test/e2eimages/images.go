@@ -195,6 +195,15 @@ func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string,
 			out = append(out, Result{Name: name, Why: "no offline build yet"})
 		}
 	}
+	// Every name its own image. Upstream's tags of one repository are different images (other
+	// content, another ID); built here from the same sources, two tags would be one image under two
+	// names, and containerd reports a container's image as its image's first name: the specs that
+	// change a container's image (busybox 1.36.1-1 to 1.37.0-2, agnhost 2.55 to 2.66.1) would wait
+	// for the new name forever, in every setup. A label naming the image gives each its own config,
+	// so its own ID; the layers stay shared.
+	for i := range images {
+		images[i].Labels = map[string]string{imageLabel: images[i].Name}
+	}
 	archives, err := harness.WriteImages(b.Cache, images)
 	if err != nil {
 		return nil, nil, err
@@ -223,6 +232,9 @@ func (b Builder) script(ctx context.Context, name string, args ...string) (strin
 // private registry (gcr.io/k8s-authenticated-test) and images in an invalid one: the tests that use them
 // expect the pull to fail, so they are never built.
 const e2eImages = "registry.k8s.io/e2e-test-images/"
+
+// imageLabel is the label of every image built here: the name it was built for.
+const imageLabel = "io.pleg-nri.e2e-image"
 
 // SplitTag splits "registry/repo:tag"; ok is false for a name pinned by digest.
 func SplitTag(name string) (repo, tag string, ok bool) {

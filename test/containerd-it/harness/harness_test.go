@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"reflect"
 	"testing"
 )
 
@@ -89,5 +90,60 @@ func TestOCIArchive(t *testing.T) {
 	}
 	if string(files["oci-layout"]) != `{"imageLayoutVersion":"1.0.0"}` {
 		t.Errorf("oci-layout = %q", files["oci-layout"])
+	}
+}
+
+// TestOCIArchiveLabels: images of the same files that differ by a label are two images (two configs,
+// so two image IDs) with one layer, and the label is in the config.
+func TestOCIArchiveLabels(t *testing.T) {
+	files := []File{dir("bin"), file("bin/x", 0o755, "#!/bin/sh\n")}
+	manifest := func(labels map[string]string) (config, layer string, cfg map[string]any) {
+		a, err := ociArchive(Image{Name: "example.com/x:tag", Files: files, Labels: labels})
+		if err != nil {
+			t.Fatal(err)
+		}
+		blobs := map[string][]byte{}
+		tr := tar.NewReader(bytes.NewReader(a))
+		for {
+			hdr, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, _ := io.ReadAll(tr)
+			blobs[hdr.Name] = data
+		}
+		var index struct{ Manifests []struct{ Digest string } }
+		var m struct {
+			Config struct{ Digest string }
+			Layers []struct{ Digest string }
+		}
+		if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 {
+			t.Fatalf("index.json: %v", err)
+		}
+		if err := json.Unmarshal(blobs["blobs/sha256/"+index.Manifests[0].Digest[len("sha256:"):]], &m); err != nil || len(m.Layers) != 1 {
+			t.Fatalf("manifest: %v", err)
+		}
+		if err := json.Unmarshal(blobs["blobs/sha256/"+m.Config.Digest[len("sha256:"):]], &cfg); err != nil {
+			t.Fatalf("config: %v", err)
+		}
+		return m.Config.Digest, m.Layers[0].Digest, cfg
+	}
+	c1, l1, cfg := manifest(map[string]string{"k": "a"})
+	c2, l2, _ := manifest(map[string]string{"k": "b"})
+	c0, l0, plain := manifest(nil)
+	if c1 == c2 || c1 == c0 {
+		t.Errorf("configs %s, %s, %s: want three images", c1, c2, c0)
+	}
+	if l1 != l2 || l1 != l0 {
+		t.Errorf("layers %s, %s, %s: want one", l1, l2, l0)
+	}
+	if got := cfg["config"].(map[string]any)["Labels"]; !reflect.DeepEqual(got, map[string]any{"k": "a"}) {
+		t.Errorf("config labels = %v, want k=a", got)
+	}
+	if _, ok := plain["config"].(map[string]any)["Labels"]; ok {
+		t.Errorf("an image without labels has Labels in its config: %v", plain["config"])
 	}
 }

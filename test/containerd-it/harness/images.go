@@ -45,6 +45,8 @@ type Image struct {
 	User, WorkingDir string
 	// StopSignal is the image config's (empty: SIGTERM, the runtime's default).
 	StopSignal string
+	// Labels are the image config's labels (none if empty).
+	Labels map[string]string
 }
 
 // File is one entry of a layer: a directory (Dir), a regular file (Reg) or a symlink (Symlink).
@@ -257,6 +259,9 @@ func ociArchive(img Image) ([]byte, error) {
 	}
 	if img.StopSignal != "" {
 		imgConfig["StopSignal"] = img.StopSignal
+	}
+	if len(img.Labels) > 0 {
+		imgConfig["Labels"] = img.Labels
 	}
 	config, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
