@@ -67,7 +67,8 @@ type Builder struct {
 //   - agnhost (every tag the suite names): upstream's agnhost program built from
 //     k8s.io/kubernetes/test/images/agnhost at the suite's version, on a Debian bookworm root with the
 //     tools upstream's alpine image installs (agnhostPackages), with the entrypoint, the agnhost-2
-//     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds;
+//     link, /uploads, porter's key pair and the user and group upstream's Dockerfile adds, and the
+//     nmeter stand-in (below: alpine's busybox has the applet, and specs run it in agnhost);
 //   - busybox (by tag): Debian's static busybox with every applet, each also linked in /bin as in
 //     upstream's image, and a stand-in for the one applet the tests call that Debian's build leaves
 //     out, nmeter (./nmeter). Built from Debian's source without the patch that reverts upstream's
@@ -100,6 +101,15 @@ func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string,
 	var agnhost []harness.File
 	var nginxBase, agnhostBase string
 	var nmeter []byte
+	nmeterFile := func(name string) (harness.File, error) {
+		if nmeter == nil {
+			var err error
+			if nmeter, err = harness.BuildStatic(ctx, b.Cache, filepath.Join(b.Root, "test", "e2eimages", "nmeter"), "nmeter"); err != nil {
+				return harness.File{}, err
+			}
+		}
+		return harness.File{Name: name, Mode: 0o755, Type: harness.Reg, Data: nmeter}, nil
+	}
 	var images []harness.Image
 	var out []Result
 	for _, name := range names {
@@ -117,6 +127,15 @@ func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string,
 				if agnhost, err = b.agnhostImage(agnhostBase); err != nil {
 					return nil, nil, err
 				}
+				// Upstream's agnhost is on alpine, whose busybox has nmeter; the Containers
+				// Lifecycle specs run their timestamped logging script (nmeter for the
+				// milliseconds) in agnhost too, the alternate image they change a container to.
+				// In /usr/bin: the Debian root's /bin is a link to it.
+				nm, err := nmeterFile("usr/bin/nmeter")
+				if err != nil {
+					return nil, nil, err
+				}
+				agnhost = append(agnhost, nm)
 			}
 			im := harness.Image{Name: name, Base: agnhostBase, Files: agnhost, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}
 			if repo != e2eImages+"agnhost" {
@@ -132,12 +151,11 @@ func (b Builder) Build(ctx context.Context, names []string) ([]Result, []string,
 			images = append(images, im)
 			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"busybox" && !strings.Contains(tag, "windows"):
-			if nmeter == nil {
-				if nmeter, err = harness.BuildStatic(ctx, b.Cache, filepath.Join(b.Root, "test", "e2eimages", "nmeter"), "nmeter"); err != nil {
-					return nil, nil, err
-				}
+			nm, err := nmeterFile("bin/nmeter")
+			if err != nil {
+				return nil, nil, err
 			}
-			files := append(append([]harness.File{}, bb...), harness.File{Name: "bin/nmeter", Mode: 0o755, Type: harness.Reg, Data: nmeter})
+			files := append(append([]harness.File{}, bb...), nm)
 			images = append(images, harness.Image{Name: name, Files: files, Cmd: []string{"sh"}})
 			out = append(out, Result{Name: name, Built: true})
 		case repo == e2eImages+"nginx":
