@@ -60,19 +60,7 @@ func TestOCIArchive(t *testing.T) {
 	if !bytes.Equal(a, b) {
 		t.Fatal("two builds of the same image differ")
 	}
-	files := map[string][]byte{}
-	tr := tar.NewReader(bytes.NewReader(a))
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(tr)
-		files[hdr.Name] = data
-	}
+	files := archiveEntries(t, a)
 	var index struct {
 		Manifests []struct {
 			Digest      string
@@ -102,19 +90,7 @@ func TestOCIArchiveLabels(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		blobs := map[string][]byte{}
-		tr := tar.NewReader(bytes.NewReader(a))
-		for {
-			hdr, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, _ := io.ReadAll(tr)
-			blobs[hdr.Name] = data
-		}
+		blobs := archiveEntries(t, a)
 		var index struct{ Manifests []struct{ Digest string } }
 		var m struct {
 			Config struct{ Digest string }
@@ -145,5 +121,23 @@ func TestOCIArchiveLabels(t *testing.T) {
 	}
 	if _, ok := plain["config"].(map[string]any)["Labels"]; ok {
 		t.Errorf("an image without labels has Labels in its config: %v", plain["config"])
+	}
+}
+
+// archiveEntries is the content of every entry of a tar, by name.
+func archiveEntries(t *testing.T, a []byte) map[string][]byte {
+	t.Helper()
+	entries := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(a))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return entries
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(tr)
+		entries[hdr.Name] = data
 	}
 }
