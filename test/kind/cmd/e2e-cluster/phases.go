@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/kind/internal/crashbench"
 )
 
@@ -162,14 +163,25 @@ func (c *cluster) sideBySidePhases(ctx context.Context) ([]phase, []string, erro
 // compareSetups states the goals of the crash-to-restart figures of the side-by-side phases: created
 // at most 0.5x of containerd's stream's and at least 10x sooner than GenericPLEG's, started at least
 // 50 ms sooner than containerd's stream's, at p50 (and p90 alongside).
+//
+// A third line gives pleg-nri's differences at p50 with their bootstrap intervals, which say whether
+// a difference this close tells a gain from the rounds' noise.
 func compareSetups(phases []phase) []string {
 	by := map[string]crashbench.Stats{}
+	created, started := map[string][]float64{}, map[string][]float64{}
 	for _, p := range phases {
 		by[p.name] = crashbench.Of(p.samples)
+		for _, s := range p.samples {
+			created[p.name] = append(created[p.name], s.CreatedMs())
+			started[p.name] = append(started[p.name], s.StartedMs())
+		}
 	}
 	g, cd, pn := by[onGeneric.name], by[onContainerd.name], by[onPlegNRI.name]
 	if g.N == 0 || cd.N == 0 || pn.N == 0 {
 		return nil
+	}
+	diff := func(of map[string][]float64, than kubeletSetup) benchreport.Diff {
+		return benchreport.QuantileDiff(of[onPlegNRI.name], of[than.name], 0.5)
 	}
 	yes := func(ok bool) string {
 		if ok {
@@ -186,6 +198,9 @@ func compareSetups(phases []phase) []string {
 			"GenericPLEG %.0f ms; p90 %.0f / %.0f / %.0f ms (%+.0f ms against containerd's stream: %s)",
 			pn.StartedP50, cd.StartedP50, pn.StartedP50-cd.StartedP50, yes(cd.StartedP50-pn.StartedP50 >= 50),
 			g.StartedP50, pn.StartedP90, cd.StartedP90, g.StartedP90, pn.StartedP90-cd.StartedP90, yes(cd.StartedP90-pn.StartedP90 >= 50)),
+		fmt.Sprintf("side by side, pleg-nri's p50 minus the other setup's: created, against containerd's stream %s, against GenericPLEG %s; "+
+			"started, against containerd's stream %s",
+			diff(created, onContainerd), diff(created, onGeneric), diff(started, onContainerd)),
 	}
 }
 

@@ -50,7 +50,7 @@ func TestCompareSetups(t *testing.T) {
 		{name: onContainerd.name, samples: at(100, 150, 200)},
 		{name: onPlegNRI.name, samples: at(40, 50, 60)},
 	})
-	if len(lines) != 2 {
+	if len(lines) != 3 {
 		t.Fatalf("got %d lines: %q", len(lines), lines)
 	}
 	for _, want := range []string{"pleg-nri 50 ms, containerd's stream 150 ms (0.33x; goal <= 0.5x: met)", "(14.0x sooner; goal >= 10x: met)"} {
@@ -60,6 +60,15 @@ func TestCompareSetups(t *testing.T) {
 	}
 	if want := "pleg-nri 250 ms, containerd's stream 350 ms (-100 ms; goal >= 50 ms sooner: met)"; !strings.Contains(lines[1], want) {
 		t.Errorf("started line %q lacks %q", lines[1], want)
+	}
+	// 3 samples a setup, far apart: every interval is on one side of 0.
+	for _, want := range []string{"created, against containerd's stream -100 ms (95 % interval", "against GenericPLEG -650 ms", "started, against containerd's stream -100 ms"} {
+		if !strings.Contains(lines[2], want) {
+			t.Errorf("difference line %q lacks %q", lines[2], want)
+		}
+	}
+	if strings.Contains(lines[2], "noise") || strings.Count(lines[2], ": sooner)") != 3 {
+		t.Errorf("difference line %q: want 3 differences told apart from noise", lines[2])
 	}
 	if got := compareSetups([]phase{{name: onPlegNRI.name}}); got != nil {
 		t.Errorf("without every setup: %q, want nothing", got)
