@@ -53,7 +53,7 @@ func resampledQuantile(rng *rand.Rand, from, buf []float64, q float64) float64 {
 	return sortedQuantile(buf, q)
 }
 
-// sortedQuantile is Quantile for samples already sorted.
+// sortedQuantile is Quantile for samples already sorted (at least one).
 func sortedQuantile(s []float64, q float64) float64 {
 	rank := int(math.Ceil(q * float64(len(s))))
 	return s[min(max(rank, 1), len(s))-1]

@@ -190,9 +190,7 @@ func Quantile(samples []float64, q float64) float64 {
 	}
 	s := slices.Clone(samples)
 	slices.Sort(s)
-	rank := int(math.Ceil(q * float64(len(s))))
-	rank = min(max(rank, 1), len(s))
-	return s[rank-1]
+	return sortedQuantile(s, q)
 }
 
 // Median is Quantile(samples, 0.5).

@@ -171,10 +171,7 @@ func compareSetups(phases []phase) []string {
 	created, started := map[string][]float64{}, map[string][]float64{}
 	for _, p := range phases {
 		by[p.name] = crashbench.Of(p.samples)
-		for _, s := range p.samples {
-			created[p.name] = append(created[p.name], s.CreatedMs())
-			started[p.name] = append(started[p.name], s.StartedMs())
-		}
+		created[p.name], started[p.name] = crashbench.Latencies(p.samples)
 	}
 	g, cd, pn := by[onGeneric.name], by[onContainerd.name], by[onPlegNRI.name]
 	if g.N == 0 || cd.N == 0 || pn.N == 0 {

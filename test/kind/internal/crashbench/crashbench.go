@@ -470,12 +470,17 @@ type Stats struct {
 	CreatedP50, CreatedP90, StartedP50, StartedP90 float64
 }
 
+// Latencies are the samples' exit to creation and exit to start, in ms, in their order.
+func Latencies(samples []Sample) (created, started []float64) {
+	for _, x := range samples {
+		created, started = append(created, x.CreatedMs()), append(started, x.StartedMs())
+	}
+	return created, started
+}
+
 // Of summarizes samples.
 func Of(samples []Sample) Stats {
-	var c, s []float64
-	for _, x := range samples {
-		c, s = append(c, x.CreatedMs()), append(s, x.StartedMs())
-	}
+	c, s := Latencies(samples)
 	if len(samples) == 0 {
 		return Stats{}
 	}
