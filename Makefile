@@ -243,6 +243,7 @@ run-integration:
 	failed=$$(grep -c -E '^\s*--- FAIL' $$log || true); \
 	echo "integration: $$passed passed, $$failed failed in $$(( $$(date +%s) - start ))s (kubelets: $(KUBELETS))"; \
 	test "$$passed" -gt 0 || { echo "integration: no integration test ran"; exit 1; }; \
+	if grep -q 'SKIP (loud)' $$log; then echo "integration: a test make test must run was skipped:"; grep 'SKIP (loud)' $$log; rc=1; fi; \
 	exit $$rc
 
 .PHONY: integration-docker
