@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 	"github.com/pleg-nri/pleg-nri/test/junit"
 )
@@ -495,6 +497,37 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 			fmt.Fprintf(b, " **%.1f** |", median(durations[i]))
 		}
 		b.WriteString("\n")
+		writeTerminationDiffs(b, runs, durations)
+	}
+}
+
+// writeTerminationDiffs says, for each evented setup against those before it in runs, the p50 of
+// the per-spec differences of the termination specs' durations with a 95 % bootstrap interval over
+// the specs (paired: each spec against itself in the other setup, so a 70 s spec and a 2 s one do not
+// widen the interval). Most of these specs poll every 1-2 s, so a single spec moves in steps of that
+// size whatever the event source: the interval is what tells a setup's shift from those steps.
+// minPairedSpecs is the fewest specs writeTerminationDiffs gives an interval for: with fewer, every
+// resampling draws the same few differences and the interval says nothing about noise.
+const minPairedSpecs = 6
+
+func writeTerminationDiffs(b *strings.Builder, runs []suiteRun, durations [][]float64) {
+	wrote := false
+	for i := range runs {
+		if runs[i].Setup == "generic" {
+			continue
+		}
+		for j := 0; j < i; j++ {
+			d := benchreport.PairedQuantileDiff(durations[i], durations[j], 0.5)
+			if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
+				continue
+			}
+			if !wrote {
+				b.WriteString("\n")
+				wrote = true
+			}
+			fmt.Fprintf(b, "- %s minus %s, p50 of the per-spec differences: %+.2f s (95 %% interval %+.2f to %+.2f s over %d specs: %s)\n",
+				runs[i].Setup, runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict())
+		}
 	}
 }
 

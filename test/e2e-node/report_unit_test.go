@@ -1,6 +1,7 @@
 package e2enode
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -74,5 +75,27 @@ func TestReport(t *testing.T) {
 	}
 	if got := genericRegressions(runs); len(got) != 1 || !strings.HasPrefix(got[0], `containerd: "a" passed with GenericPLEG, failed here: timed out`) {
 		t.Errorf("genericRegressions = %q, want the one spec that failed with containerd's stream only", got)
+	}
+}
+
+// TestTerminationDiffs: the paired p50 difference of the termination specs with its interval, for
+// each evented setup against the setups before it, and none with fewer than minPairedSpecs specs.
+func TestTerminationDiffs(t *testing.T) {
+	var generic, plegNRI []float64
+	for i := range minPairedSpecs {
+		generic = append(generic, float64(2+10*i))
+		plegNRI = append(plegNRI, float64(2+10*i)+0.5)
+	}
+	runs := []suiteRun{{Setup: "generic"}, {Setup: "pleg-nri"}}
+	var b strings.Builder
+	writeTerminationDiffs(&b, runs, [][]float64{generic, plegNRI})
+	want := fmt.Sprintf("- pleg-nri minus generic, p50 of the per-spec differences: +0.50 s (95 %% interval +0.50 to +0.50 s over %d specs: later)\n", minPairedSpecs)
+	if b.String() != "\n"+want {
+		t.Fatalf("got %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	writeTerminationDiffs(&b, runs, [][]float64{generic[1:], plegNRI[1:]})
+	if b.String() != "" {
+		t.Fatalf("with %d specs: %q, want nothing", minPairedSpecs-1, b.String())
 	}
 }

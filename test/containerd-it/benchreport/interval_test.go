@@ -78,3 +78,39 @@ func TestDiffString(t *testing.T) {
 		t.Fatalf("String() = %q, want %q", got, want)
 	}
 }
+
+func TestPairedQuantileDiff(t *testing.T) {
+	// Tests as unlike as 1 s and 70 s, each 0.5 s longer in a: a paired interval sees the 0.5 s shift
+	// that an unpaired one, spanning the tests' own spread, cannot tell from noise.
+	b := []float64{1, 2, 3, 10, 11, 25, 36, 64, 70, 72, 4, 6}
+	a := make([]float64, len(b))
+	for i := range b {
+		a[i] = b[i] + 0.5
+	}
+	d := PairedQuantileDiff(a, b, 0.5)
+	if d.Diff != 0.5 || d.Lo != 0.5 || d.Hi != 0.5 || d.Verdict() != "later" || d.NA != len(b) {
+		t.Fatalf("paired: %+v, want 0.5 with interval 0.5..0.5, later", d)
+	}
+	if u := QuantileDiff(a, b, 0.5); u.Verdict() != "not told apart from noise" {
+		t.Fatalf("unpaired: %+v, want an interval holding 0", u)
+	}
+	// Differences on both sides of 0 (a test's polling step either way): noise.
+	mixed := slices.Clone(b)
+	for i := range mixed {
+		if i%2 == 0 {
+			mixed[i] += 2
+		} else {
+			mixed[i] -= 2
+		}
+	}
+	if m := PairedQuantileDiff(mixed, b, 0.5); m.Verdict() != "not told apart from noise" {
+		t.Fatalf("mixed: %+v, want an interval holding 0", m)
+	}
+	// The longer slice's extra samples are not paired; no pairs, no difference.
+	if e := PairedQuantileDiff(a, b[:3], 0.5); e.NA != 3 || e.NB != 3 {
+		t.Fatalf("pairs counted %d/%d, want 3", e.NA, e.NB)
+	}
+	if e := PairedQuantileDiff(nil, b, 0.5); !math.IsNaN(e.Diff) || e.Verdict() != "no samples" {
+		t.Fatalf("no pairs: %+v", e)
+	}
+}
