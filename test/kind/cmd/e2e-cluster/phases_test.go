@@ -152,3 +152,16 @@ func TestShortUnixTime(t *testing.T) {
 		}
 	}
 }
+
+func TestCountStartErrors(t *testing.T) {
+	events := "2\tError: failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error setting cgroup config for procHooks process: unable to freeze\n" +
+		"\tError: failed to create containerd task: OCI runtime start failed: exec failed\n" +
+		"5\tLiveness probe failed: connection refused\n" +
+		"1\tError: ErrImageNeverPull\n"
+	if got := countStartErrors(events); got != 3 {
+		t.Fatalf("countStartErrors = %d, want 3 (2 counted create failures, 1 start failure without a count)", got)
+	}
+	if got := countStartErrors(""); got != 0 {
+		t.Fatalf("no events: %d", got)
+	}
+}
