@@ -475,15 +475,16 @@ func stripState(s string) string {
 
 // deleteCluster deletes the cluster and checks that none of its containers or volumes is left.
 func deleteCluster(ctx context.Context, o options, name, kubeconfig string) error {
-	var vols []string
+	var vols, ids []string
 	if out, err := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); err == nil {
-		for _, id := range strings.Fields(out) {
+		ids = strings.Fields(out)
+		for _, id := range ids {
 			v, _ := cmd(ctx, "docker", "inspect", "-f", "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}", id)
 			vols = append(vols, strings.Fields(v)...)
 		}
 	}
-	if out, err := cmd(ctx, o.kind, "delete", "cluster", "--name", name, "--kubeconfig", kubeconfig); err != nil {
-		return fmt.Errorf("kind delete cluster: %w\n%s", err, out)
+	if err := kindrun.KindDelete(ctx, o.kind, name, kubeconfig, ids); err != nil {
+		return err
 	}
 	var left []string
 	if out, _ := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); out != "" {
