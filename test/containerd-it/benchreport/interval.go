@@ -33,15 +33,23 @@ func QuantileDiff(a, b []float64, q float64) Diff {
 		return d
 	}
 	d.Diff = Quantile(a, q) - Quantile(b, q)
-	rng := rand.New(rand.NewPCG(0x706c6567, 0x6e7269))
 	ra, rb := make([]float64, len(a)), make([]float64, len(b))
-	diffs := make([]float64, bootstrapResamples)
-	for i := range diffs {
-		diffs[i] = resampledQuantile(rng, a, ra, q) - resampledQuantile(rng, b, rb, q)
-	}
-	slices.Sort(diffs)
-	d.Lo, d.Hi = sortedQuantile(diffs, 0.025), sortedQuantile(diffs, 0.975)
+	d.Lo, d.Hi = bootstrap(func(rng *rand.Rand) float64 {
+		return resampledQuantile(rng, a, ra, q) - resampledQuantile(rng, b, rb, q)
+	})
 	return d
+}
+
+// bootstrap returns the 2.5th and 97.5th percentiles of bootstrapResamples draws of resample, from
+// a fixed seed (so the interval is a function of the samples resample draws from).
+func bootstrap(resample func(*rand.Rand) float64) (lo, hi float64) {
+	rng := rand.New(rand.NewPCG(0x706c6567, 0x6e7269))
+	draws := make([]float64, bootstrapResamples)
+	for i := range draws {
+		draws[i] = resample(rng)
+	}
+	slices.Sort(draws)
+	return sortedQuantile(draws, 0.025), sortedQuantile(draws, 0.975)
 }
 
 // PairedQuantileDiff is QuantileDiff for paired samples: a[i] and b[i] measure the same thing (one
@@ -60,14 +68,8 @@ func PairedQuantileDiff(a, b []float64, q float64) Diff {
 		diffs[i] = a[i] - b[i]
 	}
 	d.Diff = Quantile(diffs, q)
-	rng := rand.New(rand.NewPCG(0x706c6567, 0x6e7269))
 	buf := make([]float64, n)
-	boot := make([]float64, bootstrapResamples)
-	for i := range boot {
-		boot[i] = resampledQuantile(rng, diffs, buf, q)
-	}
-	slices.Sort(boot)
-	d.Lo, d.Hi = sortedQuantile(boot, 0.025), sortedQuantile(boot, 0.975)
+	d.Lo, d.Hi = bootstrap(func(rng *rand.Rand) float64 { return resampledQuantile(rng, diffs, buf, q) })
 	return d
 }
 

@@ -929,31 +929,10 @@ func (c *cluster) diagnose(ctx context.Context) {
 
 // delete deletes the cluster and checks that none of its containers or volumes is left.
 func (c *cluster) delete(ctx context.Context) error {
-	name := c.o.name
-	var vols, ids []string
-	if out, err := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); err == nil {
-		ids = strings.Fields(out)
-		for _, id := range ids {
-			v, _ := cmd(ctx, "docker", "inspect", "-f", "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}", id)
-			vols = append(vols, strings.Fields(v)...)
-		}
-	}
-	if err := kindrun.KindDelete(ctx, c.o.kind, name, c.kubeconfig, ids); err != nil {
+	if err := kindrun.DeleteCluster(ctx, c.o.kind, c.o.name, c.kubeconfig); err != nil {
 		return err
 	}
-	var left []string
-	if out, _ := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); out != "" {
-		left = append(left, "containers "+out)
-	}
-	for _, v := range vols {
-		if kindrun.Exists(ctx, "volume", v) {
-			left = append(left, "volume "+v)
-		}
-	}
-	if len(left) > 0 {
-		return fmt.Errorf("kind delete cluster %s left behind: %s", name, strings.Join(left, ", "))
-	}
-	fmt.Printf("e2e-cluster: cluster %s deleted, nothing left\n", name)
+	fmt.Printf("e2e-cluster: cluster %s deleted, nothing left\n", c.o.name)
 	return nil
 }
 

@@ -189,7 +189,7 @@ func runCluster(ctx context.Context, o options, name, config, kubeconfig string,
 			fmt.Printf("e2e-kind: PLEG_NRI_E2E_KEEP: cluster %s kept; delete it with kind delete cluster --name %s\n", name, name)
 			return
 		}
-		if derr := deleteCluster(ctx, o, name, kubeconfig); derr != nil {
+		if derr := kindrun.DeleteCluster(ctx, o.kind, name, kubeconfig); derr != nil {
 			err = errors.Join(err, derr)
 		}
 	}()
@@ -471,34 +471,6 @@ func stripState(s string) string {
 	s = strings.ReplaceAll(s, "ready=false", "ready=*")
 	s = strings.ReplaceAll(s, "phase=Running", "phase=*")
 	return s
-}
-
-// deleteCluster deletes the cluster and checks that none of its containers or volumes is left.
-func deleteCluster(ctx context.Context, o options, name, kubeconfig string) error {
-	var vols, ids []string
-	if out, err := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); err == nil {
-		ids = strings.Fields(out)
-		for _, id := range ids {
-			v, _ := cmd(ctx, "docker", "inspect", "-f", "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}", id)
-			vols = append(vols, strings.Fields(v)...)
-		}
-	}
-	if err := kindrun.KindDelete(ctx, o.kind, name, kubeconfig, ids); err != nil {
-		return err
-	}
-	var left []string
-	if out, _ := cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); out != "" {
-		left = append(left, "containers "+out)
-	}
-	for _, v := range vols {
-		if _, err := cmd(ctx, "docker", "volume", "inspect", v); err == nil {
-			left = append(left, "volume "+v)
-		}
-	}
-	if len(left) > 0 {
-		return fmt.Errorf("kind delete cluster %s left behind: %s", name, strings.Join(left, ", "))
-	}
-	return nil
 }
 
 // cmd runs a command and returns its combined output.

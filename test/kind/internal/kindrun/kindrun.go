@@ -124,9 +124,38 @@ func thawTree(dir string) (int, error) {
 	return n, err
 }
 
-// KindDelete runs kind delete cluster; when that fails, it thaws what is frozen in the cluster's node
+// DeleteCluster deletes kind's cluster name and checks that none of its node containers or their
+// volumes is left.
+func DeleteCluster(ctx context.Context, kind, name, kubeconfig string) error {
+	var vols, ids []string
+	if out, err := Cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); err == nil {
+		ids = strings.Fields(out)
+		for _, id := range ids {
+			v, _ := Cmd(ctx, "docker", "inspect", "-f", "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}", id)
+			vols = append(vols, strings.Fields(v)...)
+		}
+	}
+	if err := kindDelete(ctx, kind, name, kubeconfig, ids); err != nil {
+		return err
+	}
+	var left []string
+	if out, _ := Cmd(ctx, "docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+name); out != "" {
+		left = append(left, "containers "+out)
+	}
+	for _, v := range vols {
+		if Exists(ctx, "volume", v) {
+			left = append(left, "volume "+v)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("kind delete cluster %s left behind: %s", name, strings.Join(left, ", "))
+	}
+	return nil
+}
+
+// kindDelete runs kind delete cluster; when that fails, it thaws what is frozen in the cluster's node
 // containers ids (see Thaw) and tries once more, saying what it thawed.
-func KindDelete(ctx context.Context, kind, name, kubeconfig string, ids []string) error {
+func kindDelete(ctx context.Context, kind, name, kubeconfig string, ids []string) error {
 	out, err := Cmd(ctx, kind, "delete", "cluster", "--name", name, "--kubeconfig", kubeconfig)
 	if err == nil {
 		return nil
