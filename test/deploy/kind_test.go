@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/kindrun"
 )
 
 // kindConfig is a one-node cluster for the offline node image (no kindnetd, no kube-proxy: its static
@@ -120,10 +123,12 @@ func TestHelmKind(t *testing.T) {
 			out, _ := tryRun("docker", "exec", node, "sh", "-c", "journalctl --no-pager -n 80 -u pleg-nri -u kubelet")
 			t.Logf("the node's journal:\n%s", out)
 		}
-		cmd := exec.Command(e.kind, "delete", "cluster", "--name", name, "--kubeconfig", kubeconfig)
-		cmd.Env = append(os.Environ(), "PATH="+e.shimDir+":"+os.Getenv("PATH"))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("kind delete cluster: %v\n%s", err, out)
+		// As make e2e-kind and make e2e-cluster do: thaw a node a killed runc left frozen, and check
+		// that nothing of the cluster is left.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := kindrun.DeleteCluster(ctx, e.kind, name, kubeconfig); err != nil {
+			t.Error(err)
 		}
 	})
 	kindCmd("create", "cluster", "--name", name, "--image", e.nodeImage, "--config", config, "--kubeconfig", kubeconfig, "--wait", "5m")

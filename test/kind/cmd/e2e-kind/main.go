@@ -23,9 +23,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/internal/kindrun"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/kind/internal/crashbench"
-	"github.com/pleg-nri/pleg-nri/test/kind/internal/kindrun"
 )
 
 func main() {

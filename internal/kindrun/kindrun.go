@@ -1,5 +1,6 @@
-// Package kindrun holds what the kind drivers (make e2e-kind, make e2e-cluster) share: running a
-// command, and removing the docker network kind makes when the run made it.
+// Package kindrun holds what the kind drivers (make e2e-kind, make e2e-cluster) and make
+// test-deploy-kind share: running a command, removing the docker network kind makes when the run made
+// it, and deleting a cluster (thawing a node a killed runc left frozen) with nothing of it left.
 package kindrun
 
 import (
