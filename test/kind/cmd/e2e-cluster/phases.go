@@ -16,10 +16,14 @@ import (
 
 // The crash-to-restart samples of the idle setups: crashIdlePerNode pods on every node, each of whose
 // container crashes once; the exits start crashIdleFirstExit after the batch is released (every pod
-// runs), so they find the node idle.
+// runs) and are crashIdleSpacing apart on a node, so that each finds the node idle. On a slow machine
+// here (containerd 150-200 ms to handle an exit, a replacement's start about a second of the shared
+// CPU) exits 530 ms apart on each of the three nodes queued behind each other: the idle rounds gave
+// created p50 1.0-2.2 s while the rollout's batch, 7.53 s apart, gave 150-270 ms in the same run.
 const (
 	crashIdlePerNode   = 10
 	crashIdleFirstExit = 10 * time.Second
+	crashIdleSpacing   = crashRollSpacing
 	// The batch made just before an upgrade or a rollback, released as the upgrade starts: its exits
 	// are spread over the time the DaemonSet takes to roll through the nodes (rollMinReadySeconds and
 	// about 6 s a node on a quiet machine, minutes on a starved one), so that every node has samples
@@ -121,7 +125,7 @@ func (c *cluster) sideBySidePhases(ctx context.Context) ([]phase, []string, erro
 			desc = append(desc, n+": "+want[n].name)
 		}
 		fmt.Printf("e2e-cluster: side by side, round %d of %d: %s\n", r+1, len(sideBySide), strings.Join(desc, "; "))
-		samples, err := c.crashes(ctx, fmt.Sprintf("crash-round%d", r+1), crashIdlePerNode, crashIdleFirstExit, crashbench.Spacing, nil)
+		samples, err := c.crashes(ctx, fmt.Sprintf("crash-round%d", r+1), crashIdlePerNode, crashIdleFirstExit, crashIdleSpacing, nil)
 		if err != nil {
 			return phases, notes, err
 		}
