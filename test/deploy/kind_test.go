@@ -118,6 +118,8 @@ func TestHelmKind(t *testing.T) {
 		return string(out)
 	}
 	start := time.Now()
+	// kind makes the docker network "kind" and never removes it: the test removes it if it made it.
+	removeNetwork := kindrun.KindNetwork(context.Background())
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := tryRun("docker", "exec", node, "sh", "-c", "journalctl --no-pager -n 80 -u pleg-nri -u kubelet")
@@ -128,6 +130,9 @@ func TestHelmKind(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		if err := kindrun.DeleteCluster(ctx, e.kind, name, kubeconfig); err != nil {
+			t.Error(err)
+		}
+		if err := removeNetwork(); err != nil {
 			t.Error(err)
 		}
 	})
