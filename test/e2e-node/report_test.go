@@ -611,10 +611,22 @@ func reimport(version, sel, results string) error {
 				}
 			}
 		}
+		// The same run saved before (same setup, selection and start): only its specs are read again
+		// (a newer junit.Summary of their failures); its commit, procs, images and wall time stay.
+		saved, err := loadResults(version)
+		if err != nil {
+			return err
+		}
+		for _, old := range saved.Runs {
+			if old.Setup == run.Setup && old.Selection.Name == run.Selection.Name && old.Started == run.Started {
+				old.Tests = run.Tests
+				run = old
+			}
+		}
 		if err := saveRun(version, run); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "e2e-node: saved %s %s %s again from %s\n", version, sel, s.Name, path)
+		fmt.Fprintf(os.Stderr, "e2e-node: saved %s %s %s again from %s (commit %s)\n", version, sel, s.Name, path, run.Commit)
 	}
 	return nil
 }

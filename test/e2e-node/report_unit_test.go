@@ -3,6 +3,7 @@ package e2enode
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -97,5 +98,56 @@ func TestTerminationDiffs(t *testing.T) {
 	writeTerminationDiffs(&b, runs, [][]float64{generic[1:], plegNRI[1:]})
 	if b.String() != "" {
 		t.Fatalf("with %d specs: %q, want nothing", minPairedSpecs-1, b.String())
+	}
+}
+
+// TestReimport: a run read again from its JUnit report gets its specs (and their failures) anew and keeps
+// what only the saving knew (commit, procs, wall time) when it is the run saved before; another run of the
+// same setup and selection is saved as read.
+func TestReimport(t *testing.T) {
+	saved := docsDir
+	docsDir = t.TempDir()
+	t.Cleanup(func() { docsDir = saved })
+	results := t.TempDir()
+	write := func(setup, started string) {
+		dir := filepath.Join(results, "v1.2.3", "quick", setup)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		report := `<testsuites time="3.5"><testsuite name="E2eNode Suite" timestamp="` + started + `">
+<testcase name="[It] a [sig-node]" status="failed" time="3"><failure message="Timed out after 1s.&#xA;Expected&#xA;  &lt;int&gt;: 0"></failure></testcase>
+</testsuite></testsuites>`
+		if err := os.WriteFile(filepath.Join(dir, "junit.xml"), []byte(report), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sel := selection{Name: "quick", Focus: "x"}
+	for _, r := range []suiteRun{
+		{Setup: "generic", Selection: sel, Procs: 4, Started: "T1", WallSeconds: 61, Commit: "abc",
+			Tests: []testResult{{Name: "a", Status: "failed", Failure: "Timed out after 1s."}}},
+		{Setup: "pleg-nri", Selection: sel, Procs: 4, Started: "T0", WallSeconds: 62, Commit: "old"},
+	} {
+		if err := saveRun("v1.2.3", r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("generic", "T1")
+	write("pleg-nri", "T2")
+	if err := reimport("v1.2.3", "quick", results); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadResults("v1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Runs) != 2 {
+		t.Fatalf("runs: %+v", got.Runs)
+	}
+	g, p := got.Runs[0], got.Runs[1]
+	if g.Commit != "abc" || g.Procs != 4 || g.WallSeconds != 61 || g.Tests[0].Failure != "Timed out after 1s. … Expected <int>: 0" {
+		t.Errorf("the same run read again: %+v", g)
+	}
+	if p.Commit != "unknown" || p.Started != "T2" || p.WallSeconds != 3.5 {
+		t.Errorf("another run: %+v", p)
 	}
 }

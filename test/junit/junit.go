@@ -1,6 +1,6 @@
 // Package junit reads the JUnit reports ginkgo writes for upstream's e2e suites (e2e_node.test run by
 // make e2e-node, e2e.test run by make e2e-cluster-conformance): the specs a run selected, each with its
-// outcome, its duration and the first line of its failure.
+// outcome, its duration and its failure in one line (Summary).
 package junit
 
 import (
@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -83,11 +85,11 @@ func Read(path string) ([]Result, error) {
 			r := Result{Name: SpecName(c.Name), Status: c.Status, Seconds: c.Time}
 			switch {
 			case c.Failure != nil:
-				r.Failure = FirstLine(c.Failure.Message)
+				r.Failure = Summary(c.Failure.Message)
 			case c.Error != nil:
-				r.Failure = FirstLine(c.Error.Message)
+				r.Failure = Summary(c.Error.Message)
 			case c.Skipped != nil:
-				r.Failure = FirstLine(c.Skipped.Message)
+				r.Failure = Summary(c.Skipped.Message)
 			}
 			if r.Status == "" {
 				r.Status = "passed"
@@ -121,16 +123,36 @@ func SpecName(junitName string) string {
 	return name[:i]
 }
 
-func FirstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
+// Summary is a failure message in one line of at most 300 characters. The first line of a gomega
+// failure often says little: "Timed out after 60.000s." or "Verifying pod resources resize state. Pod: {"
+// followed by a dump of the pod. So the first line comes with what the message says after it: the last
+// error string gomega printed (its `s: "..."`) that holds no other where there is one, else the lines
+// after the first, their whitespace collapsed.
+func Summary(msg string) string {
+	first, rest, _ := strings.Cut(strings.TrimSpace(msg), "\n")
+	s := strings.TrimSpace(first)
+	more := ""
+	if m := errorString.FindAllStringSubmatch(rest, -1); len(m) > 0 {
+		// The last that holds no other: an aggregate's text repeats its errors' dumps.
+		for i := len(m) - 1; i >= 0 && more == ""; i-- {
+			if e, err := strconv.Unquote(`"` + m[i][1] + `"`); err == nil && !strings.Contains(e, `s: "`) {
+				more = e
+			}
+		}
+	} else {
+		more = rest
+	}
+	if more = strings.Join(strings.Fields(more), " "); more != "" && !strings.Contains(s, more) {
+		s += " … " + more
 	}
 	if len(s) > 300 {
-		s = s[:300] + "..."
+		s = strings.ToValidUTF8(s[:300], "") + "..."
 	}
 	return s
 }
+
+// errorString is a Go error's text as gomega prints it: `s: "text",` on a line of its own.
+var errorString = regexp.MustCompile(`(?m)^\s*s: "((?:[^"\\]|\\.)*)",?\s*$`)
 
 // Counts are a run's specs by outcome: pending counts as skipped, every status but passed and skipped as
 // failed.
