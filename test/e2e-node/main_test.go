@@ -124,7 +124,55 @@ func run(m *testing.M) (code int) {
 		return fail("%v", err)
 	}
 	fmt.Fprintf(os.Stderr, "e2e-node: containerd %d ready (%s)\n", env.PID, env.Dir)
+	unlink, err := linkSocket(cadvisorContainerdSocket, env.Address)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer func() {
+		if err := unlink(); err != nil {
+			code = fail("%v", err)
+		}
+	}()
 	return m.Run()
+}
+
+// cadvisorContainerdSocket is where the kubelet's cAdvisor looks for containerd: its --containerd flag,
+// which the kubelet does not expose. Upstream's job runs containerd there; without it cAdvisor has no
+// containerd handler and /metrics/cadvisor no container's metrics.
+const cadvisorContainerdSocket = "/run/containerd/containerd.sock"
+
+// linkSocket makes path a symbolic link to socket, for as long as the run: nothing may be at path but a
+// killed run's link to a socket that is gone (another containerd's socket is never replaced). unlink
+// removes the link, and the directory it made.
+func linkSocket(path, socket string) (unlink func() error, err error) {
+	if fi, err := os.Lstat(path); err == nil {
+		// A link to a socket that is gone is a killed run's: replace it.
+		if _, serr := os.Stat(path); fi.Mode()&os.ModeSymlink != 0 && os.IsNotExist(serr) {
+			if err := os.Remove(path); err != nil {
+				return nil, err
+			}
+			return linkSocket(path, socket)
+		}
+		return nil, fmt.Errorf("%s exists (another containerd on this machine?): the kubelet's cAdvisor would read "+
+			"that one instead of the harness's; stop it or remove the file", path)
+	}
+	dir := filepath.Dir(path)
+	_, statErr := os.Stat(dir)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Symlink(socket, path); err != nil {
+		return nil, err
+	}
+	return func() error {
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+		if os.IsNotExist(statErr) {
+			return os.Remove(dir)
+		}
+		return nil
+	}, nil
 }
 
 // script runs one of the build scripts under test/ (each builds into the dependency cache once, then
