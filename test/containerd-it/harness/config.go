@@ -68,6 +68,15 @@ disabled_plugins = [
           BinaryName = "{{.Runc}}"
           Root = "{{.Dir}}/runc"
           SystemdCgroup = false
+      # The handler upstream's RuntimeClass tests ask for (e2eruntimeclass.PreconfiguredRuntimeClassHandler),
+      # runc again, as kind's and upstream's node e2e containerd configurations have it.
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.test-handler]
+        runtime_type = "io.containerd.runc.v2"
+        snapshotter = "{{.Snapshotter}}"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.test-handler.options]
+          BinaryName = "{{.Runc}}"
+          Root = "{{.Dir}}/runc"
+          SystemdCgroup = false
     [plugins."io.containerd.cri.v1.runtime".cni]
       bin_dirs = ["{{.CNIBinDir}}"]
       conf_dir = "{{.CNIConfDir}}"
