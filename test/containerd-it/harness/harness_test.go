@@ -141,3 +141,16 @@ func archiveEntries(t *testing.T, a []byte) map[string][]byte {
 		entries[hdr.Name] = data
 	}
 }
+
+// TestBaseFilesTmp: /tmp of every test image is everyone's and sticky, as upstream's busybox has it.
+func TestBaseFilesTmp(t *testing.T) {
+	for _, f := range BaseFiles() {
+		if f.Name == "tmp" {
+			if f.Type != Dir || f.Mode != 0o1777 {
+				t.Fatalf("tmp: %+v, want a directory of mode 1777", f)
+			}
+			return
+		}
+	}
+	t.Fatal("no tmp in BaseFiles")
+}

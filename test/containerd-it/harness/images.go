@@ -88,7 +88,10 @@ func BuildImages(ctx context.Context, cache string) ([]string, error) {
 // BaseFiles are the directories and account files every test image has.
 func BaseFiles() []File {
 	return []File{
-		dir("etc"), dir("proc"), dir("sys"), dir("dev"), dir("tmp"), dir("run"), dir("var"), dir("root"),
+		dir("etc"), dir("proc"), dir("sys"), dir("dev"), dir("run"), dir("var"), dir("root"),
+		// Everyone's, sticky, as in upstream's images: a container run as a user (the restricted
+		// pod security of upstream's specs runs uid 1000) writes its markers there.
+		{Name: "tmp", Mode: 0o1777, Type: Dir},
 		file("etc/passwd", 0o644, "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
 		file("etc/group", 0o644, "root:x:0:\nnogroup:x:65534:\n"),
 	}
