@@ -577,6 +577,19 @@ func median(v []float64) float64 {
 // reimport saves again the runs of a selection of version from the JUnit reports they left in
 // <results>/<version>/<selection>/<setup>/: the wall time is the report's, the start its timestamp,
 // focus and skip its properties; the number of processes and the commit are not in it (0, "unknown").
+// sameSpecs says a and b are one run's specs: the same names, outcomes and durations, in order.
+func sameSpecs(a, b []testResult) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Name != b[i].Name || a[i].Status != b[i].Status || a[i].Seconds != b[i].Seconds {
+			return false
+		}
+	}
+	return true
+}
+
 func reimport(version, sel, results string) error {
 	for _, s := range setups {
 		path := junitPath(filepath.Join(results, version, sel, s.Name))
@@ -611,14 +624,15 @@ func reimport(version, sel, results string) error {
 				}
 			}
 		}
-		// The same run saved before (same setup, selection and start): only its specs are read again
-		// (a newer junit.Summary of their failures); its commit, procs, images and wall time stay.
+		// The same run saved before (same setup and selection, the same specs with the same
+		// durations): only its specs are read again (a newer junit.Summary of their failures); its
+		// commit, procs, images, start and wall time, which the saving measured, stay.
 		saved, err := loadResults(version)
 		if err != nil {
 			return err
 		}
 		for _, old := range saved.Runs {
-			if old.Setup == run.Setup && old.Selection.Name == run.Selection.Name && old.Started == run.Started {
+			if old.Setup == run.Setup && old.Selection.Name == run.Selection.Name && sameSpecs(old.Tests, run.Tests) {
 				old.Tests = run.Tests
 				run = old
 			}

@@ -102,8 +102,9 @@ func TestTerminationDiffs(t *testing.T) {
 }
 
 // TestReimport: a run read again from its JUnit report gets its specs (and their failures) anew and keeps
-// what only the saving knew (commit, procs, wall time) when it is the run saved before; another run of the
-// same setup and selection is saved as read.
+// what only the saving knew (commit, procs, start, wall time) when it is the run saved before (the same
+// specs, outcomes and durations; the report's own timestamp is not the saving's); another run of the same
+// setup and selection is saved as read.
 func TestReimport(t *testing.T) {
 	saved := docsDir
 	docsDir = t.TempDir()
@@ -123,9 +124,10 @@ func TestReimport(t *testing.T) {
 	}
 	sel := selection{Name: "quick", Focus: "x"}
 	for _, r := range []suiteRun{
-		{Setup: "generic", Selection: sel, Procs: 4, Started: "T1", WallSeconds: 61, Commit: "abc",
-			Tests: []testResult{{Name: "a", Status: "failed", Failure: "Timed out after 1s."}}},
-		{Setup: "pleg-nri", Selection: sel, Procs: 4, Started: "T0", WallSeconds: 62, Commit: "old"},
+		{Setup: "generic", Selection: sel, Procs: 4, Started: "2026-01-01T00:00:00Z", WallSeconds: 61, Commit: "abc",
+			Tests: []testResult{{Name: "a [sig-node]", Status: "failed", Seconds: 3, Failure: "Timed out after 1s."}}},
+		{Setup: "pleg-nri", Selection: sel, Procs: 4, Started: "T0", WallSeconds: 62, Commit: "old",
+			Tests: []testResult{{Name: "a [sig-node]", Status: "failed", Seconds: 4, Failure: "Timed out after 1s."}}},
 	} {
 		if err := saveRun("v1.2.3", r); err != nil {
 			t.Fatal(err)
@@ -144,7 +146,7 @@ func TestReimport(t *testing.T) {
 		t.Fatalf("runs: %+v", got.Runs)
 	}
 	g, p := got.Runs[0], got.Runs[1]
-	if g.Commit != "abc" || g.Procs != 4 || g.WallSeconds != 61 || g.Tests[0].Failure != "Timed out after 1s. … Expected <int>: 0" {
+	if g.Commit != "abc" || g.Procs != 4 || g.WallSeconds != 61 || g.Started != "2026-01-01T00:00:00Z" || g.Tests[0].Failure != "Timed out after 1s. … Expected <int>: 0" {
 		t.Errorf("the same run read again: %+v", g)
 	}
 	if p.Commit != "unknown" || p.Started != "T2" || p.WallSeconds != 3.5 {
