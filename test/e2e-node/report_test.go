@@ -574,9 +574,6 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// reimport saves again the runs of a selection of version from the JUnit reports they left in
-// <results>/<version>/<selection>/<setup>/: the wall time is the report's, the start its timestamp,
-// focus and skip its properties; the number of processes and the commit are not in it (0, "unknown").
 // sameSpecs says a and b are one run's specs: the same names, outcomes and durations, in order.
 func sameSpecs(a, b []testResult) bool {
 	if len(a) != len(b) {
@@ -590,6 +587,10 @@ func sameSpecs(a, b []testResult) bool {
 	return true
 }
 
+// reimport saves again the runs of a selection of version from the JUnit reports they left in
+// <results>/<version>/<selection>/<setup>/: the wall time is the report's, the start its timestamp,
+// focus and skip its properties; the number of processes and the commit are not in it (0, "unknown"),
+// but for a run saved before, which keeps what its saving measured (sameSpecs).
 func reimport(version, sel, results string) error {
 	for _, s := range setups {
 		path := junitPath(filepath.Join(results, version, sel, s.Name))
