@@ -453,11 +453,7 @@ func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 
 func writeTerminations(b *strings.Builder, runs []suiteRun) {
 	b.WriteString("\n### Durations of the specs that terminate pods (seconds, passed runs only)\n\n")
-	b.WriteString("| spec |")
-	for _, run := range runs {
-		fmt.Fprintf(b, " %s |", run.Setup)
-	}
-	b.WriteString("\n| --- |" + strings.Repeat(" --- |", len(runs)) + "\n")
+	var rows strings.Builder
 	outs := make([]map[string]testResult, len(runs))
 	for i, run := range runs {
 		outs[i] = outcome(run)
@@ -479,26 +475,34 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 			continue
 		}
 		counted++
-		fmt.Fprintf(b, "| %s |", name)
+		fmt.Fprintf(&rows, "| %s |", name)
 		for i := range runs {
-			fmt.Fprintf(b, " %.1f |", outs[i][name].Seconds)
+			fmt.Fprintf(&rows, " %.1f |", outs[i][name].Seconds)
 			sums[i] += outs[i][name].Seconds
 			durations[i] = append(durations[i], outs[i][name].Seconds)
 		}
-		b.WriteString("\n")
+		rows.WriteString("\n")
 	}
-	if counted > 0 {
-		b.WriteString("| **sum** |")
-		for i := range runs {
-			fmt.Fprintf(b, " **%.1f** |", sums[i])
-		}
-		b.WriteString("\n| **p50** |")
-		for i := range runs {
-			fmt.Fprintf(b, " **%.1f** |", median(durations[i]))
-		}
-		b.WriteString("\n")
-		writeTerminationDiffs(b, runs, durations)
+	if counted == 0 {
+		b.WriteString("None: no spec of this selection that terminates pods passed in every setup.\n")
+		return
 	}
+	b.WriteString("| spec |")
+	for _, run := range runs {
+		fmt.Fprintf(b, " %s |", run.Setup)
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" --- |", len(runs)) + "\n")
+	b.WriteString(rows.String())
+	b.WriteString("| **sum** |")
+	for i := range runs {
+		fmt.Fprintf(b, " **%.1f** |", sums[i])
+	}
+	b.WriteString("\n| **p50** |")
+	for i := range runs {
+		fmt.Fprintf(b, " **%.1f** |", median(durations[i]))
+	}
+	b.WriteString("\n")
+	writeTerminationDiffs(b, runs, durations)
 }
 
 // writeTerminationDiffs says, for each evented setup against those before it in runs, the p50 of

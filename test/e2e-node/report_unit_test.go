@@ -101,6 +101,20 @@ func TestTerminationDiffs(t *testing.T) {
 	}
 }
 
+// TestNoTerminations: a selection none of whose passed specs terminate pods says so instead of an
+// empty table.
+func TestNoTerminations(t *testing.T) {
+	runs := []suiteRun{
+		{Setup: "generic", Tests: []testResult{{Name: "resize", Status: "passed", Seconds: 3}}},
+		{Setup: "pleg-nri", Tests: []testResult{{Name: "resize", Status: "passed", Seconds: 3}}},
+	}
+	var b strings.Builder
+	writeTerminations(&b, runs)
+	if got := b.String(); strings.Contains(got, "| spec |") || !strings.Contains(got, "\nNone: ") {
+		t.Fatalf("got %q, want no table and a None line", got)
+	}
+}
+
 // TestReimport: a run read again from its JUnit report gets its specs (and their failures) anew and keeps
 // what only the saving knew (commit, procs, start, wall time) when it is the run saved before (the same
 // specs, outcomes and durations; the report's own timestamp is not the saving's); another run of the same
