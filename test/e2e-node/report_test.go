@@ -458,9 +458,7 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 	for i, run := range runs {
 		outs[i] = outcome(run)
 	}
-	sums := make([]float64, len(runs))
 	durations := make([][]float64, len(runs))
-	counted := 0
 	for _, name := range allNames(runs) {
 		if !terminationTest.MatchString(name) {
 			continue
@@ -474,16 +472,14 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 		if !all {
 			continue
 		}
-		counted++
 		fmt.Fprintf(&rows, "| %s |", name)
 		for i := range runs {
 			fmt.Fprintf(&rows, " %.1f |", outs[i][name].Seconds)
-			sums[i] += outs[i][name].Seconds
 			durations[i] = append(durations[i], outs[i][name].Seconds)
 		}
 		rows.WriteString("\n")
 	}
-	if counted == 0 {
+	if rows.Len() == 0 {
 		b.WriteString("None: no spec of this selection that terminates pods passed in every setup.\n")
 		return
 	}
@@ -494,8 +490,12 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 	b.WriteString("\n| --- |" + strings.Repeat(" --- |", len(runs)) + "\n")
 	b.WriteString(rows.String())
 	b.WriteString("| **sum** |")
-	for i := range runs {
-		fmt.Fprintf(b, " **%.1f** |", sums[i])
+	for _, d := range durations {
+		sum := 0.0
+		for _, s := range d {
+			sum += s
+		}
+		fmt.Fprintf(b, " **%.1f** |", sum)
 	}
 	b.WriteString("\n| **p50** |")
 	for i := range runs {
@@ -580,15 +580,9 @@ func median(v []float64) float64 {
 
 // sameSpecs says a and b are one run's specs: the same names, outcomes and durations, in order.
 func sameSpecs(a, b []testResult) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].Name != b[i].Name || a[i].Status != b[i].Status || a[i].Seconds != b[i].Seconds {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(a, b, func(x, y testResult) bool {
+		return x.Name == y.Name && x.Status == y.Status && x.Seconds == y.Seconds
+	})
 }
 
 // reimport saves again the runs of a selection of version from the JUnit reports they left in
