@@ -161,6 +161,7 @@ func writeReport(version string) error {
 		}
 		writeDifferences(&b, runs, sec.Shards > 0)
 		writeFailures(&b, runs, sec.Shards > 0)
+		writeSkipped(&b, runs)
 		writeTerminations(&b, runs)
 	}
 	return atomicfile.WriteFile(docsPath(version, ".md"), []byte(b.String()), 0o644)
@@ -445,6 +446,47 @@ func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 			}
 			b.WriteString("\n")
 		}
+	}
+	if n == 0 {
+		b.WriteString("None.\n")
+	}
+}
+
+// writeSkipped names the specs the selection chose that did not run: skipped or pending in some run,
+// each with the reason the suite gave (the first run's that skipped it), and the setups that skipped it
+// when not every setup that ran it did (such a spec also differs between setups).
+func writeSkipped(b *strings.Builder, runs []suiteRun) {
+	b.WriteString("\n### Specs that did not run (skipped by the suite itself, with its reason)\n\n")
+	outs := make([]map[string]testResult, len(runs))
+	for i, run := range runs {
+		outs[i] = outcome(run)
+	}
+	n := 0
+	for _, name := range allNames(runs) {
+		var skipped []string
+		reason, ran := "", 0
+		for i, run := range runs {
+			t, ok := outs[i][name]
+			if !ok {
+				continue
+			}
+			ran++
+			if t.Status == "skipped" || t.Status == "pending" {
+				if len(skipped) == 0 {
+					reason = t.Failure
+				}
+				skipped = append(skipped, run.Setup)
+			}
+		}
+		if len(skipped) == 0 {
+			continue
+		}
+		n++
+		fmt.Fprintf(b, "- `%s`: %s", name, orNone(reason))
+		if len(skipped) < ran {
+			fmt.Fprintf(b, " (skipped in %s only)", strings.Join(skipped, ", "))
+		}
+		b.WriteString("\n")
 	}
 	if n == 0 {
 		b.WriteString("None.\n")

@@ -115,6 +115,34 @@ func TestNoTerminations(t *testing.T) {
 	}
 }
 
+// TestSkipped: a spec skipped at run time is listed with the suite's reason, and with the setups that
+// skipped it when another ran it; a selection without one says None.
+func TestSkipped(t *testing.T) {
+	skip := func(name, why string) testResult { return testResult{Name: name, Status: "skipped", Failure: why} }
+	runs := []suiteRun{
+		{Setup: "generic", Tests: []testResult{skip("criu", "skipped - no CRIU"), skip("sctp", "skipped - no SCTP"), {Name: "a", Status: "passed"}}},
+		{Setup: "pleg-nri", Tests: []testResult{skip("criu", "skipped - no CRIU"), {Name: "sctp", Status: "passed"}, {Name: "a", Status: "failed"}}},
+	}
+	var b strings.Builder
+	writeSkipped(&b, runs)
+	want := "\n### Specs that did not run (skipped by the suite itself, with its reason)\n\n" +
+		"- `criu`: skipped - no CRIU\n" +
+		"- `sctp`: skipped - no SCTP (skipped in generic only)\n"
+	if got := b.String(); got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	b.Reset()
+	writeSkipped(&b, runs[1:])
+	if got := b.String(); !strings.HasSuffix(got, "- `criu`: skipped - no CRIU\n") {
+		t.Fatalf("one run: %q", got)
+	}
+	b.Reset()
+	writeSkipped(&b, []suiteRun{{Setup: "generic", Tests: []testResult{{Name: "a", Status: "passed"}}}})
+	if got := b.String(); !strings.HasSuffix(got, "\nNone.\n") {
+		t.Fatalf("no skipped spec: %q", got)
+	}
+}
+
 // TestReimport: a run read again from its JUnit report gets its specs (and their failures) anew and keeps
 // what only the saving knew (commit, procs, start, wall time) when it is the run saved before (the same
 // specs, outcomes and durations; the report's own timestamp is not the saving's); another run of the same
