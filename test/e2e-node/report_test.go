@@ -351,6 +351,15 @@ func outcome(run suiteRun) map[string]testResult {
 	return m
 }
 
+// outcomes is outcome of each run, in order.
+func outcomes(runs []suiteRun) []map[string]testResult {
+	outs := make([]map[string]testResult, len(runs))
+	for i, run := range runs {
+		outs[i] = outcome(run)
+	}
+	return outs
+}
+
 func allNames(runs []suiteRun) []string {
 	seen := map[string]bool{}
 	var names []string
@@ -371,10 +380,7 @@ func allNames(runs []suiteRun) []string {
 // a spec missing from a run differs too.
 func writeDifferences(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 	b.WriteString("\n### Specs whose outcome differs between setups\n\n")
-	outs := make([]map[string]testResult, len(runs))
-	for i, run := range runs {
-		outs[i] = outcome(run)
-	}
+	outs := outcomes(runs)
 	n := 0
 	for _, name := range allNames(runs) {
 		differ, seen, first := false, false, ""
@@ -417,10 +423,7 @@ func writeDifferences(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 // (saying which, when not all did).
 func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 	b.WriteString("\n### Specs that failed in every setup (the node's, not the event source's)\n\n")
-	outs := make([]map[string]testResult, len(runs))
-	for i, run := range runs {
-		outs[i] = outcome(run)
-	}
+	outs := outcomes(runs)
 	n := 0
 	for _, name := range allNames(runs) {
 		all, first := true, ""
@@ -457,10 +460,7 @@ func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 // when not every setup that ran it did (such a spec also differs between setups).
 func writeSkipped(b *strings.Builder, runs []suiteRun) {
 	b.WriteString("\n### Specs that did not run (skipped by the suite itself, with its reason)\n\n")
-	outs := make([]map[string]testResult, len(runs))
-	for i, run := range runs {
-		outs[i] = outcome(run)
-	}
+	outs := outcomes(runs)
 	n := 0
 	for _, name := range allNames(runs) {
 		var skipped []string
@@ -496,10 +496,7 @@ func writeSkipped(b *strings.Builder, runs []suiteRun) {
 func writeTerminations(b *strings.Builder, runs []suiteRun) {
 	b.WriteString("\n### Durations of the specs that terminate pods (seconds, passed runs only)\n\n")
 	var rows strings.Builder
-	outs := make([]map[string]testResult, len(runs))
-	for i, run := range runs {
-		outs[i] = outcome(run)
-	}
+	outs := outcomes(runs)
 	durations := make([][]float64, len(runs))
 	for _, name := range allNames(runs) {
 		if !terminationTest.MatchString(name) {
