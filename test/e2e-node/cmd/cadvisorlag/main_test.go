@@ -1,0 +1,60 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	idA = "a529c643b8de47ff5eee60f64142876b27e3df955e5403f616db78e8c12558d2"
+	idB = "2d4535d7439db8077a2fbe33bfca2d4bca12b0fed138c9bd57ee3ea57da4a513"
+	idC = "e1c044662840d4981e0423209acf2bc656f68e3f64fce35eb8a5fe83b6435c3b"
+)
+
+// The lines are kubelet v1.37.2's, as make e2e-node logged them (shortened).
+func TestAnalyze(t *testing.T) {
+	log := strings.Join([]string{
+		`I1128 19:00:20.000000    6040 cpu_manager.go:314] "Added Container" pod="p/r" podUID="v" containerName="c1" containerID="` + idA + `"`,
+		`I1128 19:00:29.900000    6040 manager.go:905] Added container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
+		`I1128 19:00:30.000000    6040 manager.go:905] Added container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
+		`I1128 19:00:31.527026    6040 manager.go:953] Destroyed container: "/kubepods/besteffort/pod2d91/` + idB + `" (aliases: [x], namespace: "containerd")`,
+		`I1128 19:00:31.567256    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/q" podUID="u" containerName="c" containerID="containerd://` + idB + `"`,
+		`I1128 19:00:35.873261    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/r" podUID="v" containerName="c1" containerID="containerd://` + idA + `"`,
+		`E1128 19:00:35.973261    6040 kuberuntime_manager.go:926] "Allocated pod resize is not currently feasible" err="unable to read memory usage for pod \"r_p(v)\"" pod="p/r"`,
+		`I1128 19:00:36.000000    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/s" podUID="w" containerName="c2" containerID="containerd://` + idC + `"`,
+		`not a klog line, Destroyed container: "/x/` + idC + `"`,
+		`I1128 19:00:39.933368    6040 manager.go:953] Destroyed container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
+	}, "\n")
+	s, err := analyze(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (lags{9900 * time.Millisecond}); !slices.Equal(s.created, want) {
+		t.Errorf("created = %v, want %v (the first of cAdvisor's two lines)", s.created, want)
+	}
+	if want := (lags{-40230 * time.Microsecond, 4060107 * time.Microsecond}); !slices.Equal(s.stopped, want) {
+		t.Errorf("stopped = %v, want %v (idC has no destruction in a klog line: not counted)", s.stopped, want)
+	}
+	if s.stopped.late() != 1 || s.unableToRead != 1 {
+		t.Errorf("late = %d, unableToRead = %d, want 1 and 1", s.stopped.late(), s.unableToRead)
+	}
+	got := s.String()
+	for _, w := range []string{"created 1, lag p50 9900 ms", "stopped 2, lag p50 4060 ms, p90 4060 ms, max 4060 ms",
+		"destroyed after the stop returned: 1", "unable to read memory usage 1"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("String() = %q, want it to contain %q", got, w)
+		}
+	}
+}
+
+func TestAnalyzeEmpty(t *testing.T) {
+	s, err := analyze(strings.NewReader(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.String(), "created none; stopped none (destroyed after the stop returned: 0); unable to read memory usage 0"; got != want {
+		t.Fatalf("String() = %q, want %q", got, want)
+	}
+}
