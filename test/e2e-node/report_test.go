@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
+	"github.com/pleg-nri/pleg-nri/test/cadvisorlag"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
 	"github.com/pleg-nri/pleg-nri/test/junit"
@@ -53,6 +54,9 @@ type suiteRun struct {
 	Commit      string             `json:"commit"`
 	Images      []e2eimages.Result `json:"images,omitempty"`
 	Tests       []testResult       `json:"tests"`
+	// CAdvisor is how far the kubelet's cAdvisor lagged behind the kubelet in the run, from the
+	// kubelet's log (nil for runs saved before it was recorded, or whose log could not be read).
+	CAdvisor *cadvisorlag.Lags `json:"cadvisor_lag,omitempty"`
 }
 
 type counts = junit.Counts
@@ -163,8 +167,47 @@ func writeReport(version string) error {
 		writeFailures(&b, runs, sec.Shards > 0)
 		writeSkipped(&b, runs)
 		writeTerminations(&b, runs)
+		writeCAdvisorLag(&b, sec)
 	}
 	return atomicfile.WriteFile(docsPath(version, ".md"), []byte(b.String()), 0o644)
+}
+
+// writeCAdvisorLag writes, for a section whose runs recorded it, how far the kubelet's cAdvisor lagged
+// behind the kubelet's own creates and stops per setup (package cadvisorlag says why it matters).
+func writeCAdvisorLag(b *strings.Builder, sec reportSection) {
+	if !slices.ContainsFunc(sec.Runs, func(m mergedRun) bool { return m.CAdvisor != nil }) {
+		return
+	}
+	b.WriteString("\n### The kubelet's cAdvisor behind the kubelet (from the kubelet's log)\n\n" +
+		"Per setup, from its runs that recorded it: containers the kubelet created, to cAdvisor adding them; " +
+		"containers the kubelet stopped itself, from the stop's return to cAdvisor destroying them " +
+		"(negative: before it returned); the kubelet's \"unable to read memory usage\" (an in-place resize's " +
+		"memory check that could not read the pod's usage from cAdvisor). No event source is on this path: " +
+		"it measures the node.\n\n" +
+		"| setup | runs | created: n, lag p50 / p90 / max | stopped: n, lag p50 / p90 / max | destroyed after the stop returned | unable to read memory usage |\n" +
+		"| --- | --- | --- | --- | --- | --- |\n")
+	for _, m := range sec.Runs {
+		if m.CAdvisor == nil {
+			continue
+		}
+		n := 0
+		for _, p := range m.Parts {
+			if p.CAdvisor != nil {
+				n++
+			}
+		}
+		l := m.CAdvisor
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %d | %d |\n", m.Setup, n, lagCell(l.CreatedMs), lagCell(l.StoppedMs), l.Late(), l.UnableToRead)
+	}
+}
+
+// lagCell is "n, p50 / p90 / max" of sorted milliseconds, in seconds.
+func lagCell(ms []int64) string {
+	if len(ms) == 0 {
+		return "none"
+	}
+	s := func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', 2, 64) }
+	return fmt.Sprintf("%d, %s / %s / %s s", len(ms), s(cadvisorlag.Quantile(ms, 0.5)), s(cadvisorlag.Quantile(ms, 0.9)), s(ms[len(ms)-1]))
 }
 
 func seconds(s float64) string { return (time.Duration(s) * time.Second).String() }
@@ -262,6 +305,12 @@ func mergeShards(runs []mergedRun) []mergedRun {
 			}
 			if !slices.Contains(commits, p.Commit) {
 				commits = append(commits, p.Commit)
+			}
+			if p.CAdvisor != nil {
+				if m.CAdvisor == nil {
+					m.CAdvisor = &cadvisorlag.Lags{}
+				}
+				m.CAdvisor.Add(*p.CAdvisor)
 			}
 		}
 		m.Commit = strings.Join(commits, ", ")
@@ -673,6 +722,11 @@ func reimport(version, sel, results string) error {
 			if old.Setup == run.Setup && old.Selection.Name == run.Selection.Name && sameSpecs(old.Tests, run.Tests) {
 				old.Tests = run.Tests
 				run = old
+			}
+		}
+		if run.CAdvisor == nil {
+			if l, err := cadvisorlag.ReadFile(filepath.Join(filepath.Dir(path), "report", "kubelet.log")); err == nil {
+				run.CAdvisor = &l
 			}
 		}
 		if err := saveRun(version, run); err != nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pleg-nri/pleg-nri/test/cadvisorlag"
 )
 
 // TestCounts: failed, panicked and the like count as failed; skipped and pending as skipped.
@@ -193,5 +195,41 @@ func TestReimport(t *testing.T) {
 	}
 	if p.Commit != "unknown" || p.Started != "T2" || p.WallSeconds != 3.5 {
 		t.Errorf("another run: %+v", p)
+	}
+}
+
+// TestCAdvisorLag: a sharded section's runs that recorded the kubelet's cAdvisor lag are added up per
+// setup (a run without it is left out and not counted), and a section without any writes nothing.
+func TestCAdvisorLag(t *testing.T) {
+	shard := func(setup string, i int, l *cadvisorlag.Lags) suiteRun {
+		return suiteRun{Setup: setup, Selection: selection{Name: "s", Shard: &shard{Of: "job", Index: i, Count: 2, Split: splitOrdered}}, CAdvisor: l}
+	}
+	runs := []suiteRun{
+		shard("generic", 1, &cadvisorlag.Lags{CreatedMs: []int64{100, 9000}, StoppedMs: []int64{-30}, UnableToRead: 5}),
+		shard("generic", 2, &cadvisorlag.Lags{CreatedMs: []int64{200}, StoppedMs: []int64{4000}}),
+		shard("pleg-nri", 1, nil),
+		shard("pleg-nri", 2, &cadvisorlag.Lags{CreatedMs: []int64{150}}),
+	}
+	secs := reportSections(runs)
+	if len(secs) != 1 {
+		t.Fatalf("sections: %+v", secs)
+	}
+	var b strings.Builder
+	writeCAdvisorLag(&b, secs[0])
+	for _, want := range []string{
+		"| generic | 2 | 3, 0.20 / 9.00 / 9.00 s | 2, 4.00 / 4.00 / 4.00 s | 1 | 5 |\n",
+		"| pleg-nri | 1 | 1, 0.15 / 0.15 / 0.15 s | none | 0 | 0 |\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("got %q, want it to contain %q", b.String(), want)
+		}
+	}
+	for i := range runs {
+		runs[i].CAdvisor = nil
+	}
+	b.Reset()
+	writeCAdvisorLag(&b, reportSections(runs)[0])
+	if b.String() != "" {
+		t.Fatalf("no run recorded it: %q", b.String())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/cadvisorlag"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/plegnri"
 	"github.com/pleg-nri/pleg-nri/test/e2eimages"
@@ -259,6 +260,12 @@ func runSetup(t *testing.T, ctx context.Context, s setup, sel selection, procs i
 	}
 	r := suiteRun{Setup: s.Name, Selection: sel, Procs: procs, Started: start.UTC().Format(time.RFC3339),
 		WallSeconds: wall.Seconds(), Tests: tests, Commit: treeCommit}
+	// The kubelet's log, where the suite's report directory (--report-dir) has it.
+	if l, err := cadvisorlag.ReadFile(filepath.Join(dir, "report", "kubelet.log")); err == nil {
+		r.CAdvisor = &l
+	} else {
+		t.Logf("setup %s: the kubelet's cAdvisor lag not recorded: %v", s.Name, err)
+	}
 	c := r.counts()
 	t.Logf("setup %s: %d passed, %d failed, %d skipped in %s (ginkgo: %v)", s.Name, c.Passed, c.Failed, c.Skipped,
 		wall.Round(time.Second), runErr)

@@ -1,10 +1,9 @@
-package main
+package cadvisorlag
 
 import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 const (
@@ -14,7 +13,7 @@ const (
 )
 
 // The lines are kubelet v1.37.2's, as make e2e-node logged them (shortened).
-func TestAnalyze(t *testing.T) {
+func TestRead(t *testing.T) {
 	log := strings.Join([]string{
 		`I1128 19:00:20.000000    6040 cpu_manager.go:314] "Added Container" pod="p/r" podUID="v" containerName="c1" containerID="` + idA + `"`,
 		`I1128 19:00:29.900000    6040 manager.go:905] Added container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
@@ -27,34 +26,42 @@ func TestAnalyze(t *testing.T) {
 		`not a klog line, Destroyed container: "/x/` + idC + `"`,
 		`I1128 19:00:39.933368    6040 manager.go:953] Destroyed container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
 	}, "\n")
-	s, err := analyze(strings.NewReader(log))
+	l, err := Read(strings.NewReader(log))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (lags{9900 * time.Millisecond}); !slices.Equal(s.created, want) {
-		t.Errorf("created = %v, want %v (the first of cAdvisor's two lines)", s.created, want)
+	if want := []int64{9900}; !slices.Equal(l.CreatedMs, want) {
+		t.Errorf("CreatedMs = %v, want %v (the first of cAdvisor's two lines)", l.CreatedMs, want)
 	}
-	if want := (lags{-40230 * time.Microsecond, 4060107 * time.Microsecond}); !slices.Equal(s.stopped, want) {
-		t.Errorf("stopped = %v, want %v (idC has no destruction in a klog line: not counted)", s.stopped, want)
+	if want := []int64{-40, 4060}; !slices.Equal(l.StoppedMs, want) {
+		t.Errorf("StoppedMs = %v, want %v (idC has no destruction in a klog line: not counted)", l.StoppedMs, want)
 	}
-	if s.stopped.late() != 1 || s.unableToRead != 1 {
-		t.Errorf("late = %d, unableToRead = %d, want 1 and 1", s.stopped.late(), s.unableToRead)
+	if l.Late() != 1 || l.UnableToRead != 1 {
+		t.Errorf("Late = %d, UnableToRead = %d, want 1 and 1", l.Late(), l.UnableToRead)
 	}
-	got := s.String()
-	for _, w := range []string{"created 1, lag p50 9900 ms", "stopped 2, lag p50 4060 ms, p90 4060 ms, max 4060 ms",
+	got := l.String()
+	for _, w := range []string{"created 1, p50 9900 ms", "stopped 2, p50 4060 ms, p90 4060 ms, max 4060 ms",
 		"destroyed after the stop returned: 1", "unable to read memory usage 1"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("String() = %q, want it to contain %q", got, w)
 		}
 	}
+
+	l.Add(Lags{CreatedMs: []int64{5, 20000}, StoppedMs: []int64{-100}, UnableToRead: 2})
+	if !slices.Equal(l.CreatedMs, []int64{5, 9900, 20000}) || !slices.Equal(l.StoppedMs, []int64{-100, -40, 4060}) || l.UnableToRead != 3 {
+		t.Errorf("after Add: %+v", l)
+	}
+	if q := Quantile(l.CreatedMs, 0.5); q != 9900 {
+		t.Errorf("Quantile(0.5) = %d, want 9900", q)
+	}
 }
 
-func TestAnalyzeEmpty(t *testing.T) {
-	s, err := analyze(strings.NewReader(""))
+func TestReadEmpty(t *testing.T) {
+	l, err := Read(strings.NewReader(""))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := s.String(), "created none; stopped none (destroyed after the stop returned: 0); unable to read memory usage 0"; got != want {
+	if got, want := l.String(), "created none; stopped none (destroyed after the stop returned: 0); unable to read memory usage 0"; got != want {
 		t.Fatalf("String() = %q, want %q", got, want)
 	}
 }
