@@ -33,8 +33,9 @@ type Lags struct {
 	// its StopContainer returned, by when runc had removed the cgroup) and cAdvisor destroyed later in
 	// the log, the milliseconds between the two (negative: destroyed before the stop returned), sorted.
 	StoppedMs []int64 `json:"stopped_ms"`
-	// UnableToRead counts the kubelet's "unable to read memory usage" (a resize's memory check that
-	// could not read the pod's usage from cAdvisor).
+	// UnableToRead counts the resize checks the kubelet logged as not feasible because it was "unable
+	// to read memory usage" of the pod from cAdvisor (its one error line per check, not the event,
+	// the sync error and the status that repeat it).
 	UnableToRead int `json:"unable_to_read_memory_usage"`
 }
 
@@ -121,7 +122,7 @@ func Read(r io.Reader) (Lags, error) {
 		if m == nil {
 			continue
 		}
-		if strings.Contains(line, "unable to read memory usage") {
+		if strings.Contains(line, "not currently feasible") && strings.Contains(line, "unable to read memory usage") {
 			l.UnableToRead++
 			continue
 		}

@@ -22,6 +22,7 @@ func TestRead(t *testing.T) {
 		`I1128 19:00:31.567256    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/q" podUID="u" containerName="c" containerID="containerd://` + idB + `"`,
 		`I1128 19:00:35.873261    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/r" podUID="v" containerName="c1" containerID="containerd://` + idA + `"`,
 		`E1128 19:00:35.973261    6040 kuberuntime_manager.go:926] "Allocated pod resize is not currently feasible" err="unable to read memory usage for pod \"r_p(v)\"" pod="p/r"`,
+		`E1128 19:00:35.973300    6040 pod_workers.go:1338] "Error syncing pod, skipping" err="failed to \"ResizePodInPlace\" with ResizePodInPlaceError: \"unable to read memory usage for pod\"" pod="p/r"`,
 		`I1128 19:00:36.000000    6040 kuberuntime_container.go:921] "Container exited normally" pod="p/s" podUID="w" containerName="c2" containerID="containerd://` + idC + `"`,
 		`not a klog line, Destroyed container: "/x/` + idC + `"`,
 		`I1128 19:00:39.933368    6040 manager.go:953] Destroyed container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
