@@ -25,6 +25,10 @@ import (
 
 // Lags is what one kubelet log (or several, added) says.
 type Lags struct {
+	// PodsMs holds, per pod the kubelet synced for the first time ("Pod is being synced for the first
+	// time", pod_workers.go) whose cgroup cAdvisor added later in the log, the milliseconds between the
+	// two, sorted: until cAdvisor adds it, a read of the pod's usage fails outright.
+	PodsMs []int64 `json:"pods_ms,omitempty"`
 	// CreatedMs holds, per container the kubelet created ("Added Container", its CPU manager, logged
 	// when the container is created) and cAdvisor added later in the log, the milliseconds between
 	// the two, sorted.
@@ -41,6 +45,8 @@ type Lags struct {
 
 // Add adds o's lags and counts to l's.
 func (l *Lags) Add(o Lags) {
+	l.PodsMs = append(l.PodsMs, o.PodsMs...)
+	slices.Sort(l.PodsMs)
 	l.CreatedMs = append(l.CreatedMs, o.CreatedMs...)
 	slices.Sort(l.CreatedMs)
 	l.StoppedMs = append(l.StoppedMs, o.StoppedMs...)
@@ -76,17 +82,22 @@ func Summary(ms []int64) string {
 }
 
 func (l Lags) String() string {
-	return fmt.Sprintf("created %s; stopped %s (destroyed after the stop returned: %d); unable to read memory usage %d",
-		Summary(l.CreatedMs), Summary(l.StoppedMs), l.Late(), l.UnableToRead)
+	return fmt.Sprintf("pods %s; created %s; stopped %s (destroyed after the stop returned: %d); unable to read memory usage %d",
+		Summary(l.PodsMs), Summary(l.CreatedMs), Summary(l.StoppedMs), l.Late(), l.UnableToRead)
 }
 
 var (
 	// klogTime is a klog header's time of day: "I1128 19:00:35.873261".
 	klogTime = regexp.MustCompile(`^[IWEF]\d{4} (\d\d):(\d\d):(\d\d)\.(\d{6})`)
+	// kubeletPod is the pod worker's line when the kubelet syncs a new pod (before it creates its cgroup).
+	kubeletPod = regexp.MustCompile(`"Pod is being synced for the first time".*podUID="([0-9a-f-]{36})"`)
 	// kubeletCreated is the CPU manager's line when the kubelet created a container (cpu_manager.go).
 	kubeletCreated = regexp.MustCompile(`"Added Container".*containerID="([0-9a-f]{64})"`)
 	// kubeletStopped is kuberuntime_container.go's line once a StopContainer the kubelet made returned.
 	kubeletStopped = regexp.MustCompile(`"Container exited normally".*containerID="[a-z]+://([0-9a-f]{64})"`)
+	// cadvisorPod is cAdvisor's line when it added a pod's cgroup (cgroupfs: .../pod<uid>; systemd:
+	// ...-pod<uid with _>.slice, not read here).
+	cadvisorPod = regexp.MustCompile(`Added container: "[^"]*/pod([0-9a-f-]{36})"`)
 	// cadvisorAdded and cadvisorDestroyed are cAdvisor's lines: the name ends in the container's id.
 	cadvisorAdded     = regexp.MustCompile(`Added container: "[^"]*/([0-9a-f]{64})"`)
 	cadvisorDestroyed = regexp.MustCompile(`Destroyed container: "[^"]*/([0-9a-f]{64})"`)
@@ -112,7 +123,7 @@ func Read(r io.Reader) (Lags, error) {
 	var l Lags
 	// the first time of day of each step, per container id
 	steps := map[*regexp.Regexp]map[string]time.Duration{
-		kubeletCreated: {}, kubeletStopped: {}, cadvisorAdded: {}, cadvisorDestroyed: {},
+		kubeletPod: {}, cadvisorPod: {}, kubeletCreated: {}, kubeletStopped: {}, cadvisorAdded: {}, cadvisorDestroyed: {},
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -153,6 +164,7 @@ func Read(r io.Reader) (Lags, error) {
 		slices.Sort(ms)
 		return ms
 	}
+	l.PodsMs = pair(steps[kubeletPod], steps[cadvisorPod])
 	l.CreatedMs = pair(steps[kubeletCreated], steps[cadvisorAdded])
 	l.StoppedMs = pair(steps[kubeletStopped], steps[cadvisorDestroyed])
 	return l, nil

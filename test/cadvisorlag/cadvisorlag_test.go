@@ -15,6 +15,8 @@ const (
 // The lines are kubelet v1.37.2's, as make e2e-node logged them (shortened).
 func TestRead(t *testing.T) {
 	log := strings.Join([]string{
+		`I1128 19:00:10.000000    6040 pod_workers.go:796] "Pod is being synced for the first time" pod="p/r" podUID="e6fdb2d0-355c-470d-ab7f-fccb74d6dac1" updateType="create"`,
+		`I1128 19:00:31.300000    6040 manager.go:905] Added container: "/kubepods/burstable/pode6fdb2d0-355c-470d-ab7f-fccb74d6dac1" (aliases: [], namespace: "")`,
 		`I1128 19:00:20.000000    6040 cpu_manager.go:314] "Added Container" pod="p/r" podUID="v" containerName="c1" containerID="` + idA + `"`,
 		`I1128 19:00:29.900000    6040 manager.go:905] Added container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
 		`I1128 19:00:30.000000    6040 manager.go:905] Added container: "/kubepods/burstable/pod5516/` + idA + `" (aliases: [y], namespace: "containerd")`,
@@ -31,6 +33,9 @@ func TestRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if want := []int64{21300}; !slices.Equal(l.PodsMs, want) {
+		t.Errorf("PodsMs = %v, want %v", l.PodsMs, want)
+	}
 	if want := []int64{9900}; !slices.Equal(l.CreatedMs, want) {
 		t.Errorf("CreatedMs = %v, want %v (the first of cAdvisor's two lines)", l.CreatedMs, want)
 	}
@@ -41,7 +46,7 @@ func TestRead(t *testing.T) {
 		t.Errorf("Late = %d, UnableToRead = %d, want 1 and 1", l.Late(), l.UnableToRead)
 	}
 	got := l.String()
-	for _, w := range []string{"created 1, p50 9900 ms", "stopped 2, p50 4060 ms, p90 4060 ms, max 4060 ms",
+	for _, w := range []string{"pods 1, p50 21300 ms", "created 1, p50 9900 ms", "stopped 2, p50 4060 ms, p90 4060 ms, max 4060 ms",
 		"destroyed after the stop returned: 1", "unable to read memory usage 1"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("String() = %q, want it to contain %q", got, w)
@@ -62,7 +67,7 @@ func TestReadEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := l.String(), "created none; stopped none (destroyed after the stop returned: 0); unable to read memory usage 0"; got != want {
+	if got, want := l.String(), "pods none; created none; stopped none (destroyed after the stop returned: 0); unable to read memory usage 0"; got != want {
 		t.Fatalf("String() = %q, want %q", got, want)
 	}
 }

@@ -179,13 +179,14 @@ func writeCAdvisorLag(b *strings.Builder, sec reportSection) {
 		return
 	}
 	b.WriteString("\n### The kubelet's cAdvisor behind the kubelet (from the kubelet's log)\n\n" +
-		"Per setup, from its runs that recorded it: containers the kubelet created, to cAdvisor adding them; " +
+		"Per setup, from its runs that recorded it: pods the kubelet synced for the first time, to cAdvisor adding " +
+		"their cgroup (until then a read of the pod's usage fails); containers the kubelet created, to cAdvisor adding them; " +
 		"containers the kubelet stopped itself, from the stop's return to cAdvisor destroying them " +
 		"(negative: before it returned); the kubelet's \"unable to read memory usage\" (an in-place resize's " +
 		"memory check that could not read the pod's usage from cAdvisor). No event source is on this path: " +
 		"it measures the node.\n\n" +
-		"| setup | runs | created: n, lag p50 / p90 / max | stopped: n, lag p50 / p90 / max | destroyed after the stop returned | unable to read memory usage |\n" +
-		"| --- | --- | --- | --- | --- | --- |\n")
+		"| setup | runs | pods: n, lag p50 / p90 / max | created: n, lag p50 / p90 / max | stopped: n, lag p50 / p90 / max | destroyed after the stop returned | unable to read memory usage |\n" +
+		"| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, m := range sec.Runs {
 		if m.CAdvisor == nil {
 			continue
@@ -197,7 +198,7 @@ func writeCAdvisorLag(b *strings.Builder, sec reportSection) {
 			}
 		}
 		l := m.CAdvisor
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %d | %d |\n", m.Setup, n, lagCell(l.CreatedMs), lagCell(l.StoppedMs), l.Late(), l.UnableToRead)
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %d | %d |\n", m.Setup, n, lagCell(l.PodsMs), lagCell(l.CreatedMs), lagCell(l.StoppedMs), l.Late(), l.UnableToRead)
 	}
 }
 
@@ -724,10 +725,9 @@ func reimport(version, sel, results string) error {
 				run = old
 			}
 		}
-		if run.CAdvisor == nil {
-			if l, err := cadvisorlag.ReadFile(filepath.Join(filepath.Dir(path), "report", "kubelet.log")); err == nil {
-				run.CAdvisor = &l
-			}
+		// The kubelet's log, read again when it is there (what it says does not change; the reading may).
+		if l, err := cadvisorlag.ReadFile(filepath.Join(filepath.Dir(path), "report", "kubelet.log")); err == nil {
+			run.CAdvisor = &l
 		}
 		if err := saveRun(version, run); err != nil {
 			return err

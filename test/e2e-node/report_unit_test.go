@@ -205,7 +205,7 @@ func TestCAdvisorLag(t *testing.T) {
 		return suiteRun{Setup: setup, Selection: selection{Name: "s", Shard: &shard{Of: "job", Index: i, Count: 2, Split: splitOrdered}}, CAdvisor: l}
 	}
 	runs := []suiteRun{
-		shard("generic", 1, &cadvisorlag.Lags{CreatedMs: []int64{100, 9000}, StoppedMs: []int64{-30}, UnableToRead: 5}),
+		shard("generic", 1, &cadvisorlag.Lags{PodsMs: []int64{21000}, CreatedMs: []int64{100, 9000}, StoppedMs: []int64{-30}, UnableToRead: 5}),
 		shard("generic", 2, &cadvisorlag.Lags{CreatedMs: []int64{200}, StoppedMs: []int64{4000}}),
 		shard("pleg-nri", 1, nil),
 		shard("pleg-nri", 2, &cadvisorlag.Lags{CreatedMs: []int64{150}}),
@@ -217,8 +217,8 @@ func TestCAdvisorLag(t *testing.T) {
 	var b strings.Builder
 	writeCAdvisorLag(&b, secs[0])
 	for _, want := range []string{
-		"| generic | 2 | 3, 0.20 / 9.00 / 9.00 s | 2, 4.00 / 4.00 / 4.00 s | 1 | 5 |\n",
-		"| pleg-nri | 1 | 1, 0.15 / 0.15 / 0.15 s | none | 0 | 0 |\n",
+		"| generic | 2 | 1, 21.00 / 21.00 / 21.00 s | 3, 0.20 / 9.00 / 9.00 s | 2, 4.00 / 4.00 / 4.00 s | 1 | 5 |\n",
+		"| pleg-nri | 1 | none | 1, 0.15 / 0.15 / 0.15 s | none | 0 | 0 |\n",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("got %q, want it to contain %q", b.String(), want)

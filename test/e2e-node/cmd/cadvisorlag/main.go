@@ -2,8 +2,9 @@
 // for each, how far the kubelet's cAdvisor lagged behind the containers the kubelet created and stopped
 // (see package test/cadvisorlag): the kubelet's creations that cAdvisor added, and the p50, p90 and
 // largest time between the two; the kubelet's own stops that cAdvisor destroyed, how many only after
-// the stop returned, and the same figures; and how many times the kubelet logged "unable to read
-// memory usage". make e2e-node records the same for each run in its report.
+// the stop returned, and the same figures; and how many resize checks could not read the pod's memory
+// usage. With more than one log, a last line says the same of them all together. make e2e-node records
+// the same for each run in its report.
 //
 // Usage: cadvisorlag kubelet.log...
 package main
@@ -20,6 +21,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: cadvisorlag kubelet.log...")
 		os.Exit(2)
 	}
+	var all cadvisorlag.Lags
 	for _, path := range os.Args[1:] {
 		l, err := cadvisorlag.ReadFile(path)
 		if err != nil {
@@ -27,5 +29,9 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Printf("%s: %s\n", path, l)
+		all.Add(l)
+	}
+	if len(os.Args) > 2 {
+		fmt.Printf("all %d logs: %s\n", len(os.Args)-1, all)
 	}
 }
