@@ -1,5 +1,5 @@
 // Package cadvisorlag reads a kubelet's log (klog at -v=3 or more, as make e2e-node writes it) for how
-// far the kubelet's cAdvisor lagged behind the containers the kubelet created and stopped.
+// far the kubelet's cAdvisor lagged behind the pods and containers the kubelet created and stopped.
 //
 // The kubelet reads a pod's usage from its cAdvisor, for instance in the memory check of an in-place
 // resize (validateMemoryResizeAction, pkg/kubelet/kuberuntime/kuberuntime_manager.go), which gives up

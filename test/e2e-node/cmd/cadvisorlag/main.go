@@ -1,10 +1,10 @@
 // Command cadvisorlag reads kubelet logs (klog at -v=3 or more, as make e2e-node writes them) and says,
-// for each, how far the kubelet's cAdvisor lagged behind the containers the kubelet created and stopped
-// (see package test/cadvisorlag): the kubelet's creations that cAdvisor added, and the p50, p90 and
-// largest time between the two; the kubelet's own stops that cAdvisor destroyed, how many only after
-// the stop returned, and the same figures; and how many resize checks could not read the pod's memory
-// usage. With more than one log, a last line says the same of them all together. make e2e-node records
-// the same for each run in its report.
+// for each, how far the kubelet's cAdvisor lagged behind the pods and containers the kubelet created
+// and stopped (see package test/cadvisorlag): the pods the kubelet synced for the first time and the
+// containers it created, to cAdvisor adding them; the kubelet's own stops, to cAdvisor destroying the
+// container, and how many only after the stop returned (each as n, p50, p90 and largest time); and how
+// many resize checks could not read the pod's memory usage. With more than one log, a last line says the
+// same of them all together. make e2e-node records the same for each run in its report.
 //
 // Usage: cadvisorlag kubelet.log...
 package main
