@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 )
 
 // Lags is what one kubelet log (or several, added) says.
@@ -65,20 +67,33 @@ func (l Lags) Late() int {
 	return n
 }
 
-// Quantile returns the q-quantile of sorted ms (nearest rank); 0 when empty.
-func Quantile(ms []int64, q float64) int64 {
-	if len(ms) == 0 {
-		return 0
+// stats returns n, p50, p90 and the largest of sorted ms, the quantiles by benchreport's rule
+// (nearest rank, as every report of this project has them).
+func stats(ms []int64) (n int, p50, p90, max int64) {
+	v := make([]float64, len(ms))
+	for i, m := range ms {
+		v[i] = float64(m)
 	}
-	return ms[min(int(q*float64(len(ms))), len(ms)-1)]
+	return len(ms), int64(benchreport.Quantile(v, 0.5)), int64(benchreport.Quantile(v, 0.9)), ms[len(ms)-1]
 }
 
-// Summary says n, p50, p90 and the largest of sorted ms; "none" when empty.
+// Summary says n, p50, p90 and the largest of sorted ms, in milliseconds; "none" when empty.
 func Summary(ms []int64) string {
 	if len(ms) == 0 {
 		return "none"
 	}
-	return fmt.Sprintf("%d, p50 %d ms, p90 %d ms, max %d ms", len(ms), Quantile(ms, 0.5), Quantile(ms, 0.9), ms[len(ms)-1])
+	n, p50, p90, max := stats(ms)
+	return fmt.Sprintf("%d, p50 %d ms, p90 %d ms, max %d ms", n, p50, p90, max)
+}
+
+// SummarySeconds says the same as Summary in seconds, as a report's cell: "n, p50 / p90 / max s".
+func SummarySeconds(ms []int64) string {
+	if len(ms) == 0 {
+		return "none"
+	}
+	n, p50, p90, max := stats(ms)
+	s := func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', 2, 64) }
+	return fmt.Sprintf("%d, %s / %s / %s s", n, s(p50), s(p90), s(max))
 }
 
 func (l Lags) String() string {

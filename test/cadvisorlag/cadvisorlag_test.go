@@ -46,7 +46,7 @@ func TestRead(t *testing.T) {
 		t.Errorf("Late = %d, UnableToRead = %d, want 1 and 1", l.Late(), l.UnableToRead)
 	}
 	got := l.String()
-	for _, w := range []string{"pods 1, p50 21300 ms", "created 1, p50 9900 ms", "stopped 2, p50 4060 ms, p90 4060 ms, max 4060 ms",
+	for _, w := range []string{"pods 1, p50 21300 ms", "created 1, p50 9900 ms", "stopped 2, p50 -40 ms, p90 4060 ms, max 4060 ms",
 		"destroyed after the stop returned: 1", "unable to read memory usage 1"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("String() = %q, want it to contain %q", got, w)
@@ -57,8 +57,11 @@ func TestRead(t *testing.T) {
 	if !slices.Equal(l.CreatedMs, []int64{5, 9900, 20000}) || !slices.Equal(l.StoppedMs, []int64{-100, -40, 4060}) || l.UnableToRead != 3 {
 		t.Errorf("after Add: %+v", l)
 	}
-	if q := Quantile(l.CreatedMs, 0.5); q != 9900 {
-		t.Errorf("Quantile(0.5) = %d, want 9900", q)
+	if got, want := SummarySeconds(l.CreatedMs), "3, 9.90 / 20.00 / 20.00 s"; got != want {
+		t.Errorf("SummarySeconds = %q, want %q", got, want)
+	}
+	if got := SummarySeconds(nil); got != "none" {
+		t.Errorf("SummarySeconds(nil) = %q, want none", got)
 	}
 }
 

@@ -198,17 +198,8 @@ func writeCAdvisorLag(b *strings.Builder, sec reportSection) {
 			}
 		}
 		l := m.CAdvisor
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %d | %d |\n", m.Setup, n, lagCell(l.PodsMs), lagCell(l.CreatedMs), lagCell(l.StoppedMs), l.Late(), l.UnableToRead)
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %d | %d |\n", m.Setup, n, cadvisorlag.SummarySeconds(l.PodsMs), cadvisorlag.SummarySeconds(l.CreatedMs), cadvisorlag.SummarySeconds(l.StoppedMs), l.Late(), l.UnableToRead)
 	}
-}
-
-// lagCell is "n, p50 / p90 / max" of sorted milliseconds, in seconds.
-func lagCell(ms []int64) string {
-	if len(ms) == 0 {
-		return "none"
-	}
-	s := func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', 2, 64) }
-	return fmt.Sprintf("%d, %s / %s / %s s", len(ms), s(cadvisorlag.Quantile(ms, 0.5)), s(cadvisorlag.Quantile(ms, 0.9)), s(ms[len(ms)-1]))
 }
 
 func seconds(s float64) string { return (time.Duration(s) * time.Second).String() }

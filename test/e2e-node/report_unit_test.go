@@ -217,7 +217,7 @@ func TestCAdvisorLag(t *testing.T) {
 	var b strings.Builder
 	writeCAdvisorLag(&b, secs[0])
 	for _, want := range []string{
-		"| generic | 2 | 1, 21.00 / 21.00 / 21.00 s | 3, 0.20 / 9.00 / 9.00 s | 2, 4.00 / 4.00 / 4.00 s | 1 | 5 |\n",
+		"| generic | 2 | 1, 21.00 / 21.00 / 21.00 s | 3, 0.20 / 9.00 / 9.00 s | 2, -0.03 / 4.00 / 4.00 s | 1 | 5 |\n",
 		"| pleg-nri | 1 | none | 1, 0.15 / 0.15 / 0.15 s | none | 0 | 0 |\n",
 	} {
 		if !strings.Contains(b.String(), want) {
