@@ -69,7 +69,7 @@ func (l Lags) Late() int {
 
 // stats returns n, p50, p90 and the largest of sorted ms, the quantiles by benchreport's rule
 // (nearest rank, as every report of this project has them).
-func stats(ms []int64) (n int, p50, p90, max int64) {
+func stats(ms []int64) (n int, p50, p90, largest int64) {
 	v := make([]float64, len(ms))
 	for i, m := range ms {
 		v[i] = float64(m)
@@ -82,8 +82,8 @@ func Summary(ms []int64) string {
 	if len(ms) == 0 {
 		return "none"
 	}
-	n, p50, p90, max := stats(ms)
-	return fmt.Sprintf("%d, p50 %d ms, p90 %d ms, max %d ms", n, p50, p90, max)
+	n, p50, p90, largest := stats(ms)
+	return fmt.Sprintf("%d, p50 %d ms, p90 %d ms, max %d ms", n, p50, p90, largest)
 }
 
 // SummarySeconds says the same as Summary in seconds, as a report's cell: "n, p50 / p90 / max s".
@@ -91,9 +91,9 @@ func SummarySeconds(ms []int64) string {
 	if len(ms) == 0 {
 		return "none"
 	}
-	n, p50, p90, max := stats(ms)
+	n, p50, p90, largest := stats(ms)
 	s := func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', 2, 64) }
-	return fmt.Sprintf("%d, %s / %s / %s s", n, s(p50), s(p90), s(max))
+	return fmt.Sprintf("%d, %s / %s / %s s", n, s(p50), s(p90), s(largest))
 }
 
 func (l Lags) String() string {
