@@ -29,9 +29,10 @@ import (
 
 	"github.com/containerd/log"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -70,9 +71,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := nodeClient(cfg)
 	if err != nil {
-		return fmt.Errorf("failed to make a client: %w", err)
+		return err
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("failed to turn on IPv4 forwarding: %w", err)
@@ -81,37 +82,22 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	factory := informers.NewSharedInformerFactory(client, o.resync)
-	nodes := factory.Core().V1().Nodes()
 	// changed never blocks the informer: one pending sync covers any number of changes.
 	changed := make(chan struct{}, 1)
-	poke := func() {
+	nodes, err := watchNodes(ctx, client, o.resync, func() {
 		select {
 		case changed <- struct{}{}:
 		default:
 		}
-	}
-	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { poke() },
-		UpdateFunc: func(any, any) { poke() },
-		DeleteFunc: func(any) { poke() },
-	}); err != nil {
-		return fmt.Errorf("failed to watch nodes: %w", err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
-		return fmt.Errorf("the node informer did not sync: %w", ctx.Err())
+	})
+	if err != nil {
+		return err
 	}
 	log.G(ctx).WithField("node", o.node).Info("nodenet: watching nodes")
 
 	a := &applier{o: o, routes: map[string]string{}}
 	for {
-		list, err := nodes.Lister().List(labels.Everything())
-		if err == nil {
-			err = a.apply(ctx, nodeInfos(list))
-		}
-		if err != nil {
+		if err := a.apply(ctx, nodeInfos(nodes.List())); err != nil {
 			// Told, and tried again on the next change or resync.
 			log.G(ctx).WithError(err).Error("nodenet: failed to apply the node network")
 		}
@@ -138,10 +124,56 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// nodeInfos reduces nodes to what the plan needs.
-func nodeInfos(list []*corev1.Node) []nodeInfo {
+// nodeClient is a REST client for the core API group that knows only its types: nodenet reads nodes
+// and nothing else, so it does without client-go's generated clientset (every API group of
+// Kubernetes, which tripled the project's compile).
+func nodeClient(cfg *rest.Config) (*rest.RESTClient, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("failed to register the core API types: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "nodenet"
+	}
+	client, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to make a client: %w", err)
+	}
+	return client, nil
+}
+
+// watchNodes lists and watches the cluster's nodes into the returned store, calling changed after every
+// change and every resync, and returns once the store holds the first list.
+func watchNodes(ctx context.Context, client rest.Interface, resync time.Duration, changed func()) (cache.Store, error) {
+	store, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: cache.NewListWatchFromClient(client, "nodes", metav1.NamespaceAll, fields.Everything()),
+		ObjectType:    &corev1.Node{},
+		ResyncPeriod:  resync,
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { changed() },
+			UpdateFunc: func(any, any) { changed() },
+			DeleteFunc: func(any) { changed() },
+		},
+	})
+	go informer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil, fmt.Errorf("the node informer did not sync: %w", ctx.Err())
+	}
+	return store, nil
+}
+
+// nodeInfos reduces the informer's nodes to what the plan needs.
+func nodeInfos(list []any) []nodeInfo {
 	out := make([]nodeInfo, 0, len(list))
-	for _, n := range list {
+	for _, obj := range list {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			continue
+		}
 		ni := nodeInfo{name: n.Name, podCIDRs: n.Spec.PodCIDRs}
 		if len(ni.podCIDRs) == 0 && n.Spec.PodCIDR != "" {
 			ni.podCIDRs = []string{n.Spec.PodCIDR}
