@@ -74,7 +74,9 @@ run: build deps-runtime ## Demo: pleg-nri on an isolated containerd, a workload,
 	@bash hack/demo.sh
 
 .PHONY: test
-test: verify unit fuzz integration integration-docker ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests (also on containerd in Docker).
+test: ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests (also on containerd in Docker); what the integration tests need is built behind the checks.
+	@bash hack/with-background.sh /tmp/pleg-nri-test-background.log '$(MAKE) --no-print-directory deps-background' -- \
+	  $(MAKE) --no-print-directory verify unit fuzz integration integration-docker
 
 ##@ Build
 
@@ -168,7 +170,7 @@ $(PROTOC_GEN_GO):
 protoc: ## Install protoc (Debian's protobuf-compiler) if it is missing.
 	@command -v protoc >/dev/null || { \
 	  test "$$(id -u)" = 0 || { echo "protoc is missing: apt-get install protobuf-compiler (as root)"; exit 1; }; \
-	  $(RETRY) apt-get update -qq && $(RETRY) apt-get install -y -qq protobuf-compiler >/dev/null; }
+	  $(RETRY) apt_get update -qq && $(RETRY) apt_get install -y -qq protobuf-compiler >/dev/null; }
 
 # gen-into DIR: the .pb.go of PROTOS, generated under DIR (same relative paths).
 define gen-into
@@ -206,6 +208,15 @@ fuzz: deps-go ## Run every fuzz target of the unit packages for FUZZTIME each (d
 .PHONY: deps
 deps: deps-runtime deps-kubelet ## Install and build what the integration tests need (cached: a second run builds nothing).
 
+# deps-background is what make test builds behind its checks and tests (hack/with-background.sh), in
+# the order they need it last to first for the Debian base image, which only waits on Debian's archive:
+# it goes first so that its apt-get is over before the checks want theirs.
+.PHONY: deps-background
+deps-background:
+	bash test/images/debian-base.sh >/dev/null
+	bash test/containerd-it/hack/install-deps.sh >/dev/null
+	@for v in $(KUBELET_TEST_VERSIONS); do echo "build-kubelet $$v"; KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null || exit 1; done
+
 .PHONY: deps-runtime
 deps-runtime: ## Install and build containerd, runc, crictl, CNI and the test images' inputs (cached).
 	@test "$$(id -u)" = 0 || { echo "the integration tests need root (they run containerd and runc)"; exit 1; }
@@ -216,7 +227,7 @@ deps-kubelet: ## Build the kubelets the kubelet suite and its benches run (cache
 	@for v in $(sort $(KUBELET_TEST_VERSIONS) $(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
 
 .PHONY: integration
-integration: deps image ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
+integration: deps-runtime image ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
 	@$(MAKE) --no-print-directory run-integration KUBELETS="$(KUBELET_TEST_VERSIONS)"
 
 .PHONY: kubelet-all
@@ -237,6 +248,7 @@ run-integration:
 	if [ -n "$(PKGS)" ]; then PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(PKGS) 2>&1 | tee -a $$log || rc=1; fi; \
 	for v in $(KUBELETS); do \
 	  echo "integration: the kubelet suite on kubelet $$v"; \
+	  KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null || { rc=1; continue; }; \
 	  KUBELET_VERSION=$$v $(GO) test -count=1 -v -timeout $(IT_TIMEOUT) $(KUBELET_E2E_PKG) 2>&1 | tee -a $$log || rc=1; \
 	done; \
 	passed=$$(grep -c -E '^\s*--- PASS' $$log || true); \

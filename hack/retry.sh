@@ -5,8 +5,8 @@
 # the command and its exit status; after the last, retry returns that status, so the caller's own
 # error follows (`retry go get ... || die "go get ... failed"`).
 #
-# Sourced (`. hack/retry.sh`), it defines the functions retry and go_mod_dir; run (`bash hack/retry.sh
-# CMD...`, as the Makefile does), it retries its arguments.
+# Sourced (`. hack/retry.sh`), it defines the functions retry, apt_get and go_mod_dir; run (`bash
+# hack/retry.sh CMD...`, as the Makefile does), it retries its arguments (which may call apt_get).
 
 retry() {
 	local attempts=${RETRY_ATTEMPTS:-4} delay=${RETRY_DELAY:-2} n=1 rc
@@ -22,6 +22,12 @@ retry() {
 		n=$((n + 1))
 		delay=$((delay * 2))
 	done
+}
+
+# apt_get ARG...: apt-get, one at a time. make test builds in the background while it tests
+# (hack/with-background.sh), and a second apt-get fails on apt's locks instead of waiting for the first.
+apt_get() {
+	flock "${APT_GET_LOCK:-/run/lock/pleg-nri-apt-get.lock}" apt-get "$@"
 }
 
 # go_mod_dir MODULE@VERSION: downloads the module from the Go module proxy (retried) and prints its

@@ -21,7 +21,7 @@ if [ -z "$busybox" ]; then
 	chmod 0777 "$dl" # apt downloads as _apt
 	# shellcheck source=../../hack/retry.sh
 	. "$root/hack/retry.sh"
-	(cd "$dl" && { apt-get download busybox-static >&2 || { retry apt-get update -qq >&2 && retry apt-get download busybox-static >&2; }; }) ||
+	(cd "$dl" && { apt_get download busybox-static >&2 || { retry apt_get update -qq >&2 && retry apt_get download busybox-static >&2; }; }) ||
 		{ echo "build.sh: ERROR: apt-get download busybox-static failed" >&2; exit 1; }
 	dpkg-deb -x "$dl"/busybox-static_*.deb "$dl/x"
 	mkdir -p "$cache/busybox-static-image"

@@ -38,11 +38,11 @@ apt_install() {
 	[ ${#missing[@]} -eq 0 ] && return 0
 	if [ -z "$apt_updated" ]; then
 		log "apt-get update"
-		DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
+		DEBIAN_FRONTEND=noninteractive retry apt_get update -qq >&2 || die "apt-get update failed"
 		apt_updated=1
 	fi
 	log "apt-get install ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+	DEBIAN_FRONTEND=noninteractive retry apt_get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
 		die "apt-get install ${missing[*]} failed"
 }
 
@@ -98,7 +98,7 @@ bb_ver=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null || true)
 if [ -z "$bb_ver" ]; then
 	bb_ver=$(apt-cache policy busybox-static 2>/dev/null | sed -n 's/^ *Candidate: //p')
 	if [ -z "$bb_ver" ] || [ "$bb_ver" = "(none)" ]; then
-		DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
+		DEBIAN_FRONTEND=noninteractive retry apt_get update -qq >&2 || die "apt-get update failed"
 		bb_ver=$(apt-cache policy busybox-static | sed -n 's/^ *Candidate: //p')
 	fi
 fi
@@ -109,7 +109,7 @@ if [ ! -f "$bb_dir/.done" ]; then
 	rm -rf "$bb_dir.tmp"
 	mkdir -p "$bb_dir.tmp/x"
 	chmod 0777 "$bb_dir.tmp"  # apt downloads as _apt
-	(cd "$bb_dir.tmp" && retry apt-get download "busybox-static=$bb_ver" >&2) || die "apt-get download busybox-static failed"
+	(cd "$bb_dir.tmp" && retry apt_get download "busybox-static=$bb_ver" >&2) || die "apt-get download busybox-static failed"
 	dpkg-deb -x "$bb_dir.tmp"/busybox-static_*.deb "$bb_dir.tmp/x"
 	install -m 0755 "$bb_dir.tmp/x/bin/busybox" "$bb_dir.tmp/busybox"
 	rm -rf "$bb_dir.tmp/x" "$bb_dir.tmp"/*.deb

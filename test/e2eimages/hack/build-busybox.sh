@@ -40,8 +40,8 @@ done
 [ -r "$KEYRING" ] || missing+=(debian-archive-keyring)
 if [ ${#missing[@]} -gt 0 ]; then
 	log "apt-get install ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+	DEBIAN_FRONTEND=noninteractive retry apt_get update -qq >&2 || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive retry apt_get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
 		die "apt-get install ${missing[*]} failed"
 fi
 

@@ -37,8 +37,8 @@ fi
 
 if ! command -v debootstrap >/dev/null; then
 	log "apt-get install debootstrap"
-	DEBIAN_FRONTEND=noninteractive retry apt-get update -qq >&2 || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive retry apt-get install -y -qq --no-install-recommends debootstrap >&2 ||
+	DEBIAN_FRONTEND=noninteractive retry apt_get update -qq >&2 || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive retry apt_get install -y -qq --no-install-recommends debootstrap >&2 ||
 		die "apt-get install debootstrap failed"
 fi
 start=$SECONDS
