@@ -76,7 +76,7 @@ run: build deps-runtime ## Demo: pleg-nri on an isolated containerd, a workload,
 .PHONY: test
 test: ## Everything CI runs: gofmt, vet, staticcheck, unit tests with -race, fuzzing, integration tests (also on containerd in Docker); what the integration tests need is built behind the checks.
 	@bash hack/with-background.sh /tmp/pleg-nri-test-background.log '$(MAKE) --no-print-directory deps-background' -- \
-	  $(MAKE) --no-print-directory verify unit fuzz integration integration-docker
+	  $(MAKE) --no-print-directory verify unit fuzz integration-docker integration
 
 ##@ Build
 
@@ -209,8 +209,10 @@ fuzz: deps-go ## Run every fuzz target of the unit packages for FUZZTIME each (d
 deps: deps-runtime deps-kubelet ## Install and build what the integration tests need (cached: a second run builds nothing).
 
 # deps-background is what make test builds behind its checks and tests (hack/with-background.sh), in
-# the order they need it last to first for the Debian base image, which only waits on Debian's archive:
-# it goes first so that its apt-get is over before the checks want theirs.
+# the order they need it, but for the Debian base image, which only waits on Debian's archive: it goes
+# first so that its apt-get is over before the checks want theirs. make test runs the tests that need
+# no kubelet (integration-docker, then the containerd tests) before the kubelet suites, so the
+# kubelets, the longest builds, have the most idle CPU behind them.
 .PHONY: deps-background
 deps-background:
 	bash test/images/debian-base.sh >/dev/null
