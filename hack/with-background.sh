@@ -2,7 +2,7 @@
 # with-background: runs a build in the background, at the lowest CPU and I/O priority, while a
 # foreground command runs, so that the build uses the CPU the foreground leaves idle. make test runs
 # its checks and tests in the foreground and builds what its integration tests need later (containerd,
-# the kubelets, the Debian base image) behind them: on a cold cache that is half an hour of builds, and
+# the kubelets, the Debian base image) behind them: on a cold cache that is 20 minutes of builds, and
 # the tests wait on sockets and processes much of the time.
 #
 # Usage: with-background.sh LOG BACKGROUND -- FOREGROUND...
