@@ -216,8 +216,7 @@ deps: deps-runtime deps-kubelet ## Install and build what the integration tests 
 .PHONY: deps-background
 deps-background:
 	bash test/images/debian-base.sh >/dev/null
-	bash test/containerd-it/hack/install-deps.sh >/dev/null
-	@for v in $(KUBELET_TEST_VERSIONS); do echo "build-kubelet $$v"; KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null || exit 1; done
+	@$(MAKE) --no-print-directory deps-runtime deps-kubelet
 
 .PHONY: deps-runtime
 deps-runtime: ## Install and build containerd, runc, crictl, CNI and the test images' inputs (cached).
@@ -226,7 +225,7 @@ deps-runtime: ## Install and build containerd, runc, crictl, CNI and the test im
 
 .PHONY: deps-kubelet
 deps-kubelet: ## Build the kubelets the kubelet suite and its benches run (cached; several minutes each the first time).
-	@for v in $(sort $(KUBELET_TEST_VERSIONS) $(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null; done
+	@for v in $(KUBELET_TEST_VERSIONS) $(filter-out $(KUBELET_TEST_VERSIONS),$(KUBELET_VERSION)); do KUBELET_VERSION=$$v bash test/kubelet-e2e/hack/build-kubelet.sh >/dev/null || exit 1; done
 
 .PHONY: integration
 integration: deps-runtime image ## Integration tests against a real, isolated containerd with NRI, and a real kubelet on it (1.37.2 and 1.36.3; root, Linux).
