@@ -310,12 +310,14 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	notes = append(notes, compareRoll(ph3, ph, c.nodes))
+	notes = append(notes, ph.slow...)
 	ph, err = c.roll(ctx, "rollback", "crash-rollback", version, before, "rollback", "pleg-nri", "1")
 	phases = append(phases, ph)
 	if err != nil {
 		return err
 	}
 	notes = append(notes, compareRoll(ph3, ph, c.nodes))
+	notes = append(notes, ph.slow...)
 	if err := c.checkWorkloads(ctx); err != nil {
 		return fmt.Errorf("after the upgrade and the rollback: %w", err)
 	}

@@ -20,26 +20,32 @@ import (
 // here (containerd 150-200 ms to handle an exit, a replacement's start about a second of the shared
 // CPU) exits 530 ms apart on each of the three nodes queued behind each other: the idle rounds gave
 // created p50 1.0-2.2 s while the rollout's batch, 7.53 s apart, gave 150-270 ms in the same run.
+// 5.03 s still leaves a node four seconds idle between a replacement's start and the next exit
+// (not a multiple of the 1 s relist period either), and makes a round 25 s shorter.
 const (
 	crashIdlePerNode   = 10
 	crashIdleFirstExit = 10 * time.Second
-	crashIdleSpacing   = crashRollSpacing
+	crashIdleSpacing   = 5030 * time.Millisecond
 	// The batch made just before an upgrade or a rollback, released as the upgrade starts: its exits
 	// are spread over the time the DaemonSet takes to roll through the nodes (rollMinReadySeconds and
 	// about 6 s a node on a quiet machine, minutes on a starved one), so that every node has samples
-	// while it runs the old pleg-nri, while its own is replaced, and after. 24 a node give about 20
-	// a node in the rollout of a quiet machine; the 36 used before took up to 9 minutes to start
-	// on a starved machine, and starved the nodes further.
-	crashRollPerNode   = 24
+	// while it runs the old pleg-nri, while its own is replaced, and after. 18 a node span 20 s +
+	// 17 x 7.53 s = 148 s, as long as a rollout of 3 nodes at 30 s + 6 s each with its helm call;
+	// the 36 used before took up to 9 minutes to start on a starved machine, and starved the nodes
+	// further, and 24 (181 s) outlasted the rollout by a minute that measured nothing.
+	crashRollPerNode   = 18
 	crashRollFirstExit = 20 * time.Second
 	crashRollSpacing   = 7530 * time.Millisecond
 	// rollMinReadySeconds is the chart's minReadySeconds in this cluster: each node's new pleg-nri
 	// stays ready this long before the rollout moves on, so that a rollout lasts long enough for a
-	// per-node figure (about 3 minutes for 3 nodes here; the exits span as long).
-	rollMinReadySeconds = 40
+	// per-node figure (about 2 minutes for 3 nodes here; the exits span as long).
+	rollMinReadySeconds = 30
 	// crashStartTimeout bounds the wait for a batch's pods to run: the upgrade's 108 pods took more
 	// than 3 minutes on a machine here whose three nodes were starved (CPU pressure near 60 %).
 	crashStartTimeout = 10 * time.Minute
+	// slowSample is a rollout's crash to creation that the log explains: the kubelet's and pleg-nri's
+	// journal lines of the node around it.
+	slowSample = 2 * time.Second
 )
 
 // phase is one setup or moment of the cluster and its crash-to-restart samples.
@@ -49,6 +55,8 @@ type phase struct {
 	// from and to bound the rollout of an upgrade or a rollback (zero for an idle setup): the samples
 	// whose exit fell between them are the ones the phase is about.
 	from, to time.Time
+	// slow are the report's lines about the rollout's samples slower than slowSample.
+	slow []string
 }
 
 // inWindow is the phase's samples that count: all of an idle phase, those of the rollout window.
@@ -343,6 +351,7 @@ func (c *cluster) roll(ctx context.Context, name, ns, wantVersion string, before
 	if err != nil {
 		return ph, err
 	}
+	ph.slow = c.explainSlow(ctx, ph)
 	var failures []string
 	for _, n := range c.nodes {
 		v, err := c.onNode(ctx, n, "/usr/local/bin/pleg-nri", "version")
@@ -373,6 +382,35 @@ func (c *cluster) roll(ctx context.Context, name, ns, wantVersion string, before
 		return ph, errors.New(strings.Join(failures, "\n"))
 	}
 	return ph, nil
+}
+
+// explainSlow prints, for every sample of the rollout slower than slowSample to its replacement's
+// creation, the node's kubelet journal about the pod and pleg-nri's journal around it (what the
+// kubelet waited for: a failed call and its back-off, a sync of the pod in progress, pleg-nri's
+// core restarting), and returns a line per sample for the report.
+func (c *cluster) explainSlow(ctx context.Context, ph phase) []string {
+	var lines []string
+	for _, s := range ph.inWindow() {
+		if s.Created.Sub(s.Exited) <= slowSample {
+			continue
+		}
+		line := fmt.Sprintf("%s: slow sample on %s: %s exited %s into the rollout, replacement created %.0f ms and started %.0f ms after the exit",
+			ph.name, s.Node, s.Pod, s.Exited.Sub(ph.from).Round(100*time.Millisecond), s.CreatedMs(), s.StartedMs())
+		fmt.Printf("e2e-cluster: %s\n", line)
+		since, until := s.Exited.Add(-2*time.Second).Unix(), s.Created.Add(2*time.Second).Unix()
+		for _, q := range []string{
+			fmt.Sprintf("journalctl -u kubelet --since @%d --until @%d -o short-precise --no-pager | grep -F %q | tail -n 40", since, until, s.Pod),
+			fmt.Sprintf("journalctl -u pleg-nri --since @%d --until @%d -o short-precise --no-pager | tail -n 40", since, until),
+		} {
+			out, err := c.onNode(ctx, s.Node, "sh", "-c", q)
+			if err != nil {
+				out = err.Error()
+			}
+			fmt.Printf("---- %s: %s ----\n%s\n", s.Node, q, out)
+		}
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // uninstall runs helm uninstall and checks that every node is back as it was before the install: the
