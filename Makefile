@@ -368,16 +368,19 @@ PLEG ?=
 SHARD ?=
 # E2E_NODE_SELECTION: the name make e2e-node keeps its runs under (another name for another focus).
 E2E_NODE_SELECTION ?= job
+# RUN=n: the selection's n-th run (default 1, the one its tables show), kept beside the others; the
+# report names every spec whose outcome was not the same in every run of a setup (make e2e-node-quick RUN=2).
+RUN ?= 1
 
 .PHONY: e2e-node
 e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSION, the job's selection (SHARD=i/N: one shard of it), per PLEG setup (builds the suite once per version: ~1 h from a cold Go build cache, ~5 min after that version's kubelet; runs take hours); writes docs/e2e-node-<version>.{md,json}.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION='$(E2E_NODE_SELECTION)' E2E_NODE_SHARD='$(SHARD)' \
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION='$(E2E_NODE_SELECTION)' E2E_NODE_SHARD='$(SHARD)' E2E_NODE_RUN='$(RUN)' \
 	  E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
 
 .PHONY: e2e-node-quick
 e2e-node-quick: deps-runtime $(REGISTRY) ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path), per PLEG setup.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_RUN='$(RUN)' E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
 	  FOCUS='$(E2E_NODE_QUICK_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 3h $(E2E_NODE_PKG)
 
 .PHONY: it-up

@@ -233,3 +233,67 @@ func TestCAdvisorLag(t *testing.T) {
 		t.Fatalf("no run recorded it: %q", b.String())
 	}
 }
+
+// TestRepeats: a selection run again keeps each run beside the first (saveRun replaces only the same
+// number), the first runs alone make the section's tables, and the repeats name every spec whose outcome
+// was not the same in every run of a setup, with each run's outcome; none flaked says so.
+func TestRepeats(t *testing.T) {
+	saved := docsDir
+	docsDir = t.TempDir()
+	t.Cleanup(func() { docsDir = saved })
+	pass := func(name string) testResult { return testResult{Name: name, Status: "passed", Seconds: 1} }
+	fail := func(name, why string) testResult { return testResult{Name: name, Status: "failed", Failure: why} }
+	run := func(setup string, n int, commit string, tests ...testResult) suiteRun {
+		return suiteRun{Setup: setup, Selection: selection{Name: "quick", Run: n}, Procs: 4, WallSeconds: 600, Commit: commit, Tests: tests}
+	}
+	for _, r := range []suiteRun{
+		run("generic", 0, "c1", pass("a"), pass("b"), fail("n", "node")),
+		run("pleg-nri", 0, "c1", pass("a"), pass("b"), fail("n", "node")),
+		run("pleg-nri", 2, "c0", fail("a", "old")), // replaced by the next run 2
+		run("pleg-nri", 2, "c2", pass("a"), fail("b", "timed out"), fail("n", "node")),
+		run("pleg-nri", 3, "c3", pass("a"), pass("b"), fail("n", "node")),
+	} {
+		if err := saveRun("v1.2.3", r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := loadResults("v1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Runs) != 4 {
+		t.Fatalf("kept %d runs, want 4: %+v", len(got.Runs), got.Runs)
+	}
+	if err := writeReport("v1.2.3"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(docsPath("v1.2.3", ".md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| pleg-nri | 2 | 1 | 0 | 10m0s | 4 |  | c1 |\n", // the first run's row; the repeats have none
+		"### Specs whose outcome differs between setups\n\nNone.\n",
+		"| generic | 1 | 1 (c1): 2 / 1 / 0, 10m0s | 0 | 1 |\n",
+		"| pleg-nri | 3 | 1 (c1): 2 / 1 / 0, 10m0s; 2 (c2): 1 / 2 / 0, 10m0s; 3 (c3): 2 / 1 / 0, 10m0s | 1 | 1 |\n",
+		"- pleg-nri: `b`\n  - run 1: passed (1.0 s)\n  - run 2: failed (0.0 s): timed out\n  - run 3: passed (1.0 s)\n",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Count(string(md), "## Selection") != 1 {
+		t.Errorf("the repeats made sections of their own:\n%s", md)
+	}
+
+	var b strings.Builder
+	writeRepeats(&b, []suiteRun{run("pleg-nri", 0, "c1", pass("a"))}, []suiteRun{run("pleg-nri", 2, "c2", pass("a"))})
+	if !strings.Contains(b.String(), "No spec flaked") {
+		t.Errorf("two equal runs: %q", b.String())
+	}
+	b.Reset()
+	writeRepeats(&b, []suiteRun{run("pleg-nri", 0, "c1", pass("a"))}, nil)
+	if b.String() != "" {
+		t.Errorf("no repeats: %q, want nothing", b.String())
+	}
+}

@@ -50,6 +50,9 @@ const (
 	plegEnv = "PLEG"
 	// selectionEnv names the selection in the report ("quick", "job", or any name for a custom one).
 	selectionEnv = "E2E_NODE_SELECTION"
+	// runEnv numbers a run of the selection (default 1): 2, 3, ... run it again, kept beside the first
+	// to show a flake (make e2e-node-quick RUN=2).
+	runEnv = "E2E_NODE_RUN"
 	// focusEnv and skipEnv are ginkgo's --focus and --skip (regular expressions over the spec names).
 	focusEnv = "FOCUS"
 	skipEnv  = "SKIP"
@@ -77,6 +80,13 @@ func TestNodeE2E(t *testing.T) {
 		Name:  envOr(selectionEnv, "custom"),
 		Focus: os.Getenv(focusEnv),
 		Skip:  os.Getenv(skipEnv),
+	}
+	if n, err := strconv.Atoi(envOr(runEnv, "1")); err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", runEnv, os.Getenv(runEnv))
+	} else if n > 1 && os.Getenv(shardEnv) != "" {
+		t.Fatalf("%s=%d with %s=%s: a shard is run again under another E2E_NODE_SELECTION (its shards merge per name)", runEnv, n, shardEnv, os.Getenv(shardEnv))
+	} else if n > 1 {
+		sel.Run = n
 	}
 	procs, err := strconv.Atoi(envOr(procsEnv, "4"))
 	if err != nil || procs < 1 {
@@ -149,7 +159,7 @@ func TestNodeE2E(t *testing.T) {
 	var runs []suiteRun
 	for _, s := range chosen {
 		t.Run(s.Name, func(t *testing.T) {
-			r := runSetup(t, ctx, s, sel, procs, timeout, filepath.Join(results, version, sel.Name, s.Name))
+			r := runSetup(t, ctx, s, sel, procs, timeout, filepath.Join(results, version, runDirName(sel), s.Name))
 			r.Images = images
 			runs = append(runs, r)
 			if err := saveRun(version, r); err != nil {
@@ -170,6 +180,15 @@ func TestNodeE2E(t *testing.T) {
 	for _, r := range genericRegressions(runs) {
 		t.Error(r)
 	}
+}
+
+// runDirName is the directory of a run's results under the version's: the selection's name, and the
+// run's number when it is a repeat.
+func runDirName(sel selection) string {
+	if sel.run() > 1 {
+		return fmt.Sprintf("%s-run%d", sel.Name, sel.run())
+	}
+	return sel.Name
 }
 
 func chooseSetups(list string) ([]setup, error) {
