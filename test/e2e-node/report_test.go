@@ -396,6 +396,53 @@ func writeShardedTables(b *strings.Builder, sec reportSection) {
 			fmt.Fprintf(b, "| %d/%d | %d | %s |\n", i, sec.Shards, specs, strings.Join(cells, " | "))
 		}
 	}
+	writeShardWallDiffs(b, sec)
+}
+
+// writeShardWallDiffs compares the setups' wall times shard by shard: the setups of a shard ran the same
+// specs one after the other, so the per-shard difference is paired, and its p50 and interval say whether
+// a difference of the sums is more than the machine's noise between runs. Only shards both setups ran;
+// nothing below minPairedSpecs shards.
+func writeShardWallDiffs(b *strings.Builder, sec reportSection) {
+	wall := func(m mergedRun) map[int]float64 {
+		out := map[int]float64{}
+		for _, p := range m.Parts {
+			out[p.Selection.Shard.Index] = p.WallSeconds
+		}
+		return out
+	}
+	wrote := false
+	for i := range sec.Runs {
+		if sec.Runs[i].Setup == "generic" {
+			continue
+		}
+		a := wall(sec.Runs[i])
+		for j := 0; j < i; j++ {
+			other := wall(sec.Runs[j])
+			var x, y []float64
+			for k := 1; k <= sec.Shards; k++ {
+				wa, okA := a[k]
+				wb, okB := other[k]
+				if okA && okB {
+					x, y = append(x, wa), append(y, wb)
+				}
+			}
+			d := benchreport.PairedQuantileDiff(x, y, 0.5)
+			if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
+				continue
+			}
+			if !wrote {
+				b.WriteString("\nWall time shard by shard (the setups of a shard ran its specs one after the other):\n\n")
+				wrote = true
+			}
+			var sumA, sumB float64
+			for k := range x {
+				sumA, sumB = sumA+x[k], sumB+y[k]
+			}
+			fmt.Fprintf(b, "- %s minus %s, p50 of the per-shard differences: %+.0f s (95 %% interval %+.0f to %+.0f s over %d shards: %s); sums %s against %s (%+.1f %%)\n",
+				sec.Runs[i].Setup, sec.Runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict(), seconds(sumA), seconds(sumB), 100*(sumA-sumB)/sumB)
+		}
+	}
 }
 
 func orNone(s string) string {

@@ -297,3 +297,32 @@ func TestRepeats(t *testing.T) {
 		t.Errorf("no repeats: %q, want nothing", b.String())
 	}
 }
+
+// TestShardWallDiffs: the setups' wall times are compared shard by shard over the shards both ran, with
+// the sums beside; fewer than minPairedSpecs shared shards give nothing.
+func TestShardWallDiffs(t *testing.T) {
+	part := func(setup string, i int, wall float64) suiteRun {
+		return suiteRun{Setup: setup, WallSeconds: wall,
+			Selection: selection{Name: "s", Shard: &shard{Of: "job", Index: i, Count: 8, Split: splitOrdered}}}
+	}
+	var generic, plegNRI mergedRun
+	generic.Setup, plegNRI.Setup = "generic", "pleg-nri"
+	for i := 1; i <= 8; i++ {
+		generic.Parts = append(generic.Parts, part("generic", i, 600))
+		if i != 8 { // pleg-nri lacks shard 8: it is left out of the pairs and of both sums
+			plegNRI.Parts = append(plegNRI.Parts, part("pleg-nri", i, 630))
+		}
+	}
+	var b strings.Builder
+	writeShardWallDiffs(&b, reportSection{Shards: 8, Runs: []mergedRun{generic, plegNRI}})
+	want := "- pleg-nri minus generic, p50 of the per-shard differences: +30 s (95 % interval +30 to +30 s over 7 shards: later); sums 1h13m30s against 1h10m0s (+5.0 %)\n"
+	if !strings.HasSuffix(b.String(), want) {
+		t.Fatalf("got %q, want it to end in %q", b.String(), want)
+	}
+	b.Reset()
+	plegNRI.Parts = plegNRI.Parts[:minPairedSpecs-1]
+	writeShardWallDiffs(&b, reportSection{Shards: 8, Runs: []mergedRun{generic, plegNRI}})
+	if b.String() != "" {
+		t.Fatalf("with %d shared shards: %q, want nothing", minPairedSpecs-1, b.String())
+	}
+}
