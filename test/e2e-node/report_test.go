@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -186,7 +187,13 @@ func writeReport(version string) error {
 		writeCAdvisorLag(&b, sec)
 		if sec.Shards == 0 {
 			writeRepeats(&b, runs, repeats[sec.Name])
+			delete(repeats, sec.Name)
 		}
+	}
+	// Repeats of a selection none of whose first runs is kept: shown on their own, not dropped.
+	for _, name := range slices.Sorted(maps.Keys(repeats)) {
+		fmt.Fprintf(&b, "\n## Selection %q, repeated runs only (no run 1 kept)\n", name)
+		writeRepeats(&b, nil, repeats[name])
 	}
 	return atomicfile.WriteFile(docsPath(version, ".md"), []byte(b.String()), 0o644)
 }

@@ -282,8 +282,25 @@ func TestRepeats(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
-	if strings.Count(string(md), "## Selection") != 1 {
+	if strings.Count(string(md), "## Selection") != 1 { // before the orphan below
 		t.Errorf("the repeats made sections of their own:\n%s", md)
+	}
+
+	// Repeats whose selection has no first run kept still show.
+	orphan := run("pleg-nri", 2, "c4", pass("a"))
+	orphan.Selection.Name = "other"
+	if err := saveRun("v1.2.3", orphan); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeReport("v1.2.3"); err != nil {
+		t.Fatal(err)
+	}
+	if md, err = os.ReadFile(docsPath("v1.2.3", ".md")); err != nil {
+		t.Fatal(err)
+	}
+	if want := "## Selection \"other\", repeated runs only (no run 1 kept)\n\n### Repeated runs (flakes)"; !strings.Contains(string(md), want) ||
+		!strings.Contains(string(md), "| pleg-nri | 1 | 2 (c4): 1 / 0 / 0, 10m0s | 0 | 0 |") {
+		t.Errorf("report lacks the orphan repeat (%q):\n%s", want, md)
 	}
 
 	var b strings.Builder
