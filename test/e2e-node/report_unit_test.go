@@ -10,6 +10,27 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/cadvisorlag"
 )
 
+// tempDocs points the results and reports at a directory of the test's own.
+func tempDocs(t *testing.T) {
+	t.Helper()
+	saved := docsDir
+	docsDir = t.TempDir()
+	t.Cleanup(func() { docsDir = saved })
+}
+
+// report writes the version's report from its results and returns it.
+func report(t *testing.T, version string) string {
+	t.Helper()
+	if err := writeReport(version); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(docsPath(version, ".md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(md)
+}
+
 // TestCounts: failed, panicked and the like count as failed; skipped and pending as skipped.
 func TestCounts(t *testing.T) {
 	got := []testResult{{Status: "failed"}, {Status: "passed"}, {Status: "failed"}, {Status: "skipped"}, {Status: "pending"}, {Status: "timedout"}}
@@ -23,9 +44,7 @@ func TestCounts(t *testing.T) {
 // every spec whose outcome differs with its failure, the specs failed everywhere, and the termination
 // durations; genericRegressions names for a spec that passed with GenericPLEG only.
 func TestReport(t *testing.T) {
-	saved := docsDir
-	docsDir = t.TempDir()
-	t.Cleanup(func() { docsDir = saved })
+	tempDocs(t)
 	sel := selection{Name: "quick", Focus: "x", Skip: "y"}
 	run := func(setup string, tests ...testResult) suiteRun {
 		return suiteRun{Setup: setup, Selection: sel, Procs: 4, WallSeconds: 60, Tests: tests}
@@ -59,20 +78,14 @@ func TestReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := writeReport("v1.2.3"); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(docsPath("v1.2.3", ".md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := report(t, "v1.2.3")
 	for _, want := range []string{
 		"| generic | 2 | 1 | 0 |",
 		"- `a`\n  - generic: passed (1.0 s)\n  - containerd: failed (0.0 s): timed out\n  - pleg-nri: passed (1.0 s)\n",
 		"- `c`: no image",
 		"| should delete pod gracefully | 12.0 | 17.0 | 11.0 |",
 	} {
-		if !strings.Contains(string(md), want) {
+		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
@@ -150,9 +163,7 @@ func TestSkipped(t *testing.T) {
 // specs, outcomes and durations; the report's own timestamp is not the saving's); another run of the same
 // setup and selection is saved as read.
 func TestReimport(t *testing.T) {
-	saved := docsDir
-	docsDir = t.TempDir()
-	t.Cleanup(func() { docsDir = saved })
+	tempDocs(t)
 	results := t.TempDir()
 	write := func(setup, started string) {
 		dir := filepath.Join(results, "v1.2.3", "quick", setup)
@@ -238,9 +249,7 @@ func TestCAdvisorLag(t *testing.T) {
 // number), the first runs alone make the section's tables, and the repeats name every spec whose outcome
 // was not the same in every run of a setup, with each run's outcome; none flaked says so.
 func TestRepeats(t *testing.T) {
-	saved := docsDir
-	docsDir = t.TempDir()
-	t.Cleanup(func() { docsDir = saved })
+	tempDocs(t)
 	pass := func(name string) testResult { return testResult{Name: name, Status: "passed", Seconds: 1} }
 	fail := func(name, why string) testResult { return testResult{Name: name, Status: "failed", Failure: why} }
 	run := func(setup string, n int, commit string, tests ...testResult) suiteRun {
@@ -264,13 +273,7 @@ func TestRepeats(t *testing.T) {
 	if len(got.Runs) != 4 {
 		t.Fatalf("kept %d runs, want 4: %+v", len(got.Runs), got.Runs)
 	}
-	if err := writeReport("v1.2.3"); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(docsPath("v1.2.3", ".md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := report(t, "v1.2.3")
 	for _, want := range []string{
 		"| pleg-nri | 2 | 1 | 0 | 10m0s | 4 |  | c1 |\n", // the first run's row; the repeats have none
 		"### Specs whose outcome differs between setups\n\nNone.\n",
@@ -278,11 +281,11 @@ func TestRepeats(t *testing.T) {
 		"| pleg-nri | 3 | 1 (c1): 2 / 1 / 0, 10m0s; 2 (c2): 1 / 2 / 0, 10m0s; 3 (c3): 2 / 1 / 0, 10m0s | 1 | 1 |\n",
 		"- pleg-nri: `b`\n  - run 1: passed (1.0 s)\n  - run 2: failed (0.0 s): timed out\n  - run 3: passed (1.0 s)\n",
 	} {
-		if !strings.Contains(string(md), want) {
+		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
-	if strings.Count(string(md), "## Selection") != 1 { // before the orphan below
+	if strings.Count(md, "## Selection") != 1 { // before the orphan below
 		t.Errorf("the repeats made sections of their own:\n%s", md)
 	}
 
@@ -292,14 +295,9 @@ func TestRepeats(t *testing.T) {
 	if err := saveRun("v1.2.3", orphan); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeReport("v1.2.3"); err != nil {
-		t.Fatal(err)
-	}
-	if md, err = os.ReadFile(docsPath("v1.2.3", ".md")); err != nil {
-		t.Fatal(err)
-	}
-	if want := "## Selection \"other\", repeated runs only (no run 1 kept)\n\n### Repeated runs (flakes)"; !strings.Contains(string(md), want) ||
-		!strings.Contains(string(md), "| pleg-nri | 1 | 2 (c4): 1 / 0 / 0, 10m0s | 0 | 0 |") {
+	md = report(t, "v1.2.3")
+	if want := "## Selection \"other\", repeated runs only (no run 1 kept)\n\n### Repeated runs (flakes)"; !strings.Contains(md, want) ||
+		!strings.Contains(md, "| pleg-nri | 1 | 2 (c4): 1 / 0 / 0, 10m0s | 0 | 0 |") {
 		t.Errorf("report lacks the orphan repeat (%q):\n%s", want, md)
 	}
 

@@ -249,9 +249,7 @@ func TestReadDryRun(t *testing.T) {
 // shard), compares setups only over the specs both ran, and keeps an unsharded run of the same
 // selection apart.
 func TestShardedReport(t *testing.T) {
-	saved := docsDir
-	docsDir = t.TempDir()
-	t.Cleanup(func() { docsDir = saved })
+	tempDocs(t)
 	pass := func(name string, s float64) testResult { return testResult{Name: name, Status: "passed", Seconds: s} }
 	fail := func(name, why string) testResult {
 		return testResult{Name: name, Status: "failed", Seconds: 3, Failure: why}
@@ -318,14 +316,7 @@ func TestShardedReport(t *testing.T) {
 	if p := sharded.Runs[2]; !reflect.DeepEqual(p.shardsPresent(), []int{1, 3}) || p.WallSeconds != 680 {
 		t.Errorf("pleg-nri merged: shards %v, wall %v", p.shardsPresent(), p.WallSeconds)
 	}
-	if err := writeReport("v1.2.3"); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(docsPath("v1.2.3", ".md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	md := string(data)
+	md := report(t, "v1.2.3")
 	for _, want := range []string{
 		"## Selection \"job\", in 3 shards\n",
 		"focus `F`, skip `S`: 6 specs, cut into 3 shards (`make e2e-node SHARD=i/3`: the specs of each Ordered container together",
