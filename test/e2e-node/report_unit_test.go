@@ -31,6 +31,16 @@ func report(t *testing.T, version string) string {
 	return string(md)
 }
 
+// wantInReport fails t for each of wants the report md lacks.
+func wantInReport(t *testing.T, md string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 // TestCounts: failed, panicked and the like count as failed; skipped and pending as skipped.
 func TestCounts(t *testing.T) {
 	got := []testResult{{Status: "failed"}, {Status: "passed"}, {Status: "failed"}, {Status: "skipped"}, {Status: "pending"}, {Status: "timedout"}}
@@ -79,16 +89,12 @@ func TestReport(t *testing.T) {
 		}
 	}
 	md := report(t, "v1.2.3")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"| generic | 2 | 1 | 0 |",
 		"- `a`\n  - generic: passed (1.0 s)\n  - containerd: failed (0.0 s): timed out\n  - pleg-nri: passed (1.0 s)\n",
 		"- `c`: no image",
 		"| should delete pod gracefully | 12.0 | 17.0 | 11.0 |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
-		}
-	}
+	)
 	if got := genericRegressions(runs); len(got) != 1 || !strings.HasPrefix(got[0], `containerd: "a" passed with GenericPLEG, failed here: timed out`) {
 		t.Errorf("genericRegressions = %q, want the one spec that failed with containerd's stream only", got)
 	}
@@ -274,17 +280,13 @@ func TestRepeats(t *testing.T) {
 		t.Fatalf("kept %d runs, want 4: %+v", len(got.Runs), got.Runs)
 	}
 	md := report(t, "v1.2.3")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"| pleg-nri | 2 | 1 | 0 | 10m0s | 4 |  | c1 |\n", // the first run's row; the repeats have none
 		"### Specs whose outcome differs between setups\n\nNone.\n",
 		"| generic | 1 | 1 (c1): 2 / 1 / 0, 10m0s | 0 | 1 |\n",
 		"| pleg-nri | 3 | 1 (c1): 2 / 1 / 0, 10m0s; 2 (c2): 1 / 2 / 0, 10m0s; 3 (c3): 2 / 1 / 0, 10m0s | 1 | 1 |\n",
 		"- pleg-nri: `b`\n  - run 1: passed (1.0 s)\n  - run 2: failed (0.0 s): timed out\n  - run 3: passed (1.0 s)\n",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
-		}
-	}
+	)
 	if strings.Count(md, "## Selection") != 1 { // before the orphan below
 		t.Errorf("the repeats made sections of their own:\n%s", md)
 	}
