@@ -360,6 +360,11 @@ E2E_NODE_SKIP  ?= \[Flaky\]|\[Slow\]|\[Serial\]|\[Alpha\]
 # (../shared/docs/background.md), from the job's selection.
 E2E_NODE_QUICK_FOCUS ?= \[sig-node\] (Pods |Pod Extended|Container Lifecycle Hook|Probing container|Container Runtime blackbox test on terminated|ContainerLogPath|MirrorPod|Kubelet when scheduling)|should not hang in termination if terminated during initialization|restart them while in preStop
 E2E_NODE_PROCS ?= 4
+# make e2e-node-quick runs, unless PLEG says otherwise, pleg-nri alone, configured as docs/operations.md
+# configures it for the kubelet (1.35, 1.36: refresh-after-stop and cache-tick, setup pleg-nri-tick), with
+# 6 ginkgo processes: one setup in under 15 minutes warm (PLEG=generic,containerd,pleg-nri-tick: side by side).
+E2E_NODE_QUICK_PLEG  ?= $(if $(filter v1.35.% v1.36.%,$(KUBELET_VERSION)),pleg-nri-tick,pleg-nri)
+E2E_NODE_QUICK_PROCS ?= 6
 # PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop, pleg-nri-tick refresh-after-stop and a 1 s cache-tick).
 PLEG ?=
 # SHARD=i/N: make e2e-node runs only shard i of N of the selection (the specs listed with ginkgo
@@ -379,8 +384,8 @@ e2e-node: deps-runtime $(REGISTRY) ## Upstream's node e2e suite at KUBELET_VERSI
 	  FOCUS='$(E2E_NODE_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 14h $(E2E_NODE_PKG)
 
 .PHONY: e2e-node-quick
-e2e-node-quick: deps-runtime $(REGISTRY) ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path), per PLEG setup.
-	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(PLEG)' E2E_NODE_SELECTION=quick E2E_NODE_RUN='$(RUN)' E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_PROCS) \
+e2e-node-quick: deps-runtime $(REGISTRY) ## The focused part of make e2e-node (pod lifecycle, restarts, probes, hooks, termination, mirror pods, log path) on pleg-nri as configured for KUBELET_VERSION (PLEG=...: other setups; ~12 min a setup warm).
+	PLEG_NRI_E2E_NODE=1 KUBELET_VERSION=$(KUBELET_VERSION) PLEG='$(or $(PLEG),$(E2E_NODE_QUICK_PLEG))' E2E_NODE_SELECTION=quick E2E_NODE_RUN='$(RUN)' E2E_NODE_REGISTRY=$(REGISTRY) E2E_NODE_PROCS=$(E2E_NODE_QUICK_PROCS) \
 	  FOCUS='$(E2E_NODE_QUICK_FOCUS)' SKIP='$(E2E_NODE_SKIP)' $(GO) test -count=1 -v -timeout 3h $(E2E_NODE_PKG)
 
 .PHONY: it-up
