@@ -364,7 +364,8 @@ E2E_NODE_PROCS ?= 4
 # configures it for the kubelet (1.35, 1.36: refresh-after-stop and cache-tick, setup pleg-nri-tick), with
 # 6 ginkgo processes: one setup in under 15 minutes warm (PLEG=generic,containerd,pleg-nri-tick: side by side).
 E2E_NODE_QUICK_PLEG  ?= $(if $(filter v1.35.% v1.36.%,$(KUBELET_VERSION)),pleg-nri-tick,pleg-nri)
-E2E_NODE_QUICK_PROCS ?= 6
+# (an E2E_NODE_PROCS given on the command line or in the environment still wins).
+E2E_NODE_QUICK_PROCS ?= $(if $(filter command line environment,$(origin E2E_NODE_PROCS)),$(E2E_NODE_PROCS),6)
 # PLEG: the setups to run, comma-separated (default generic,containerd,pleg-nri; pleg-nri-refresh adds refresh-after-stop, pleg-nri-tick refresh-after-stop and a 1 s cache-tick).
 PLEG ?=
 # SHARD=i/N: make e2e-node runs only shard i of N of the selection (the specs listed with ginkgo
