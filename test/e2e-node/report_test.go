@@ -37,6 +37,26 @@ type selection struct {
 	runFocus string
 }
 
+// checkRepeat refuses a repeat (sel.Run > 1) of a selection whose kept run 1 selected other specs: its
+// specs would all count as flakes. Another focus is another selection (E2E_NODE_SELECTION).
+func checkRepeat(version string, sel selection) error {
+	if sel.run() == 1 {
+		return nil
+	}
+	r, err := loadResults(version)
+	if err != nil {
+		return err
+	}
+	for _, old := range r.Runs {
+		if old.Selection.Name == sel.Name && old.Selection.run() == 1 && (old.Selection.Focus != sel.Focus || old.Selection.Skip != sel.Skip) {
+			return fmt.Errorf("run %d of selection %q with focus %q and skip %q, but its run 1 (%s, %s) had focus %q and skip %q: "+
+				"a repeat must select the same specs (name another focus with E2E_NODE_SELECTION)",
+				sel.run(), sel.Name, sel.Focus, sel.Skip, old.Setup, old.Started, old.Selection.Focus, old.Selection.Skip)
+		}
+	}
+	return nil
+}
+
 // run is the number of the run: 1 for the first (Run unset).
 func (s selection) run() int { return max(s.Run, 1) }
 

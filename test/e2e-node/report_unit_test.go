@@ -343,3 +343,27 @@ func TestShardWallDiffs(t *testing.T) {
 		t.Fatalf("with %d shared shards: %q, want nothing", minPairedSpecs-1, b.String())
 	}
 }
+
+// TestCheckRepeat: a repeat must select what the selection's kept run 1 selected; a first run, or a
+// repeat of a selection with no run 1 kept, is not checked.
+func TestCheckRepeat(t *testing.T) {
+	tempDocs(t)
+	if err := saveRun("v1.2.3", suiteRun{Setup: "generic", Selection: selection{Name: "quick", Focus: "F", Skip: "S"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sel  selection
+		fail bool
+	}{
+		{selection{Name: "quick", Focus: "F", Skip: "S", Run: 2}, false},
+		{selection{Name: "quick", Focus: "MirrorPod", Skip: "S", Run: 2}, true},
+		{selection{Name: "quick", Focus: "F", Skip: "other", Run: 3}, true},
+		{selection{Name: "quick", Focus: "MirrorPod", Skip: "S"}, false}, // run 1: replaces the kept one
+		{selection{Name: "new", Focus: "X", Run: 2}, false},
+	} {
+		err := checkRepeat("v1.2.3", c.sel)
+		if (err != nil) != c.fail {
+			t.Errorf("checkRepeat(%+v) = %v, want an error: %v", c.sel, err, c.fail)
+		}
+	}
+}

@@ -87,6 +87,9 @@ func TestNodeE2E(t *testing.T) {
 		t.Fatalf("%s=%d with %s=%s: a shard is run again under another E2E_NODE_SELECTION (its shards merge per name)", runEnv, n, shardEnv, os.Getenv(shardEnv))
 	} else if n > 1 {
 		sel.Run = n
+		if err := checkRepeat(version, sel); err != nil {
+			t.Fatal(err)
+		}
 	}
 	procs, err := strconv.Atoi(envOr(procsEnv, "4"))
 	if err != nil || procs < 1 {
