@@ -427,6 +427,21 @@ func writeShardedTables(b *strings.Builder, sec reportSection) {
 	writeShardWallDiffs(b, sec)
 }
 
+// comparedPairs are the pairs of setups the report compares, as indexes {i, j} into setups: each
+// evented setup against every setup before it (GenericPLEG is the baseline, never the first of a pair).
+func comparedPairs(setups []string) [][2]int {
+	var out [][2]int
+	for i, s := range setups {
+		if s == "generic" {
+			continue
+		}
+		for j := range i {
+			out = append(out, [2]int{i, j})
+		}
+	}
+	return out
+}
+
 // writeShardWallDiffs compares the setups' wall times shard by shard: the setups of a shard ran the same
 // specs one after the other, so the per-shard difference is paired, and its p50 and interval say whether
 // a difference of the sums is more than the machine's noise between runs. Only shards both setups ran;
@@ -439,37 +454,36 @@ func writeShardWallDiffs(b *strings.Builder, sec reportSection) {
 		}
 		return out
 	}
+	setups := make([]string, len(sec.Runs))
+	for i, m := range sec.Runs {
+		setups[i] = m.Setup
+	}
 	wrote := false
-	for i := range sec.Runs {
-		if sec.Runs[i].Setup == "generic" {
+	for _, pair := range comparedPairs(setups) {
+		i, j := pair[0], pair[1]
+		a, other := wall(sec.Runs[i]), wall(sec.Runs[j])
+		var x, y []float64
+		for k := 1; k <= sec.Shards; k++ {
+			wa, okA := a[k]
+			wb, okB := other[k]
+			if okA && okB {
+				x, y = append(x, wa), append(y, wb)
+			}
+		}
+		d := benchreport.PairedQuantileDiff(x, y, 0.5)
+		if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
 			continue
 		}
-		a := wall(sec.Runs[i])
-		for j := 0; j < i; j++ {
-			other := wall(sec.Runs[j])
-			var x, y []float64
-			for k := 1; k <= sec.Shards; k++ {
-				wa, okA := a[k]
-				wb, okB := other[k]
-				if okA && okB {
-					x, y = append(x, wa), append(y, wb)
-				}
-			}
-			d := benchreport.PairedQuantileDiff(x, y, 0.5)
-			if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
-				continue
-			}
-			if !wrote {
-				b.WriteString("\nWall time shard by shard (the setups of a shard ran its specs one after the other):\n\n")
-				wrote = true
-			}
-			var sumA, sumB float64
-			for k := range x {
-				sumA, sumB = sumA+x[k], sumB+y[k]
-			}
-			fmt.Fprintf(b, "- %s minus %s, p50 of the per-shard differences: %+.0f s (95 %% interval %+.0f to %+.0f s over %d shards: %s); sums %s against %s (%+.1f %%)\n",
-				sec.Runs[i].Setup, sec.Runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict(), seconds(sumA), seconds(sumB), 100*(sumA-sumB)/sumB)
+		if !wrote {
+			b.WriteString("\nWall time shard by shard (the setups of a shard ran its specs one after the other):\n\n")
+			wrote = true
 		}
+		var sumA, sumB float64
+		for k := range x {
+			sumA, sumB = sumA+x[k], sumB+y[k]
+		}
+		fmt.Fprintf(b, "- %s minus %s, p50 of the per-shard differences: %+.0f s (95 %% interval %+.0f to %+.0f s over %d shards: %s); sums %s against %s (%+.1f %%)\n",
+			sec.Runs[i].Setup, sec.Runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict(), seconds(sumA), seconds(sumB), 100*(sumA-sumB)/sumB)
 	}
 }
 
@@ -496,6 +510,37 @@ func outcomes(runs []suiteRun) []map[string]testResult {
 		outs[i] = outcome(run)
 	}
 	return outs
+}
+
+// failed says a spec's status is a failure (failed, panicked, timed out, ...), not a pass, a skip or nothing.
+func failed(status string) bool {
+	return status != "passed" && status != "skipped" && status != "pending" && status != ""
+}
+
+// describe is a spec's outcome in a run: its status and duration, and its failure when it has one.
+func describe(t testResult) string {
+	if t.Failure != "" {
+		return fmt.Sprintf("%s (%.1f s): %s", t.Status, t.Seconds, t.Failure)
+	}
+	return fmt.Sprintf("%s (%.1f s)", t.Status, t.Seconds)
+}
+
+// differs says the spec name's outcome is not the same in every run of outs. With ranOnly the runs
+// without it are left out; else a run without it differs from one with it.
+func differs(outs []map[string]testResult, name string, ranOnly bool) bool {
+	seen, first := false, ""
+	for _, out := range outs {
+		t, ok := out[name]
+		if !ok && ranOnly {
+			continue
+		}
+		if !seen {
+			seen, first = true, t.Status
+		} else if t.Status != first {
+			return true
+		}
+	}
+	return false
 }
 
 func allNames(runs []suiteRun) []string {
@@ -530,18 +575,20 @@ func writeRepeats(b *strings.Builder, first, more []suiteRun) {
 		runs        []suiteRun
 	}
 	var flakes []flake
-	bySetup := map[string][]suiteRun{}
-	var order []string
-	for _, run := range append(slices.Clone(first), more...) {
-		if _, ok := bySetup[run.Setup]; !ok {
-			order = append(order, run.Setup)
+	all := append(slices.Clone(first), more...)
+	slices.SortStableFunc(all, func(a, c suiteRun) int {
+		if d := setupIndex(a.Setup) - setupIndex(c.Setup); d != 0 {
+			return d
 		}
-		bySetup[run.Setup] = append(bySetup[run.Setup], run)
-	}
-	sort.SliceStable(order, func(a, c int) bool { return setupIndex(order[a]) < setupIndex(order[c]) })
-	for _, setup := range order {
-		runs := bySetup[setup]
-		sort.SliceStable(runs, func(a, c int) bool { return runs[a].Selection.run() < runs[c].Selection.run() })
+		return a.Selection.run() - c.Selection.run()
+	})
+	for len(all) > 0 {
+		n := 1
+		for n < len(all) && all[n].Setup == all[0].Setup {
+			n++
+		}
+		runs := all[:n:n]
+		all = all[n:]
 		outs := outcomes(runs)
 		var each []string
 		for _, run := range runs {
@@ -550,20 +597,10 @@ func writeRepeats(b *strings.Builder, first, more []suiteRun) {
 		}
 		flaked, failedAll := 0, 0
 		for _, name := range allNames(runs) {
-			differ, failed := false, true
-			for i := range runs {
-				t, ok := outs[i][name]
-				if !ok || t.Status != outs[0][name].Status {
-					differ = true
-				}
-				if !ok || t.Status == "passed" || t.Status == "skipped" || t.Status == "pending" || t.Status == "" {
-					failed = false
-				}
-			}
-			if differ {
+			if differs(outs, name, false) {
 				flaked++
-				flakes = append(flakes, flake{setup, name, runs})
-			} else if failed {
+				flakes = append(flakes, flake{runs[0].Setup, name, runs})
+			} else if failed(outs[0][name].Status) {
 				failedAll++
 			}
 		}
@@ -571,7 +608,7 @@ func writeRepeats(b *strings.Builder, first, more []suiteRun) {
 		if len(runs) == 1 {
 			flakedCell = "- (one run)"
 		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %d |\n", setup, len(runs), strings.Join(each, "; "), flakedCell, failedAll)
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %d |\n", runs[0].Setup, len(runs), strings.Join(each, "; "), flakedCell, failedAll)
 	}
 	b.WriteString("\n")
 	if len(flakes) == 0 {
@@ -585,10 +622,8 @@ func writeRepeats(b *strings.Builder, first, more []suiteRun) {
 			switch {
 			case !ok:
 				fmt.Fprintf(b, "  - run %d: not in the run\n", run.Selection.run())
-			case t.Failure != "":
-				fmt.Fprintf(b, "  - run %d: %s (%.1f s): %s\n", run.Selection.run(), t.Status, t.Seconds, t.Failure)
 			default:
-				fmt.Fprintf(b, "  - run %d: %s (%.1f s)\n", run.Selection.run(), t.Status, t.Seconds)
+				fmt.Fprintf(b, "  - run %d: %s\n", run.Selection.run(), describe(t))
 			}
 		}
 	}
@@ -602,19 +637,7 @@ func writeDifferences(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 	outs := outcomes(runs)
 	n := 0
 	for _, name := range allNames(runs) {
-		differ, seen, first := false, false, ""
-		for i := range runs {
-			t, ok := outs[i][name]
-			if !ok && ranOnly {
-				continue
-			}
-			if !seen {
-				seen, first = true, t.Status
-			} else if t.Status != first {
-				differ = true
-			}
-		}
-		if !differ {
+		if !differs(outs, name, ranOnly) {
 			continue
 		}
 		n++
@@ -626,10 +649,8 @@ func writeDifferences(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 				fmt.Fprintf(b, "  - %s: not run (its shard is missing)\n", run.Setup)
 			case !ok:
 				fmt.Fprintf(b, "  - %s: not in the run\n", run.Setup)
-			case t.Failure != "":
-				fmt.Fprintf(b, "  - %s: %s (%.1f s): %s\n", run.Setup, t.Status, t.Seconds, t.Failure)
 			default:
-				fmt.Fprintf(b, "  - %s: %s (%.1f s)\n", run.Setup, t.Status, t.Seconds)
+				fmt.Fprintf(b, "  - %s: %s\n", run.Setup, describe(t))
 			}
 		}
 	}
@@ -652,7 +673,7 @@ func writeFailures(b *strings.Builder, runs []suiteRun, ranOnly bool) {
 			if !ok && ranOnly {
 				continue
 			}
-			if s := t.Status; s == "passed" || s == "skipped" || s == "pending" || s == "" {
+			if !failed(t.Status) {
 				all = false
 			}
 			if len(ran) == 0 {
@@ -773,23 +794,23 @@ func writeTerminations(b *strings.Builder, runs []suiteRun) {
 const minPairedSpecs = 6
 
 func writeTerminationDiffs(b *strings.Builder, runs []suiteRun, durations [][]float64) {
+	setups := make([]string, len(runs))
+	for i, r := range runs {
+		setups[i] = r.Setup
+	}
 	wrote := false
-	for i := range runs {
-		if runs[i].Setup == "generic" {
+	for _, pair := range comparedPairs(setups) {
+		i, j := pair[0], pair[1]
+		d := benchreport.PairedQuantileDiff(durations[i], durations[j], 0.5)
+		if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
 			continue
 		}
-		for j := 0; j < i; j++ {
-			d := benchreport.PairedQuantileDiff(durations[i], durations[j], 0.5)
-			if math.IsNaN(d.Diff) || d.NA < minPairedSpecs {
-				continue
-			}
-			if !wrote {
-				b.WriteString("\n")
-				wrote = true
-			}
-			fmt.Fprintf(b, "- %s minus %s, p50 of the per-spec differences: %+.2f s (95 %% interval %+.2f to %+.2f s over %d specs: %s)\n",
-				runs[i].Setup, runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict())
+		if !wrote {
+			b.WriteString("\n")
+			wrote = true
 		}
+		fmt.Fprintf(b, "- %s minus %s, p50 of the per-spec differences: %+.2f s (95 %% interval %+.2f to %+.2f s over %d specs: %s)\n",
+			runs[i].Setup, runs[j].Setup, d.Diff, d.Lo, d.Hi, d.NA, d.Verdict())
 	}
 }
 
