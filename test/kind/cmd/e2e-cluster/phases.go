@@ -29,12 +29,14 @@ const (
 	// The batch made just before an upgrade or a rollback, released as the upgrade starts: its exits
 	// are spread over the time the DaemonSet takes to roll through the nodes (rollMinReadySeconds and
 	// about 6 s a node on a quiet machine, minutes on a starved one), so that every node has samples
-	// while it runs the old pleg-nri, while its own is replaced, and after. 18 a node span 20 s +
-	// 17 x 7.53 s = 148 s, as long as a rollout of 3 nodes at 30 s + 6 s each with its helm call;
-	// the 36 used before took up to 9 minutes to start on a starved machine, and starved the nodes
-	// further, and 24 (181 s) outlasted the rollout by a minute that measured nothing.
-	crashRollPerNode   = 18
-	crashRollFirstExit = 20 * time.Second
+	// while it runs the old pleg-nri, while its own is replaced, and after. 15 a node span 10 s +
+	// 14 x 7.53 s = 115 s, as long as a rollout of 3 nodes at 30 s + 6 s each with its helm call
+	// (1m51s in the last runs); the first exit 10 s in falls while the first node's pleg-nri is being
+	// replaced. The 36 used before took up to 9 minutes to start on a starved machine, and starved the
+	// nodes further; 24 (20 s + 181 s) outlasted the rollout by a minute that measured nothing, and
+	// 18 (20 s + 148 s) by half a minute, each rollout phase that much longer.
+	crashRollPerNode   = 15
+	crashRollFirstExit = 10 * time.Second
 	crashRollSpacing   = 7530 * time.Millisecond
 	// rollMinReadySeconds is the chart's minReadySeconds in this cluster: each node's new pleg-nri
 	// stays ready this long before the rollout moves on, so that a rollout lasts long enough for a
