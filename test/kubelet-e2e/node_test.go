@@ -392,25 +392,37 @@ func (n *node) waitPod(name, what string, cond func(p *kubelet.PodStatus) (bool,
 // containerd shows its sandboxes not ready and its containers exited: the kubelet stopped it.
 func (n *node) waitPodStopped(name, uid string) {
 	n.t.Helper()
-	err := harness.WaitFor(context.Background(), podWaitTimeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
+	n.waitPodStoppedWithin(name, uid, podWaitTimeout)
+}
+
+// waitPodStoppedWithin is waitPodStopped with its own bound; a timeout names what was still not
+// stopped.
+func (n *node) waitPodStoppedWithin(name, uid string, timeout time.Duration) {
+	n.t.Helper()
+	var pending []string
+	err := harness.WaitFor(context.Background(), timeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
+		pending = pending[:0]
 		still, err := n.k.Pod(name)
-		if err != nil || still != nil {
+		if err != nil {
 			return false, err
+		}
+		if still != nil {
+			pending = append(pending, "the kubelet still reports the pod")
 		}
 		for _, sb := range n.sandboxes(uid) {
 			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-				return false, nil
+				pending = append(pending, "sandbox "+sb.GetId()+" "+sb.GetState().String())
 			}
 		}
 		for _, c := range n.containers(uid) {
 			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-				return false, nil
+				pending = append(pending, "container "+c.GetMetadata().GetName()+" "+c.GetState().String())
 			}
 		}
-		return true, nil
+		return len(pending) == 0, nil
 	})
 	if err != nil {
-		n.t.Fatal(err)
+		n.t.Fatalf("%v; still not stopped: %s", err, strings.Join(pending, ", "))
 	}
 }
 
