@@ -109,6 +109,9 @@ func (f *fanout) subscribe() *Subscription {
 	defer f.mu.Unlock()
 	f.nextID++
 	s := &Subscription{id: f.nextID, f: f, buf: make([]Event, f.limit), notify: make(chan struct{}, 1)}
+	// The queue's depth exists from the subscription on, not from its first event: a subscriber of
+	// a quiet node (or one that just reconnected to a restarted core) shows an empty queue.
+	f.metrics.SubscriberQueueDepth(s.id, 0)
 	if f.replay.open.Load() {
 		f.replaySubscribe(context.Background(), s)
 	}

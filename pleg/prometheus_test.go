@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // TestPrometheusMetrics: each hook shows in the metric the operations guide names, with its labels.
@@ -74,6 +76,34 @@ func TestPrometheusMetrics(t *testing.T) {
 	}
 	if strings.Contains(b.String(), `subscriber="8"`) {
 		t.Error("a removed subscriber's queue depth is still exposed")
+	}
+}
+
+// TestQueueDepthFromTheSubscription: a subscriber's queue depth is exposed, at 0, as soon as it
+// subscribes (before any event, and after a replay that queued nothing), and goes with it.
+func TestQueueDepthFromTheSubscription(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		f := newFanout(4, NewPrometheusMetrics(reg))
+		if replay {
+			f.startReplay(testutil.NewClock().Now, 1<<62)
+		}
+		s := f.subscribe()
+		var b strings.Builder
+		if err := promutil.Write(&b, reg); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("pleg_nri_subscriber_queue_depth{subscriber=\"%d\"} 0\n", s.id); !strings.Contains(b.String(), want) {
+			t.Errorf("replay %v: the metrics lack %s", replay, want)
+		}
+		f.remove(s)
+		b.Reset()
+		if err := promutil.Write(&b, reg); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(b.String(), "pleg_nri_subscriber_queue_depth{") {
+			t.Errorf("replay %v: a removed subscriber's queue depth is still exposed", replay)
+		}
 	}
 }
 
