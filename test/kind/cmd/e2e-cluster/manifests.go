@@ -213,6 +213,33 @@ spec:
           periodSeconds: 2
 `))
 
+// dashboardNamespace holds dashboardActivity's pods.
+const dashboardNamespace = "dashboard-check"
+
+// dashboardActivity is a pod on every node (the control plane too) that runs for two seconds and ends,
+// while the dashboard's panels are read.
+var dashboardActivity = template.Must(template.New("dashboard-activity").Parse(`
+{{- range $i, $n := .Nodes }}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: activity-{{ $i }}
+  namespace: {{ $.Namespace }}
+spec:
+  nodeName: {{ $n }}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  tolerations:
+  - operator: Exists
+  containers:
+  - name: c
+    image: {{ $.Busybox }}
+    imagePullPolicy: Never
+    command: [sleep, "2"]
+{{- end }}
+`))
+
 // workloads are what every node runs with pleg-nri in place (the control plane included, whose taint
 // they tolerate): a crash-looping container, a Deployment behind the Service "web" (one replica per
 // node, so the Service has an endpoint on each), a Job, and pods with probes: one whose probes pass
