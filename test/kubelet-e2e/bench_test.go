@@ -46,16 +46,26 @@ const (
 	// benchFreshnessEnv adds setups: pleg-nri with each read-freshness mode it lists ("hold,off"),
 	// to compare them with the default in the same run.
 	benchFreshnessEnv = "PLEG_NRI_KUBELET_BENCH_FRESHNESS"
+	// benchReadSourceEnv adds setups: pleg-nri with each read-source it lists ("state"): the
+	// kubelet's reads answered from pleg-nri's state instead of containerd, in the same run.
+	benchReadSourceEnv = "PLEG_NRI_KUBELET_BENCH_READ_SOURCE"
 )
 
 // benchSetups are the setups of BenchmarkCrashRestart: allSetups, and pleg-nri with the read-freshness
-// modes benchFreshnessEnv lists.
+// modes benchFreshnessEnv lists and the read-sources benchReadSourceEnv lists.
 func benchSetups(tb testing.TB) []setup {
 	out := slices.Clone(allSetups)
 	for _, mode := range strings.Split(os.Getenv(benchFreshnessEnv), ",") {
 		if mode = strings.TrimSpace(mode); mode != "" {
 			s := setupEventedPlegNRI
 			s.Name, s.Freshness = fmt.Sprintf("%s (read-freshness %s)", s.Name, mode), mode
+			out = append(out, s)
+		}
+	}
+	for _, source := range strings.Split(os.Getenv(benchReadSourceEnv), ",") {
+		if source = strings.TrimSpace(source); source != "" {
+			s := setupEventedPlegNRI
+			s.Name, s.ReadSource = fmt.Sprintf("%s (read-source %s)", s.Name, source), source
 			out = append(out, s)
 		}
 	}

@@ -32,6 +32,8 @@ type setup struct {
 	Evented, PlegNRI bool
 	// Freshness is pleg-nri's read-freshness (empty: its default).
 	Freshness string
+	// ReadSource is pleg-nri's read-source (empty: its default, or what PLEG_NRI_IT_READ_SOURCE says).
+	ReadSource string
 	// RefreshAfterStop and CacheTick set pleg-nri's keys of the same names (off: its defaults).
 	RefreshAfterStop bool
 	CacheTick        time.Duration
@@ -132,6 +134,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		}
 		if os.Getenv(refreshAfterStopEnv) == "1" {
 			plegNRIFlags = append(plegNRIFlags, "--refresh-after-stop")
+		}
+		if s.ReadSource != "" {
+			plegNRIFlags = append(plegNRIFlags, "--read-source", s.ReadSource)
 		}
 		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir, Extra: plegNRIFlags})
 		if err != nil {
