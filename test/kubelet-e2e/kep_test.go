@@ -29,10 +29,11 @@ const stressContainers = 40
 // 40 containers are killed together, and containerd handles each exit (the task's delete in the shim,
 // its rootfs unmounted) within 10 s or tries it again after a back-off from 1 s, doubling
 // (containerd v2.4.2, internal/cri/server/events.go: handleEventTimeout; events/events.go:
-// backOffInitDuration); its StopContainer returns once that is done. On a node whose disk is busy
-// (make test builds a kubelet beside this suite on a cold cache) the deletes missed those 10 s twice
-// in a row, and the pod took 1m20s to stop with pleg-nri and more than 1m30s on containerd's
-// stream, in containerd's exit handling alike. How long that takes is not what this test is about.
+// backOffInitDuration); its StopContainer returns once that is done. With a kubelet building beside
+// this suite (make test on a cold cache) some deletes missed those 10 s twice in a row ("failed to
+// stop container: context deadline exceeded", then the same for the back-off's retry), and the pod
+// took 1m20s to stop with pleg-nri and more than 1m30s on containerd's stream, in containerd's exit
+// handling alike. How long that takes is not what this test is about.
 const stressStopTimeout = 4 * time.Minute
 
 // eventBucket is the kubelet's latency histogram bucket the KEP's Stress test reads: events handled
