@@ -401,32 +401,36 @@ func (n *node) waitPodStopped(name, uid string) {
 }
 
 // waitPodStoppedWithin is waitPodStopped with its own bound; a timeout names what was still not
-// stopped.
+// stopped. containerd is asked only once the kubelet dropped the pod (the wait polls every
+// harness.WaitInterval, and the containers of a pod being stopped are what containerd is busy with).
 func (n *node) waitPodStoppedWithin(name, uid string, timeout time.Duration) {
 	n.t.Helper()
-	var pending []string
-	err := harness.WaitFor(context.Background(), timeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
-		pending = pending[:0]
-		still, err := n.k.Pod(name)
-		if err != nil {
-			return false, err
-		}
-		if still != nil {
-			pending = append(pending, "the kubelet still reports the pod")
-		}
+	stillRunning := func() []string {
+		var out []string
 		for _, sb := range n.sandboxes(uid) {
 			if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-				pending = append(pending, "sandbox "+sb.GetId()+" "+sb.GetState().String())
+				out = append(out, "sandbox "+sb.GetId()+" "+sb.GetState().String())
 			}
 		}
 		for _, c := range n.containers(uid) {
 			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
-				pending = append(pending, "container "+c.GetMetadata().GetName()+" "+c.GetState().String())
+				out = append(out, "container "+c.GetMetadata().GetName()+" "+c.GetState().String())
 			}
 		}
-		return len(pending) == 0, nil
+		return out
+	}
+	err := harness.WaitFor(context.Background(), timeout, "pod "+name+" gone from the kubelet and stopped in containerd", func() (bool, error) {
+		still, err := n.k.Pod(name)
+		if err != nil || still != nil {
+			return false, err
+		}
+		return len(stillRunning()) == 0, nil
 	})
 	if err != nil {
+		pending := stillRunning()
+		if still, _ := n.k.Pod(name); still != nil {
+			pending = append([]string{"the kubelet still reports the pod"}, pending...)
+		}
 		n.t.Fatalf("%v; still not stopped: %s", err, strings.Join(pending, ", "))
 	}
 }
