@@ -55,18 +55,20 @@ const (
 // modes benchFreshnessEnv lists and the read-sources benchReadSourceEnv lists.
 func benchSetups(tb testing.TB) []setup {
 	out := slices.Clone(allSetups)
-	for _, mode := range strings.Split(os.Getenv(benchFreshnessEnv), ",") {
-		if mode = strings.TrimSpace(mode); mode != "" {
-			s := setupEventedPlegNRI
-			s.Name, s.Freshness = fmt.Sprintf("%s (read-freshness %s)", s.Name, mode), mode
-			out = append(out, s)
-		}
-	}
-	for _, source := range strings.Split(os.Getenv(benchReadSourceEnv), ",") {
-		if source = strings.TrimSpace(source); source != "" {
-			s := setupEventedPlegNRI
-			s.Name, s.ReadSource = fmt.Sprintf("%s (read-source %s)", s.Name, source), source
-			out = append(out, s)
+	for _, key := range []struct {
+		env, name string
+		set       func(*setup, string)
+	}{
+		{benchFreshnessEnv, "read-freshness", func(s *setup, v string) { s.Freshness = v }},
+		{benchReadSourceEnv, "read-source", func(s *setup, v string) { s.ReadSource = v }},
+	} {
+		for _, v := range strings.Split(os.Getenv(key.env), ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				s := setupEventedPlegNRI
+				s.Name = fmt.Sprintf("%s (%s %s)", s.Name, key.name, v)
+				key.set(&s, v)
+				out = append(out, s)
+			}
 		}
 	}
 	tb.Logf("bench setups on kubelet %s: %d", kubeletVersion, len(out))
