@@ -27,7 +27,7 @@ package pleg
 //     state before its PostStartContainer hook, a removed container still listed after the
 //     RemoveContainer hook, a CreateContainer's container in the store before PostCreateContainer) is
 //     the endpoint's part: it forwards the reads a mutating call in flight through it may change
-//     (endpoint.ProxyConfig.ReadSource).
+//     (kubelet.ProxyConfig.ReadSource).
 //
 // An answer built from the state is what containerd answers: each status is the one events carry
 // (containerd's answer with the facts of the fast inputs applied), a list entry is containerd's own

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )

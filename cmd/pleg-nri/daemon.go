@@ -22,9 +22,9 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/pleg-nri/pleg-nri/containerd"
-	"github.com/pleg-nri/pleg-nri/endpoint"
-	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
@@ -254,7 +254,7 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay), CacheTick: time.Duration(cfg.CacheTick),
 		CheckpointInterval: time.Duration(cfg.CheckpointInterval),
-		ServeReads:         cfg.ReadSource != string(endpoint.ReadSourceRuntime), Inputs: m.ready.inputs}
+		ServeReads:         cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
@@ -279,17 +279,17 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 
 // serveCoreEvents serves the core's events on its socket in the run directory, where the front
 // subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
-func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *endpoint.Server, stop func(), err error) {
+func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *kubelet.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	// It also answers the front's refresh requests (refresh-after-stop) and its reads from the state
 	// (read-source); only a front configured so asks.
-	proxy, err := endpoint.NewProxy(endpoint.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: m, ReadFreshness: endpoint.ReadFreshnessOff, RefreshStopped: core.RefreshStopped,
-		ServeState: endpoint.EncodeStateReader(core)})
+	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: eventSource{core},
+		Metrics: m, ReadFreshness: kubelet.ReadFreshnessOff, RefreshStopped: core.RefreshStopped,
+		ServeState: kubelet.EncodeStateReader(core)})
 	if err != nil {
 		return nil, nil, err
 	}
-	if srv, err = endpoint.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), proxy); err != nil {
+	if srv, err = kubelet.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), proxy); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	if err := srv.Start(ctx); err != nil {
@@ -300,7 +300,7 @@ func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.Clien
 }
 
 // serverFailure is a component that returns srv's serving error, or nil once ctx is done.
-func serverFailure(srv *endpoint.Server) func(context.Context) error {
+func serverFailure(srv *kubelet.Server) func(context.Context) error {
 	return func(ctx context.Context) error {
 		select {
 		case err := <-srv.Err():
@@ -355,7 +355,7 @@ func (f observerFunc) Observe(o pleg.Observation) { f(o) }
 // eventSource adapts the core's fan-out to the CRI endpoint's EventSource.
 type eventSource struct{ core *pleg.PLEG }
 
-func (s eventSource) Subscribe() endpoint.EventStream { return eventStream{s.core.Subscribe()} }
+func (s eventSource) Subscribe() kubelet.EventStream { return eventStream{s.core.Subscribe()} }
 
 type eventStream struct{ sub *pleg.Subscription }
 
@@ -380,11 +380,11 @@ func (s eventStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error)
 func (s eventStream) Close() { s.sub.Close() }
 
 var (
-	_ plugin.Observer             = observerFunc(nil)
-	_ containerd.Observer         = observerFunc(nil)
-	_ endpoint.EventSource        = eventSource{}
-	_ endpoint.StateReader        = (*pleg.PLEG)(nil)
-	_ endpoint.EncodedEventStream = eventStream{}
+	_ plugin.Observer            = observerFunc(nil)
+	_ containerd.Observer        = observerFunc(nil)
+	_ kubelet.EventSource        = eventSource{}
+	_ kubelet.StateReader        = (*pleg.PLEG)(nil)
+	_ kubelet.EncodedEventStream = eventStream{}
 )
 
 // notifySystemd tells systemd the daemon's state (READY=1, STOPPING=1) when it runs as a unit of

@@ -24,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )

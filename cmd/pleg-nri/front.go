@@ -8,7 +8,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
-	"github.com/pleg-nri/pleg-nri/front"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 

@@ -12,7 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
 
-	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
@@ -42,7 +42,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	upstreams := promutil.NewUpstreams(&reg, "nri", "events", "cri")
 	pleg.NewPrometheusMetrics(&reg)
 	plugin.NewPrometheusMetrics(&reg, upstreams)
-	endpoint.NewPrometheusMetrics(&reg, upstreams, "front_cri")
+	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {

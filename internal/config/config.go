@@ -18,8 +18,8 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
-	"github.com/pleg-nri/pleg-nri/containerd"
-	"github.com/pleg-nri/pleg-nri/endpoint"
+	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
@@ -62,11 +62,11 @@ type Config struct {
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
-	// older state than an event already sent: overlay, hold or off (endpoint.ReadFreshness).
+	// older state than an event already sent: overlay, hold or off (kubelet.ReadFreshness).
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
-	// without waiting for its 5 s cache tick (endpoint.RefreshStoppedMethod).
+	// without waiting for its 5 s cache tick (kubelet.RefreshStoppedMethod).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
 	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand in a CREATED
 	// about its sandbox: a kubelet 1.35 or 1.36 writes it into its pod cache and acts on nothing, so its
@@ -75,7 +75,7 @@ type Config struct {
 	CacheTick Duration `json:"cache-tick"`
 	// ReadSource says where the CRI endpoint answers ListPodSandbox, ListContainers, PodSandboxStatus
 	// and ContainerStatus: runtime (forwarded), state (pleg-nri's state where it is current) or check
-	// (forwarded, and compared with the state's answer) (endpoint.ReadSource).
+	// (forwarded, and compared with the state's answer) (kubelet.ReadSource).
 	ReadSource string `json:"read-source"`
 }
 
@@ -97,8 +97,8 @@ func Default() Config {
 		StateDir:            "/var/lib/pleg-nri",
 		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:       Duration(time.Minute),
-		ReadFreshness:       string(endpoint.DefaultReadFreshness),
-		ReadSource:          string(endpoint.DefaultReadSource),
+		ReadFreshness:       string(kubelet.DefaultReadFreshness),
+		ReadSource:          string(kubelet.DefaultReadSource),
 	}
 }
 
@@ -246,10 +246,10 @@ func (c Config) Validate() error {
 	if c.PluginIdx != "" && api.CheckPluginIndex(c.PluginIdx) != nil {
 		bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 	}
-	if _, err := endpoint.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
+	if _, err := kubelet.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
 	}
-	if _, err := endpoint.ParseReadSource(c.ReadSource); err != nil || c.ReadSource == "" {
+	if _, err := kubelet.ParseReadSource(c.ReadSource); err != nil || c.ReadSource == "" {
 		bad("read-source", "want runtime, state or check, got %q", c.ReadSource)
 	}
 	switch c.LogLevel {

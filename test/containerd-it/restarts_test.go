@@ -362,7 +362,7 @@ func TestFrontTakeover(t *testing.T) {
 
 // BenchmarkFrontProxy measures forwarded unary calls (Version, ListContainers) three ways, interleaved:
 // direct to containerd, through the front (the kubelet's endpoint) and through the core's own socket,
-// whose proxy is the one the kubelet used before the front (the same endpoint.Proxy, in the process
+// whose proxy is the one the kubelet used before the front (the same kubelet.Proxy, in the process
 // of the NRI plugin and the state). The front must add no more than that proxy (p50).
 func BenchmarkFrontProxy(b *testing.B) {
 	p := startPlegNRI(b, benchPlegFlags...)

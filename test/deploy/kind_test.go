@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/internal/kindrun"
+	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
 )
 
 // kindConfig is a one-node cluster for the offline node image (no kindnetd, no kube-proxy: its static

@@ -47,8 +47,8 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/internal/kindrun"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
 )
 
 func main() {

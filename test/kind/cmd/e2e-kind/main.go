@@ -23,8 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/internal/kindrun"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
 	"github.com/pleg-nri/pleg-nri/test/kind/internal/crashbench"
 )
 

@@ -26,9 +26,9 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/internal/kindrun"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
+	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
 )
 
 // Plan is one batch of crashing pods.

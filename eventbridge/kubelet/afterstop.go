@@ -1,0 +1,256 @@
+package kubelet
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/log"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// A refresh after a stop. A kubelet 1.35 or 1.36 with EventedPLEG ends each sync of a pod by noting
+// the time, and its next sync of that pod waits (pod cache, GetNewerThan) for a status of the pod newer
+// than that time: an event of the pod, or the global cache tick every 5 s. When the sync is the one that
+// stops the pod, the STOPPED events of that stop were stamped before the sync ended, so the next step
+// of the termination waits for the tick: 0-5 s more per step than on GenericPLEG, whose relist ticks
+// every second (k/k #124704, #139493).
+//
+// The endpoint sees the stop (StopContainer, StopPodSandbox) and the reads the kubelet makes of the pod
+// right after it, the last calls of that sync. Once the client's calls about the pod have been quiet
+// for afterStopQuiet, the endpoint asks the core (RefreshStoppedMethod on the core's socket) to send
+// the stopped object's STOPPED again: the core stamps it after everything it sent for the pod and
+// fills it from its state, in order with the pod's other events (pleg.PLEG.RefreshStopped).
+const (
+	// RefreshStoppedMethod is the core's own method, on its event socket only (not part of the CRI): its
+	// request is a google.protobuf.StringValue holding the id of a container or sandbox, its answer a
+	// google.protobuf.Empty. A core that does not know it forwards it to the runtime, which answers
+	// UNIMPLEMENTED.
+	RefreshStoppedMethod = "/plegnri.v1.Core/RefreshStopped"
+
+	// afterStopQuiet is how long the client's calls about a stopped pod must have been quiet: the
+	// kubelet ends its sync within microseconds of its last read.
+	afterStopQuiet = 50 * time.Millisecond
+	// afterStopMax bounds the wait for that quiet.
+	afterStopMax = 2 * time.Second
+	// afterStopCallTimeout bounds each call the settler makes.
+	afterStopCallTimeout = 2 * time.Second
+)
+
+// settleMethods are the calls that name one object by the first field of their request (a container
+// or sandbox id): the stops start a settling, and each of them about a settling pod pushes its end.
+var settleMethods = map[string]bool{
+	"/runtime.v1.RuntimeService/StopContainer":    true,
+	"/runtime.v1.RuntimeService/StopPodSandbox":   true,
+	"/runtime.v1.RuntimeService/ContainerStatus":  true,
+	"/runtime.v1.RuntimeService/PodSandboxStatus": true,
+	"/runtime.v1.RuntimeService/RemoveContainer":  true,
+}
+
+const (
+	stopContainerMethod  = "/runtime.v1.RuntimeService/StopContainer"
+	stopPodSandboxMethod = "/runtime.v1.RuntimeService/StopPodSandbox"
+)
+
+// firstString returns the first field of an encoded request when it is a string (a CRI request's id).
+func firstString(b []byte) string {
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		if num == 1 && wt == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return ""
+			}
+			return string(v)
+		}
+		if n = protowire.ConsumeFieldValue(num, wt, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
+}
+
+// settler asks for the refreshes after the stops its proxy forwarded. It is safe for concurrent use.
+type settler struct {
+	cri runtimeapi.RuntimeServiceClient
+	// refresh asks the core for the refresh of an object.
+	refresh func(ctx context.Context, id string) error
+	now     func() time.Time
+	done    <-chan struct{}
+	// quiet and max are afterStopQuiet and afterStopMax (shorter in tests).
+	quiet, max time.Duration
+
+	// n counts the settling pods, read without the lock by every call that could touch one.
+	n  atomic.Int64
+	mu sync.Mutex
+	// pods are the settling pods by sandbox id; ids maps each of their objects' ids to its pod.
+	pods map[string]*settling
+	ids  map[string]*settling
+}
+
+// settling is a pod whose stop is settling.
+type settling struct {
+	sandboxID string
+	// target is the object whose STOPPED is sent again: the sandbox once it was stopped, else the
+	// container stopped last.
+	target string
+	// last is the end of the last call about the pod; start the first stop's.
+	last, start time.Time
+}
+
+func newSettler(cri runtimeapi.RuntimeServiceClient, refresh func(context.Context, string) error, now func() time.Time, done <-chan struct{}) *settler {
+	return &settler{cri: cri, refresh: refresh, now: now, done: done, quiet: afterStopQuiet, max: afterStopMax,
+		pods: map[string]*settling{}, ids: map[string]*settling{}}
+}
+
+// wants says whether a call of method about id must be reported (called before the call).
+func (s *settler) wants(method string) bool {
+	return method == stopContainerMethod || method == stopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
+}
+
+// called reports a call of method about id that the runtime answered with err.
+func (s *settler) called(ctx context.Context, method, id string, err error) {
+	if id == "" {
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	if p := s.ids[id]; p != nil {
+		p.last = now
+		if method == stopPodSandboxMethod && err == nil {
+			p.target = id
+		}
+	}
+	s.mu.Unlock()
+	if err != nil || (method != stopContainerMethod && method != stopPodSandboxMethod) {
+		return
+	}
+	go s.begin(context.WithoutCancel(ctx), id, method == stopPodSandboxMethod)
+}
+
+// begin starts settling the pod of the stopped object id, or joins its settling.
+func (s *settler) begin(ctx context.Context, id string, sandbox bool) {
+	cctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	sandboxID := id
+	if !sandbox {
+		list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
+		if err != nil || len(list.GetContainers()) != 1 {
+			log.G(ctx).WithError(err).WithField("container", id).Debug("refresh after a stop: the container's pod is unknown")
+			return
+		}
+		sandboxID = list.GetContainers()[0].GetPodSandboxId()
+	}
+	list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: sandboxID}})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sandboxID).Debug("refresh after a stop: cannot list the pod's containers")
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	p := s.pods[sandboxID]
+	fresh := p == nil
+	if fresh {
+		p = &settling{sandboxID: sandboxID, target: id, start: now}
+		s.pods[sandboxID] = p
+		s.ids[sandboxID] = p
+		s.n.Add(1)
+	} else if sandbox || p.target != sandboxID {
+		p.target = id
+	}
+	p.last = now
+	for _, c := range list.GetContainers() {
+		s.ids[c.GetId()] = p
+	}
+	s.mu.Unlock()
+	if fresh {
+		s.settle(ctx, p)
+	}
+}
+
+// settle waits until the client's calls about p have been quiet for s.quiet (at most s.max after its
+// first stop), then asks for the refresh.
+func (s *settler) settle(ctx context.Context, p *settling) {
+	for {
+		s.mu.Lock()
+		now := s.now()
+		wait := p.last.Add(s.quiet).Sub(now)
+		if over := p.start.Add(s.max).Sub(now); over < wait {
+			wait = over
+		}
+		if wait <= 0 {
+			for id, q := range s.ids {
+				if q == p {
+					delete(s.ids, id)
+				}
+			}
+			delete(s.pods, p.sandboxID)
+			s.n.Add(-1)
+			target := p.target
+			s.mu.Unlock()
+			s.ask(ctx, target)
+			return
+		}
+		s.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-s.done:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// ask asks for the refresh of id.
+func (s *settler) ask(ctx context.Context, id string) {
+	cctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	logger := log.G(ctx).WithField("id", id)
+	if err := s.refresh(cctx, id); err != nil {
+		logger.WithError(err).Debug("refresh after a stop: the core did not take it")
+		return
+	}
+	logger.Debug("refresh after a stop asked for")
+}
+
+// callCtx is a call's context: bounded, and ended by the proxy's shutdown.
+func (s *settler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return boundedCtx(ctx, afterStopCallTimeout, s.done)
+}
+
+// serveRefreshStopped answers RefreshStoppedMethod on the core's socket.
+func (p *Proxy) serveRefreshStopped(ss grpc.ServerStream) error {
+	var req frame
+	if err := ss.RecvMsg(&req); err != nil {
+		return err
+	}
+	b := req.bytes()
+	req.free()
+	var id wrapperspb.StringValue
+	if err := proto.Unmarshal(b, &id); err != nil || id.GetValue() == "" {
+		return status.Error(codes.InvalidArgument, "RefreshStopped: want a google.protobuf.StringValue with an id")
+	}
+	p.refreshStopped(id.GetValue())
+	// An empty frame is google.protobuf.Empty encoded.
+	return ss.SendMsg(&frame{})
+}
+
+// RefreshStopped asks the core behind the relay for a refresh of id's STOPPED (RefreshStoppedMethod).
+func (r *Relay) RefreshStopped(ctx context.Context, id string) error {
+	var out emptypb.Empty
+	return r.conn.Invoke(ctx, RefreshStoppedMethod, wrapperspb.String(id), &out, grpc.ForceCodecV2(rawCodec{}))
+}

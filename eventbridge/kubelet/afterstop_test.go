@@ -1,0 +1,187 @@
+package kubelet
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// stopRuntime is a CRI runtime with one pod (sandbox s1, containers c1 and c2) that stops what it is
+// asked to, except "bad", and lists with the id and sandbox filters.
+type stopRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+var stopRuntimeContainers = []*runtimeapi.Container{{Id: "c1", PodSandboxId: "s1"}, {Id: "c2", PodSandboxId: "s1"}}
+
+func (stopRuntime) StopContainer(_ context.Context, r *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	if r.ContainerId == "bad" {
+		return nil, status.Error(codes.NotFound, "no such container")
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+func (stopRuntime) StopPodSandbox(context.Context, *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+	return &runtimeapi.StopPodSandboxResponse{}, nil
+}
+
+func (stopRuntime) ListContainers(_ context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	var out []*runtimeapi.Container
+	for _, c := range stopRuntimeContainers {
+		if f := r.GetFilter(); (f.GetId() == "" || f.GetId() == c.Id) && (f.GetPodSandboxId() == "" || f.GetPodSandboxId() == c.PodSandboxId) {
+			out = append(out, c)
+		}
+	}
+	return &runtimeapi.ListContainersResponse{Containers: out}, nil
+}
+
+func (stopRuntime) ContainerStatus(_ context.Context, r *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	return &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: r.ContainerId}}, nil
+}
+
+// refreshAsk is one refresh the front asked the core for.
+type refreshAsk struct {
+	id string
+	at time.Time
+}
+
+// afterStopEnv is the front's proxy (RefreshAfterStop through a Relay) in front of stopRuntime, and the
+// core's proxy answering the refresh requests into asks.
+type afterStopEnv struct {
+	client runtimeapi.RuntimeServiceClient
+	asks   chan refreshAsk
+}
+
+func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
+	t.Helper()
+	dir := testutil.ShortTempDir(t, "as-")
+	rtPath := filepath.Join(dir, "rt.sock")
+	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{}) })
+	e := &afterStopEnv{asks: make(chan refreshAsk, 16)}
+	coreSrv, _ := startServer(t, filepath.Join(dir, "core.sock"), ProxyConfig{Backend: connect(t, rtPath), Events: newFakeSource(),
+		ReadFreshness: ReadFreshnessOff, RefreshStopped: func(id string) { e.asks <- refreshAsk{id, time.Now()} }})
+	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + coreSrv.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = relay.Close() })
+	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: relay, ReadFreshness: ReadFreshnessOff, RefreshAfterStop: relay.RefreshStopped})
+	p.settle.quiet, p.settle.max = quiet, maxWait
+	srv, err := NewServer("unix://"+filepath.Join(dir, "front.sock"), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Stop(ctx)
+	})
+	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
+	return e
+}
+
+// noAsk fails t if a refresh is asked for within d.
+func (e *afterStopEnv) noAsk(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case a := <-e.asks:
+		t.Fatalf("unexpected refresh of %s", a.id)
+	case <-time.After(d):
+	}
+}
+
+// TestRefreshAfterStop: the front asks the core for one refresh per stopped pod, of the sandbox once it
+// was stopped, only once the calls about the pod have been quiet for the quiet time, and for none
+// after a stop that failed.
+func TestRefreshAfterStop(t *testing.T) {
+	const quiet = 100 * time.Millisecond
+	e := newAfterStopEnv(t, quiet, 5*time.Second)
+	ctx := testCtx(t)
+
+	// The kubelet's termination: the containers' stops, the sandbox's, then its reads of the pod.
+	for _, c := range []string{"c1", "c2"} {
+		if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	// last is when the last read was sent: the endpoint receives it after that, so its quiet time ends
+	// after last+quiet (a time taken after the call returns would be later than the endpoint's own).
+	var last time.Time
+	for range 5 {
+		time.Sleep(quiet / 2)
+		last = time.Now()
+		if _, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c2"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := recv(t, e.asks, "the refresh after the pod's stop")
+	if a.id != "s1" {
+		t.Errorf("refresh of %s, want the sandbox s1", a.id)
+	}
+	if a.at.Before(last.Add(quiet)) {
+		t.Errorf("refresh asked %s after the last read of the pod, before the quiet time %s", a.at.Sub(last), quiet)
+	}
+	e.noAsk(t, 3*quiet)
+
+	// A container's stop alone: its own refresh.
+	if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := recv(t, e.asks, "the refresh after a container's stop"); a.id != "c1" {
+		t.Errorf("refresh of %s, want c1", a.id)
+	}
+
+	// A failed stop: none.
+	if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "bad"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("stop of bad: %v, want NotFound", err)
+	}
+	e.noAsk(t, 3*quiet)
+}
+
+// TestRefreshAfterStopBounded: calls about the pod that never stop do not hold the refresh past the
+// bound.
+func TestRefreshAfterStopBounded(t *testing.T) {
+	const quiet, maxWait = 200 * time.Millisecond, 500 * time.Millisecond
+	e := newAfterStopEnv(t, quiet, maxWait)
+	ctx := testCtx(t)
+	start := time.Now()
+	if _, err := e.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(quiet / 4):
+			}
+			_, _ = e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
+		}
+	})
+	a := recv(t, e.asks, "the bounded refresh")
+	close(done)
+	wg.Wait()
+	if a.id != "s1" {
+		t.Errorf("refresh of %s, want s1", a.id)
+	}
+	if d := a.at.Sub(start); d < maxWait {
+		t.Errorf("refresh %s after the stop, before the bound %s although reads of the pod went on", d, maxWait)
+	}
+}

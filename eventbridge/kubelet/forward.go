@@ -1,0 +1,174 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
+// path, on the handler's goroutine. On the wire it is the same as forward. A status read made while the
+// event stream is ahead of the runtime (fix, see readFixOf) goes through invokeFresh.
+func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {
+	c := unaryCall{method: method}
+	defer c.free()
+	if err := ss.RecvMsg(&c.req); err != nil {
+		return err
+	}
+	if p.reads != nil && mutating(method) {
+		defer p.reads.muts.begin(method, firstString(c.req.bytes()))()
+	}
+	var settleID string
+	if p.settle != nil && p.settle.wants(method) {
+		settleID = firstString(c.req.bytes())
+	}
+	ctx := outgoingContext(ss.Context())
+	if fix == nil {
+		c.invoke(ctx, p.backend)
+	} else if err := p.invokeFresh(ctx, &c, fix); err != nil {
+		return err
+	}
+	if settleID != "" {
+		p.settle.called(ss.Context(), method, settleID, c.err)
+	}
+	return c.reply(ss)
+}
+
+// unaryCall is one forwarded call of a unary method: the client's request, and the runtime's last answer
+// (message, header, trailer, error) as the client is to get it.
+type unaryCall struct {
+	method   string
+	req      frame
+	resp     frame
+	hdr, trl metadata.MD
+	err      error
+	// raw is the runtime's answer before the overlay rewrote it (nil: resp is the runtime's answer).
+	raw []byte
+}
+
+// recv reads the client's request and keeps its bytes (the call may send it more than once, or read
+// it).
+func (c *unaryCall) recv(ss grpc.ServerStream) error {
+	if err := ss.RecvMsg(&c.req); err != nil {
+		return err
+	}
+	b := c.req.bytes()
+	c.req.free()
+	c.req.data = b
+	return nil
+}
+
+// invoke sends the request to the runtime; its answer replaces the previous one.
+func (c *unaryCall) invoke(ctx context.Context, backend *grpc.ClientConn) {
+	c.resp.free()
+	c.hdr, c.trl, c.raw = nil, nil, nil
+	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
+}
+
+// reply gives the client the answer: the runtime's header and trailer (see forwardableMD), then its
+// message or its error.
+func (c *unaryCall) reply(ss grpc.ServerStream) error {
+	if len(c.hdr) > 0 {
+		if err := ss.SetHeader(forwardableMD(c.hdr)); err != nil {
+			return err
+		}
+	}
+	ss.SetTrailer(forwardableMD(c.trl))
+	if c.err != nil {
+		return c.err
+	}
+	return ss.SendMsg(&c.resp)
+}
+
+// free releases the buffers the call still holds.
+func (c *unaryCall) free() {
+	c.req.free()
+	c.resp.free()
+}
+
+// streamDesc describes every forwarded call: a bidirectional stream is the general form of all four
+// kinds of gRPC method, and on the wire it is the same.
+var streamDesc = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+
+// forward proxies one call to the backend. The backend's status error is returned unchanged, so the
+// client gets its code, message and details.
+func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
+	ctx, cancel := context.WithCancel(outgoingContext(ss.Context()))
+	defer cancel()
+
+	cs, err := p.backend.NewStream(ctx, streamDesc, method, grpc.ForceCodecV2(rawCodec{}))
+	if err != nil {
+		return err
+	}
+
+	// Client -> backend, in its own goroutine. It ends with the client's half-close (or the end of the
+	// call: ctx is canceled when this handler returns).
+	go func() {
+		for {
+			var f frame
+			if err := ss.RecvMsg(&f); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = cs.CloseSend()
+				}
+				return
+			}
+			err := cs.SendMsg(&f)
+			f.free()
+			if err != nil {
+				// The backend ended the call; RecvMsg below returns its status.
+				return
+			}
+		}
+	}()
+
+	// Backend -> client. Headers go as soon as the backend sends them (a trailers-only answer has none).
+	if hdr, err := cs.Header(); err == nil && len(hdr) > 0 {
+		if err := ss.SendHeader(forwardableMD(hdr)); err != nil {
+			return err
+		}
+	}
+	for {
+		var f frame
+		if err := cs.RecvMsg(&f); err != nil {
+			ss.SetTrailer(forwardableMD(cs.Trailer()))
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		err := ss.SendMsg(&f)
+		f.free()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// outgoingContext returns ctx (a forwarded call's) with the client's metadata, less what gRPC sets on each
+// hop, to send to the runtime.
+func outgoingContext(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return metadata.NewOutgoingContext(ctx, forwardableMD(md))
+}
+
+// forwardableMD returns a copy of md without the keys gRPC itself sets on the next hop (pseudo-headers,
+// content type, user agent, encodings, timeout); the deadline is carried by the context.
+func forwardableMD(md metadata.MD) metadata.MD {
+	out := make(metadata.MD, len(md))
+	for k, v := range md {
+		if strings.HasPrefix(k, ":") {
+			continue
+		}
+		switch k {
+		case "content-type", "user-agent", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding",
+			"grpc-message", "grpc-status", "grpc-status-details-bin":
+			continue
+		}
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}

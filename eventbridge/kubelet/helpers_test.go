@@ -1,0 +1,139 @@
+package kubelet
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// waitTimeout bounds every wait of a test for what a working machine does at once.
+const waitTimeout = 10 * time.Second
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// recv returns the next value from ch, and fails t when none comes within waitTimeout.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	return testutil.Next(t, ch, what, waitTimeout)
+}
+
+func mustProxy(t testing.TB, cfg ProxyConfig) *Proxy {
+	t.Helper()
+	p, err := NewProxy(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// connect returns a connection (DialCRI) to the unix socket at path, closed when the test ends.
+func connect(t testing.TB, path string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := dial.CRI("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// startServer serves a Proxy made from cfg on the unix socket at path, with the extra server options.
+// stop stops it (once; the test's end calls it too) and fails the test if serving ended with an error.
+func startServer(t testing.TB, path string, cfg ProxyConfig, opts ...grpc.ServerOption) (srv *Server, stop func()) {
+	t.Helper()
+	srv, err := NewServer("unix://"+path, mustProxy(t, cfg), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stop = sync.OnceFunc(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Stop(ctx)
+		if err := <-srv.Err(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	t.Cleanup(stop)
+	return srv, stop
+}
+
+// env is a fake backend, the proxy in front of it (with a fakeSource of events, read freshness off), and
+// clients of both.
+type env struct {
+	backend *backend
+	source  *fakeSource
+	metrics *recordingMetrics
+	server  *Server
+	// direct and proxied are connections to the backend and to the proxy.
+	direct, proxied *grpc.ClientConn
+}
+
+// newEnv returns an env whose backend has the given number of containers; opts are added to the proxy's
+// server options.
+func newEnv(t testing.TB, containers int, opts ...grpc.ServerOption) *env {
+	t.Helper()
+	dir := testutil.ShortTempDir(t, "eb-")
+	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
+	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
+	e.server, _ = startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, e.backend.path),
+		Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff}, opts...)
+	e.direct = connect(t, e.backend.path)
+	e.proxied = connect(t, e.server.Addr().String())
+	return e
+}
+
+// recordingMetrics counts what the proxy reports.
+type recordingMetrics struct {
+	// mu guards everything below.
+	mu        sync.Mutex
+	forwarded map[string][]codes.Code
+	open      int
+	sent      int
+	closed    []codes.Code
+	upstream  []bool
+}
+
+func (m *recordingMetrics) ForwardedCall(method string, code codes.Code, _ time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.forwarded == nil {
+		m.forwarded = map[string][]codes.Code{}
+	}
+	m.forwarded[method] = append(m.forwarded[method], code)
+}
+func (m *recordingMetrics) EventStreamOpened() { m.mu.Lock(); m.open++; m.mu.Unlock() }
+func (m *recordingMetrics) EventStreamClosed(c codes.Code) {
+	m.mu.Lock()
+	m.open--
+	m.closed = append(m.closed, c)
+	m.mu.Unlock()
+}
+func (m *recordingMetrics) EventSent(time.Duration) { m.mu.Lock(); m.sent++; m.mu.Unlock() }
+func (m *recordingMetrics) UpstreamConnectionState(up bool) {
+	m.mu.Lock()
+	m.upstream = append(m.upstream, up)
+	m.mu.Unlock()
+}
+
+// streams returns the number of open event streams and the codes of the closed ones.
+func (m *recordingMetrics) streams() (open int, closed []codes.Code) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.open, slices.Clone(m.closed)
+}

@@ -1,0 +1,61 @@
+package kubelet
+
+import (
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Metrics is told about the proxy's work. Implementations must be safe for concurrent use and fast.
+type Metrics interface {
+	// ForwardedCall is called when a forwarded call ends, with the full method name, the code the
+	// client got and how long the call took (for a stream: its whole life).
+	ForwardedCall(method string, code codes.Code, d time.Duration)
+	// EventStreamOpened and EventStreamClosed count the open GetContainerEvents streams; closed gets
+	// the code the stream ended with.
+	EventStreamOpened()
+	EventStreamClosed(code codes.Code)
+	// EventSent is called for each event sent, with the time from its source to the send.
+	EventSent(latency time.Duration)
+	// UpstreamConnectionState is called when the connection to the runtime goes up or down.
+	UpstreamConnectionState(up bool)
+}
+
+// NopMetrics is a Metrics that does nothing.
+type NopMetrics struct{}
+
+var _ Metrics = NopMetrics{}
+
+// ForwardedCall does nothing.
+func (NopMetrics) ForwardedCall(string, codes.Code, time.Duration) {}
+
+// EventStreamOpened does nothing.
+func (NopMetrics) EventStreamOpened() {}
+
+// EventStreamClosed does nothing.
+func (NopMetrics) EventStreamClosed(codes.Code) {}
+
+// EventSent does nothing.
+func (NopMetrics) EventSent(time.Duration) {}
+
+// UpstreamConnectionState does nothing.
+func (NopMetrics) UpstreamConnectionState(bool) {}
+
+// FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
+// running an object the event stream had already reported stopped (see ProxyConfig.ReadFreshness).
+type FreshnessMetrics interface {
+	// StaleRead is called, in the hold mode, when the runtime's answer to a status read was older than
+	// the event stream: how long the proxy held the read, and whether the runtime caught up within the
+	// bound (when it did not, the client got the runtime's last answer).
+	StaleRead(method string, held time.Duration, caughtUp bool)
+	// OverlaidRead is called, in the overlay mode, when the proxy answered a status read with the stopped
+	// status the event stream had sent instead of the runtime's older one.
+	OverlaidRead(method string)
+}
+
+// RefreshMetrics is implemented by a Metrics that wants to count the refresh events.
+type RefreshMetrics interface {
+	// RefreshSent is called when a refresh event is handed to the open streams (caughtUp false: the
+	// runtime never showed the stop within the watch, and nothing was sent).
+	RefreshSent(caughtUp bool)
+}

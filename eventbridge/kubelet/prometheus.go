@@ -1,0 +1,132 @@
+package kubelet
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+)
+
+// PrometheusMetrics are the metrics of the kubelet's CRI endpoint in Prometheus, kept by the front, which serves it.
+// The front has no metrics server: the core's /metrics asks the front for them on its control socket
+// (front.Gatherer), so that one scrape shows both, under the names they had before the front; the Go
+// and process metrics of each carry a process label (core, front).
+type PrometheusMetrics struct {
+	forwarded     *prometheus.HistogramVec
+	streams       prometheus.Gauge
+	streamsClosed *prometheus.CounterVec
+	staleReads    *prometheus.HistogramVec
+	overlaidReads *prometheus.CounterVec
+	refreshes     *prometheus.CounterVec
+	resubscribed  prometheus.Counter
+	stateReads    *prometheus.CounterVec
+	differences   *prometheus.CounterVec
+	// upstreams and upstream are where the runtime connection's state goes.
+	upstreams *promutil.Upstreams
+	upstream  string
+}
+
+// NewPrometheusMetrics registers the endpoint's metrics on reg; the runtime connection's state goes to
+// upstreams, named upstream.
+func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstreams, upstream string) *PrometheusMetrics {
+	const ns = promutil.Namespace
+	m := &PrometheusMetrics{
+		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
+			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
+			Buckets: promutil.LatencyBuckets}, []string{"method", "result"}),
+		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "refresh_events_total",
+			Help: "Refresh events (read-freshness: hold): after a held read gave up with containerd's older answer, a STOPPED re-sent with containerd's statuses once it caught up (sent), or none because it never did (not_caught_up)."}, []string{"result"}),
+		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
+			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
+		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
+			Help: "CRI calls forwarded to containerd, by method and code.", Buckets: promutil.LatencyBuckets}, []string{"method", "code"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "event_streams",
+			Help: "Open GetContainerEvents streams."}),
+		streamsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_closed_total",
+			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
+		resubscribed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "front_resubscriptions_total",
+			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
+		stateReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_reads_total",
+			Help: "Reads the endpoint can answer from pleg-nri's state (read-source state or check), by method and result: state (answered from the state), runtime (forwarded: the state was not current, or a call in flight could change the answer), equal or differ (check: compared with containerd's answer), inconclusive (check: something changed while comparing)."}, []string{"method", "result"}),
+		differences: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_read_differences_total",
+			Help: "Reads whose answer from pleg-nri's state differed from containerd's (read-source check), by method: each one is a bug."}, []string{"method"}),
+		upstreams: upstreams,
+		upstream:  upstream,
+	}
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed,
+		m.stateReads, m.differences)
+	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
+	// from 0 and a panel has data on a node where nothing happened yet: each read method's differences
+	// and held reads, and the codes a stream most often ends with.
+	for _, method := range []string{ListPodSandboxMethod, ListContainersMethod, PodSandboxStatusMethod, ContainerStatusMethod} {
+		label := promutil.MethodLabel(method)
+		m.differences.WithLabelValues(label)
+		for _, result := range []string{"caught_up", "gave_up"} {
+			m.staleReads.WithLabelValues(label, result)
+		}
+	}
+	for _, code := range []codes.Code{codes.Canceled, codes.Unavailable, codes.ResourceExhausted} {
+		m.streamsClosed.WithLabelValues(code.String())
+	}
+	return m
+}
+
+var (
+	_ Metrics          = (*PrometheusMetrics)(nil)
+	_ FreshnessMetrics = (*PrometheusMetrics)(nil)
+	_ RefreshMetrics   = (*PrometheusMetrics)(nil)
+	_ StateReadMetrics = (*PrometheusMetrics)(nil)
+)
+
+// StateRead is StateReadMetrics' hook.
+func (m *PrometheusMetrics) StateRead(method, result string) {
+	label := promutil.MethodLabel(method)
+	m.stateReads.WithLabelValues(label, result).Inc()
+	if result == StateReadDiffer {
+		m.differences.WithLabelValues(label).Inc()
+	}
+}
+
+func (m *PrometheusMetrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
+	m.forwarded.WithLabelValues(promutil.MethodLabel(method), code.String()).Observe(d.Seconds())
+}
+
+func (m *PrometheusMetrics) EventStreamOpened() { m.streams.Inc() }
+
+func (m *PrometheusMetrics) EventStreamClosed(code codes.Code) {
+	m.streams.Dec()
+	m.streamsClosed.WithLabelValues(code.String()).Inc()
+}
+
+// EventSent does nothing: the relayed events carry no source time (the core measures its sends).
+func (m *PrometheusMetrics) EventSent(time.Duration) {}
+
+func (m *PrometheusMetrics) UpstreamConnectionState(up bool) { m.upstreams.Set(m.upstream, up, false) }
+
+// StaleRead is FreshnessMetrics' hook.
+func (m *PrometheusMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
+	result := "gave_up"
+	if caughtUp {
+		result = "caught_up"
+	}
+	m.staleReads.WithLabelValues(promutil.MethodLabel(method), result).Observe(held.Seconds())
+}
+
+// OverlaidRead is FreshnessMetrics' hook.
+func (m *PrometheusMetrics) OverlaidRead(method string) {
+	m.overlaidReads.WithLabelValues(promutil.MethodLabel(method)).Inc()
+}
+
+// RefreshSent is RefreshMetrics' hook.
+func (m *PrometheusMetrics) RefreshSent(caughtUp bool) {
+	result := "not_caught_up"
+	if caughtUp {
+		result = "sent"
+	}
+	m.refreshes.WithLabelValues(result).Inc()
+}
+
+// Resubscribed counts a subscription of the front's Relay made again after one ended (RelayConfig.Resubscribed).
+func (m *PrometheusMetrics) Resubscribed() { m.resubscribed.Inc() }
