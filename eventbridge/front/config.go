@@ -1,0 +1,77 @@
+package front
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+)
+
+// Config is the front's configuration: a subset of the daemon's keys.
+type Config struct {
+	Listen          string
+	RuntimeEndpoint string
+	RunDir          string
+	LogLevel        string
+	// Takeover makes the front take the listening socket of the front running in RunDir.
+	Takeover bool
+	// LogFile, when set, receives the front's output once it serves (before, its errors go to the
+	// daemon that started it).
+	LogFile string
+	// ReadFreshness is the daemon's read-freshness key (kubelet.ReadFreshness).
+	ReadFreshness string
+	// RefreshAfterStop is the daemon's refresh-after-stop key.
+	RefreshAfterStop bool
+	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
+	// the core's state (asked on its socket) with state, and compares them with check.
+	ReadSource string
+	// Version is the binary's version, which the front tells on its control socket (not a flag: a
+	// spawned front is this binary).
+	Version string
+}
+
+// Args are the command line of a front with c, after the binary: "front" and its flags (ParseArgs'
+// input).
+func (c Config) Args() []string {
+	a := []string{"front", "--listen", c.Listen, "--runtime-endpoint", c.RuntimeEndpoint, "--run-dir", c.RunDir, "--log-level", c.LogLevel,
+		"--read-freshness", c.ReadFreshness}
+	if c.Takeover {
+		a = append(a, "--takeover")
+	}
+	if c.RefreshAfterStop {
+		a = append(a, "--refresh-after-stop")
+	}
+	if c.ReadSource != "" {
+		a = append(a, "--read-source", c.ReadSource)
+	}
+	if c.LogFile != "" {
+		a = append(a, "--log-file", c.LogFile)
+	}
+	return a
+}
+
+// ParseArgs parses the front's flags (Args without "front"); a flag not given keeps its value in
+// defaults.
+func ParseArgs(args []string, defaults Config) (Config, error) {
+	c := defaults
+	c.Takeover, c.LogFile, c.RefreshAfterStop = false, "", false
+	fs := flag.NewFlagSet("pleg-nri front", flag.ContinueOnError)
+	fs.StringVar(&c.Listen, "listen", c.Listen, "CRI endpoint served to the kubelet")
+	fs.StringVar(&c.RuntimeEndpoint, "runtime-endpoint", c.RuntimeEndpoint, "containerd's CRI endpoint (forwarded calls)")
+	fs.StringVar(&c.RunDir, "run-dir", c.RunDir, "directory of the core's event socket and the front's control socket")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
+	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
+	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
+	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
+	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if !filepath.IsAbs(c.RunDir) {
+		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)
+	}
+	return c, nil
+}

@@ -1,0 +1,140 @@
+package front
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/containerd/log"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+)
+
+// Run runs the front until ctx is done, it is asked to stop, or it handed its socket over.
+func Run(ctx context.Context, cfg Config) error {
+	// A front outlives whatever started it, and its stderr (the journal, a pipe) may go away meanwhile:
+	// a write to a broken pipe must not kill it.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("process", "front"))
+
+	// The listeners: the kubelet's and the control socket, opened here or taken over.
+	var lis, ctl net.Listener
+	var predecessor *net.UnixConn
+	var err error
+	if cfg.Takeover {
+		if lis, ctl, predecessor, err = takeOver(ctx, cfg); err != nil {
+			return err
+		}
+		defer predecessor.Close()
+	} else {
+		if lis, err = kubelet.Listen(ctx, cfg.Listen); err != nil {
+			return err
+		}
+		if ctl, err = kubelet.Listen(ctx, filepath.Join(cfg.RunDir, ControlSocketName)); err != nil {
+			_ = lis.Close()
+			return fmt.Errorf("control socket: %w", err)
+		}
+	}
+
+	// Until the server serves on them, a failure closes the listeners: a socket taken over stays (the
+	// previous front, told nothing, serves on); one opened here is removed.
+	serving := false
+	defer func() {
+		if serving {
+			return
+		}
+		if cfg.Takeover {
+			kubelet.KeepSocketFile(lis)
+			kubelet.KeepSocketFile(ctl)
+		}
+		_, _ = lis.Close(), ctl.Close()
+	}()
+	backend, err := dial.CRI(cfg.RuntimeEndpoint)
+	if err != nil {
+		return fmt.Errorf("--runtime-endpoint: %w", err)
+	}
+	defer backend.Close()
+	reg := prometheus.NewRegistry()
+	// The front's connection to the runtime is "front_cri"; the core's is "cri".
+	em := kubelet.NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "front_cri"), "front_cri")
+	promutil.RegisterProcessCollectors(reg, "front")
+	relay, err := kubelet.DialRelay(kubelet.RelayConfig{
+		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
+		Gate:         kubelet.NewRuntimeGate(ctx, backend),
+		Resubscribed: em.Resubscribed,
+	})
+	if err != nil {
+		return err
+	}
+	defer relay.Close()
+	pcfg := kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
+		ReadFreshness: kubelet.ReadFreshness(cfg.ReadFreshness), ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay}
+	if cfg.RefreshAfterStop {
+		pcfg.RefreshAfterStop = relay.RefreshStopped
+	}
+	proxy, err := kubelet.NewProxy(pcfg)
+	if err != nil {
+		return fmt.Errorf("--read-freshness or --read-source: %w", err)
+	}
+	srv, err := kubelet.NewServer(cfg.Listen, proxy)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if err := srv.StartOn(ctx, lis); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	serving = true
+	if predecessor != nil {
+		// The predecessor stops accepting once it reads this; until then both accept on the socket.
+		if _, err := predecessor.Write([]byte("serving\n")); err != nil {
+			log.G(ctx).WithError(err).Warn("could not tell the previous front that this one serves")
+		}
+	}
+
+	if cfg.LogFile != "" {
+		if err := redirectOutput(cfg.LogFile); err != nil {
+			log.G(ctx).WithError(err).Warn("cannot log to the log file: logging to stderr")
+		}
+	}
+	f := &front{cfg: cfg, lis: lis, ctl: ctl, reg: reg, stop: make(chan struct{}), handedOver: make(chan struct{})}
+	go f.serveControl(ctx)
+	log.G(ctx).WithField("listen", cfg.Listen).WithField("version", cfg.Version).WithField("pid", os.Getpid()).
+		Info("pleg-nri front is serving")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case <-f.stop:
+	case <-f.handedOver:
+	case serveErr = <-srv.Err():
+	}
+	f.closeControl()
+	srv.StopWithin(ctx, StopTimeout)
+	if serveErr != nil {
+		return fmt.Errorf("CRI endpoint: %w", serveErr)
+	}
+	log.G(ctx).Info("pleg-nri front stopped")
+	return nil
+}
+
+// redirectOutput makes path (appended to, 0600) the process's stdout and stderr.
+func redirectOutput(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, fd := range []int{1, 2} {
+		if err := syscall.Dup3(int(f.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("failed to redirect fd %d to %s: %w", fd, path, err)
+		}
+	}
+	return nil
+}
