@@ -157,5 +157,3 @@ func Query(runDir, op string) (Info, error) {
 	}
 	return info, nil
 }
-
-// Ensure makes sure a front compatible with fc serves fc.Listen: it leaves a compatible one alone,

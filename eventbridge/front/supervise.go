@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/log"
 )
 
+// Ensure makes sure a front compatible with fc serves fc.Listen: it leaves a compatible one alone,
 // replaces an incompatible one (taking its socket over when it serves the same address), and spawns one
 // when none runs. preRegistered says the caller is a plugin containerd started (see spawn).
 func Ensure(ctx context.Context, fc Config, preRegistered bool) error {
