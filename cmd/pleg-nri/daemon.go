@@ -98,6 +98,9 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		}
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
+	// A front that goes away while the core runs is replaced at once, on the same socket.
+	comps.run(ctx, "front supervisor", front.NewSupervisor(frontConfig(cfg), preRegistered,
+		frontHooks{front.NewSupervisorMetrics(reg), ready}).Run)
 	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams})
 	if err != nil {
 		return err

@@ -2,11 +2,18 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
@@ -98,5 +105,102 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 				t.Error("the staying subscriber got an event, want its stream ended by the stop")
 			}
 		})
+	}
+}
+
+// fakeRuntime serves a CRI runtime on the unix socket path that answers Version, for tests of what
+// the front forwards; it stops when the test ends.
+func fakeRuntime(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, versionOnly{})
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+}
+
+type versionOnly struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (versionOnly) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+}
+
+// TestFrontRespawned (issue 56): a front that dies while the core runs (SIGKILL here; a panic outside a
+// handler or an OOM kill end it the same way) is replaced by the core on the same socket. A call made
+// in the gap, on a new connection, is answered (it waits in the socket's backlog), never refused or
+// "no such file"; the socket file never goes away; the metrics count each respawn. It failed before
+// the front supervisor: nothing started a front again, and every call failed for good.
+func TestFrontRespawned(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "pn-")
+	runDir := filepath.Join(dir, "run")
+	sock := filepath.Join(runDir, "cri.sock")
+	runtime := filepath.Join(dir, "runtime.sock")
+	fakeRuntime(t, runtime)
+	metrics := freeLoopbackAddr(t)
+	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
+		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
+
+	// The socket file is watched for the whole test: it must never be missing.
+	watching, stopWatching := context.WithCancel(context.Background())
+	missing := make(chan error, 1)
+	go func() {
+		for watching.Err() == nil {
+			if _, err := os.Lstat(sock); err != nil {
+				missing <- err
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		missing <- nil
+	}()
+
+	const kills = 3
+	for i := range kills {
+		before, err := front.Query(runDir, "info")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		conn, err := dial.CRI("unix://" + sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
+		cancel()
+		_ = conn.Close()
+		if err != nil {
+			t.Fatalf("kill %d: a call right after the front's SIGKILL failed: %v", i+1, err)
+		}
+		after, err := front.Query(runDir, "info")
+		if err != nil || after.PID == before.PID {
+			t.Fatalf("kill %d: front after the kill: %+v, %v; want another process than %d", i+1, after, err, before.PID)
+		}
+		t.Logf("kill %d: front %d killed, call answered by front %d %v later", i+1, before.PID, after.PID, time.Since(start).Round(time.Millisecond))
+	}
+	stopWatching()
+	if err := <-missing; err != nil {
+		t.Errorf("the socket file went away: %v", err)
+	}
+	err := testutil.Poll(context.Background(), 10*time.Second, "the respawns in the metrics", func() (bool, error) {
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		if err != nil {
+			return false, nil
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return strings.Contains(string(body), fmt.Sprintf("\npleg_nri_front_respawns_total %d\n", kills)) &&
+			strings.Contains(string(body), "\npleg_nri_front_up 1\n"), nil
+	})
+	if err != nil {
+		t.Error(err)
 	}
 }

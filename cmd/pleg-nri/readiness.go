@@ -6,16 +6,20 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
-// readiness is what /readyz answers: the daemon is ready once the NRI plugin is registered, the
-// containerd event subscription is up and a relist has completed. It is fed by the hooks that feed
+// readiness is what /readyz answers: the daemon is ready while a front serves the kubelet's endpoint,
+// once the NRI plugin is registered, the containerd event subscription is up and a relist has
+// completed. It is fed by the hooks that feed
 // the metrics: the plugin's connection state (nriHooks), the event subscription's (taskHooks) and the
 // core's relists (coreHooks).
 type readiness struct {
+	// front says whether a front serves the kubelet's endpoint (the front supervisor watches one).
+	front atomic.Bool
 	// nri and events are the states of the NRI connection and of the event subscription.
 	nri, events atomic.Bool
 	// relisted is set after the first successful relist.
@@ -42,6 +46,8 @@ func (r *readiness) setInput(input *atomic.Bool, up bool) {
 // check says whether the daemon is ready, and if not, what it waits for.
 func (r *readiness) check() error {
 	switch {
+	case !r.front.Load():
+		return fmt.Errorf("no front serves the CRI endpoint")
 	case !r.nri.Load():
 		return fmt.Errorf("NRI plugin not registered")
 	case !r.events.Load():
@@ -92,7 +98,19 @@ func (h taskHooks) OnConnectionState(up bool) {
 	h.ready.setInput(&h.ready.events, up)
 }
 
+// frontHooks are the front supervisor's hooks: its metrics, and whether a front serves for readiness.
+type frontHooks struct {
+	*front.SupervisorMetrics
+	ready *readiness
+}
+
+func (h frontHooks) FrontUp(up bool) {
+	h.SupervisorMetrics.FrontUp(up)
+	h.ready.front.Store(up)
+}
+
 var (
+	_ front.SupervisorHooks      = frontHooks{}
 	_ plugin.Metrics             = nriHooks{}
 	_ pleg.Metrics               = coreHooks{}
 	_ pleg.InputState            = (*readiness)(nil).inputs

@@ -1,9 +1,11 @@
 package front
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
+	"strconv"
 )
 
 // Config is the front's configuration: a subset of the daemon's keys.
@@ -14,6 +16,10 @@ type Config struct {
 	LogLevel        string
 	// Takeover makes the front take the listening socket of the front running in RunDir.
 	Takeover bool
+	// ListenFD, when not 0, is the descriptor of an inherited listening socket for Listen: the core
+	// that respawns a front which died hands it the socket it kept (see Supervisor), so that the socket
+	// never closed and the connections made meanwhile wait in its backlog.
+	ListenFD int
 	// LogFile, when set, receives the front's output once it serves (before, its errors go to the
 	// daemon that started it).
 	LogFile string
@@ -37,6 +43,9 @@ func (c Config) Args() []string {
 	if c.Takeover {
 		a = append(a, "--takeover")
 	}
+	if c.ListenFD > 0 {
+		a = append(a, "--listen-fd", strconv.Itoa(c.ListenFD))
+	}
 	if c.RefreshAfterStop {
 		a = append(a, "--refresh-after-stop")
 	}
@@ -53,13 +62,14 @@ func (c Config) Args() []string {
 // defaults.
 func ParseArgs(args []string, defaults Config) (Config, error) {
 	c := defaults
-	c.Takeover, c.LogFile, c.RefreshAfterStop = false, "", false
+	c.Takeover, c.ListenFD, c.LogFile, c.RefreshAfterStop = false, 0, "", false
 	fs := flag.NewFlagSet("pleg-nri front", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "CRI endpoint served to the kubelet")
 	fs.StringVar(&c.RuntimeEndpoint, "runtime-endpoint", c.RuntimeEndpoint, "containerd's CRI endpoint (forwarded calls)")
 	fs.StringVar(&c.RunDir, "run-dir", c.RunDir, "directory of the core's event socket and the front's control socket")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn, error")
 	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
+	fs.IntVar(&c.ListenFD, "listen-fd", 0, "serve --listen on this inherited listening socket (a front respawned by the core)")
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
 	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
@@ -69,6 +79,9 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if c.Takeover && c.ListenFD > 0 {
+		return c, errors.New("--takeover and --listen-fd exclude each other")
 	}
 	if !filepath.IsAbs(c.RunDir) {
 		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)

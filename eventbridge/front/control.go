@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -51,7 +52,9 @@ func readSource(s string) string {
 
 // request is one request on the control socket.
 type request struct {
-	// Op is "info", "stop", "handoff" or "metrics" (the answer is then the Prometheus text format).
+	// Op is "info", "stop", "handoff", "share" (the answer is the info with the kubelet's listening
+	// socket, and the connection stays open as long as this front serves: see Supervisor) or "metrics"
+	// (the answer is then the Prometheus text format).
 	Op string `json:"op"`
 }
 
@@ -67,11 +70,22 @@ type front struct {
 	once sync.Once
 	// closed is set when the control listener is closed.
 	closed atomic.Bool
+	// mu guards sharers.
+	mu sync.Mutex
+	// sharers are the open connections of "share" requests: closed when this front stops serving, so
+	// that the core that watches this front learns it at once.
+	sharers map[*net.UnixConn]struct{}
 }
 
 func (f *front) closeControl() {
 	if f.closed.CompareAndSwap(false, true) {
 		_ = f.ctl.Close()
+		f.mu.Lock()
+		for c := range f.sharers {
+			_ = c.Close()
+		}
+		f.sharers = nil
+		f.mu.Unlock()
 	}
 }
 
@@ -117,6 +131,8 @@ func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
 		log.G(ctx).Info("asked to stop")
 		_, _ = c.Write(append(info, '\n'))
 		f.once.Do(func() { close(f.stop) })
+	case "share":
+		f.share(ctx, c, info)
 	case "handoff":
 		if err := f.handOff(ctx, c, info); err != nil {
 			log.G(ctx).WithError(err).Warn("handing the sockets over failed: serving on")
@@ -126,7 +142,6 @@ func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
 	}
 }
 
-// handOff sends the listening sockets to a successor and waits until it serves on them. On success the
 // dialControl connects to a front's control socket.
 func dialControl(path string) (*net.UnixConn, error) {
 	c, err := net.DialTimeout("unix", path, controlTimeout)
@@ -156,4 +171,36 @@ func Query(runDir, op string) (Info, error) {
 		return info, fmt.Errorf("bad answer from the front: %w", err)
 	}
 	return info, nil
+}
+
+// share sends the kubelet's listening socket to the core that asked (see Supervisor) and holds the
+// connection open until the core closes it or this front stops serving: its end tells the core that
+// the front is gone, and the socket the core keeps is the one a new front serves on, so the socket
+// never closes.
+func (f *front) share(ctx context.Context, c *net.UnixConn, info []byte) {
+	lf, err := kubelet.ListenerFile(f.lis)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("cannot share the listening socket with the core")
+		return
+	}
+	err = kubelet.SendFiles(c, info, lf)
+	_ = lf.Close()
+	if err != nil {
+		return
+	}
+	f.mu.Lock()
+	if f.closed.Load() {
+		f.mu.Unlock()
+		return
+	}
+	if f.sharers == nil {
+		f.sharers = make(map[*net.UnixConn]struct{})
+	}
+	f.sharers[c] = struct{}{}
+	f.mu.Unlock()
+	_ = c.SetReadDeadline(time.Time{})
+	_, _ = io.Copy(io.Discard, c)
+	f.mu.Lock()
+	delete(f.sharers, c)
+	f.mu.Unlock()
 }

@@ -23,8 +23,9 @@ import "time"
 
 // Protocol is the version of what a front and a core expect of each other (the control socket's
 // messages, the core's event socket, the front's flags). A core leaves a running front of the same
-// protocol alone, whatever its binary's version, and replaces one of another.
-const Protocol = 1
+// protocol alone, whatever its binary's version, and replaces one of another. Protocol 2 added the
+// "share" request of the core's Supervisor.
+const Protocol = 2
 
 // The files of the run directory.
 const (

@@ -24,34 +24,47 @@ func Run(ctx context.Context, cfg Config) error {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("process", "front"))
 
-	// The listeners: the kubelet's and the control socket, opened here or taken over.
+	// The listeners: the kubelet's and the control socket, opened here, taken over from a running
+	// front, or (the kubelet's) inherited from the core that respawned this front.
 	var lis, ctl net.Listener
 	var predecessor *net.UnixConn
 	var err error
-	if cfg.Takeover {
+	switch {
+	case cfg.Takeover:
 		if lis, ctl, predecessor, err = takeOver(ctx, cfg); err != nil {
 			return err
 		}
 		defer predecessor.Close()
-	} else {
-		if lis, err = kubelet.Listen(ctx, cfg.Listen); err != nil {
+	default:
+		if cfg.ListenFD > 0 {
+			lis, err = inheritedListener(cfg)
+		} else {
+			lis, err = kubelet.Listen(ctx, cfg.Listen)
+		}
+		if err != nil {
 			return err
 		}
 		if ctl, err = kubelet.Listen(ctx, filepath.Join(cfg.RunDir, ControlSocketName)); err != nil {
+			if cfg.ListenFD > 0 {
+				kubelet.KeepSocketFile(lis) // the core keeps it for the next front
+			}
 			_ = lis.Close()
 			return fmt.Errorf("control socket: %w", err)
 		}
 	}
 
 	// Until the server serves on them, a failure closes the listeners: a socket taken over stays (the
-	// previous front, told nothing, serves on); one opened here is removed.
+	// previous front, told nothing, serves on), and so does an inherited one (the core keeps it); one
+	// opened here is removed.
 	serving := false
 	defer func() {
 		if serving {
 			return
 		}
-		if cfg.Takeover {
+		if cfg.Takeover || cfg.ListenFD > 0 {
 			kubelet.KeepSocketFile(lis)
+		}
+		if cfg.Takeover {
 			kubelet.KeepSocketFile(ctl)
 		}
 		_, _ = lis.Close(), ctl.Close()
@@ -122,6 +135,27 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.G(ctx).Info("pleg-nri front stopped")
 	return nil
+}
+
+// inheritedListener is the listening socket for cfg.Listen that the core handed this front as
+// descriptor cfg.ListenFD. It must be a socket at cfg.Listen's path.
+func inheritedListener(cfg Config) (net.Listener, error) {
+	f := os.NewFile(uintptr(cfg.ListenFD), "listen")
+	if f == nil {
+		return nil, fmt.Errorf("--listen-fd %d: not a descriptor", cfg.ListenFD)
+	}
+	defer f.Close()
+	l, err := kubelet.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("--listen-fd %d: %w", cfg.ListenFD, err)
+	}
+	network, address, _ := dial.ParseEndpoint(cfg.Listen)
+	if got := l.Addr().String(); network == "unix" && got != address {
+		kubelet.KeepSocketFile(l)
+		_ = l.Close()
+		return nil, fmt.Errorf("--listen-fd %d is a socket of %s, not of --listen %s", cfg.ListenFD, got, cfg.Listen)
+	}
+	return l, nil
 }
 
 // redirectOutput makes path (appended to, 0600) the process's stdout and stderr.

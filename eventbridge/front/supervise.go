@@ -2,155 +2,200 @@ package front
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
+	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 )
 
-// Ensure makes sure a front compatible with fc serves fc.Listen: it leaves a compatible one alone,
-// replaces an incompatible one (taking its socket over when it serves the same address), and spawns one
-// when none runs. preRegistered says the caller is a plugin containerd started (see spawn).
-func Ensure(ctx context.Context, fc Config, preRegistered bool) error {
-	runDir := fc.RunDir
-	info, err := Query(runDir, "info")
+// Supervisor keeps a front serving the kubelet's endpoint for as long as the core runs. The node's
+// whole runtime goes through the front, so a front that dies (SIGKILL, an OOM kill, a panic outside a
+// handler, `pleg-nri stop-front`) must not take the endpoint away:
+//
+//   - The supervisor asks the running front to "share" its listening socket: the front sends it (a
+//     descriptor of the same socket) and holds that control connection open while it serves. The
+//     connection's end is how the supervisor learns at once that the front is gone.
+//   - The socket stays open in the core while no front runs: the kernel keeps accepting connections
+//     into its backlog, so the kubelet's calls made meanwhile wait instead of failing, and no socket
+//     file disappears.
+//   - The supervisor spawns a new front on that socket (--listen-fd) and watches it in turn. If that
+//     fails, it lets the socket go, so calls fail with UNAVAILABLE rather than wait on a socket that no
+//     front may serve, and tries again (a new front then opens a new socket), backing off.
+//
+// A front replaced on purpose (a takeover by a newer one) is not respawned: a front answers again
+// when the old one's connection ends, and the supervisor watches that one.
+type Supervisor struct {
+	cfg           Config
+	preRegistered bool
+	hooks         SupervisorHooks
+	// up says whether a front is watched (it answered and shares its socket).
+	up atomic.Bool
+}
+
+// SupervisorHooks are told what the supervisor sees, for the core's readiness and metrics.
+type SupervisorHooks interface {
+	// FrontUp is called with true when a front serves (the supervisor watches it), false when none
+	// does.
+	FrontUp(up bool)
+	// FrontRespawned is called each time the supervisor started a front in place of one that went
+	// away.
+	FrontRespawned()
+}
+
+// Supervisor's backoff between failed attempts to start a front, and how long it waits before it
+// replaces a front that went away, in case the core was told to stop at the same moment.
+const (
+	stopRace        = 20 * time.Millisecond
+	respawnRetryMin = 100 * time.Millisecond
+	respawnRetryMax = 5 * time.Second
+)
+
+// NewSupervisor returns the supervisor of the front that serves cfg.Listen (see Ensure, which starts
+// it the first time). preRegistered is as for Ensure; hooks may be nil.
+func NewSupervisor(cfg Config, preRegistered bool, hooks SupervisorHooks) *Supervisor {
+	cfg.Takeover, cfg.ListenFD = false, 0
+	return &Supervisor{cfg: cfg, preRegistered: preRegistered, hooks: hooks}
+}
+
+// Up says whether a front serves the endpoint, as far as the supervisor knows (for /readyz).
+func (s *Supervisor) Up() bool { return s.up.Load() }
+
+func (s *Supervisor) setUp(up bool) {
+	if s.up.Swap(up) != up && s.hooks != nil {
+		s.hooks.FrontUp(up)
+	}
+}
+
+// Run watches the front until ctx is done, and starts a new one whenever none serves. It returns nil
+// once ctx is done; the front it watches runs on.
+func (s *Supervisor) Run(ctx context.Context) error {
+	var held *os.File // the kubelet's listening socket, as the last front shared it
+	defer func() {
+		if held != nil {
+			_ = held.Close()
+		}
+	}()
+	retry := &backoff.ExponentialBackOff{InitialInterval: respawnRetryMin, Multiplier: 2, MaxInterval: respawnRetryMax}
+	for ctx.Err() == nil {
+		conn, info, lf, err := shareListener(s.cfg.RunDir)
+		if err == nil {
+			if held != nil {
+				_ = held.Close()
+			}
+			held = lf
+			retry.Reset()
+			s.setUp(true)
+			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Debug("watching the front")
+			gone := watch(ctx, conn)
+			if !gone {
+				return nil // ctx is done
+			}
+			// A stop of the whole service (systemctl kill, an uninstall's kill) signals the core and the
+			// front at once: a front that ends as the core is told to stop is not replaced.
+			if !sleep(ctx, stopRace) {
+				break
+			}
+			log.G(ctx).WithField("pid", info.PID).Warn("the front went away")
+			continue // a front that took over answers already; else the next share fails
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if _, qerr := Query(s.cfg.RunDir, "info"); qerr == nil {
+			// A front answers but shares nothing: one of an older protocol, which Ensure replaces;
+			// or one that is stopping. Ask again shortly.
+			log.G(ctx).WithError(err).Debug("the front answers but does not share its socket")
+			if !sleep(ctx, retry.NextBackOff()) {
+				break
+			}
+			continue
+		}
+		s.setUp(false)
+		log.G(ctx).WithField("keeps-socket", held != nil).Warn("no front serves the CRI endpoint: starting one")
+		if err := spawn(ctx, s.cfg, s.preRegistered, held); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			log.G(ctx).WithError(err).Error("failed to start a front")
+			if held != nil {
+				// Calls must fail (UNAVAILABLE), not wait on a socket that no front may serve: let it
+				// go; the next front opens the socket anew.
+				_ = held.Close()
+				held = nil
+			}
+			if !sleep(ctx, retry.NextBackOff()) {
+				break
+			}
+			continue
+		}
+		if s.hooks != nil {
+			s.hooks.FrontRespawned()
+		}
+	}
+	return nil
+}
+
+// shareListener asks the front of runDir to share its listening socket. The connection stays open as
+// long as that front serves.
+func shareListener(runDir string) (*net.UnixConn, Info, *os.File, error) {
+	var info Info
+	conn, err := dialControl(filepath.Join(runDir, ControlSocketName))
+	if err != nil {
+		return nil, info, nil, err
+	}
+	_ = conn.SetDeadline(time.Now().Add(controlTimeout))
+	if _, err := conn.Write([]byte(`{"op":"share"}` + "\n")); err != nil {
+		conn.Close()
+		return nil, info, nil, err
+	}
+	msg, files, err := kubelet.ReceiveFiles(conn, 4096, 1)
+	if err == nil && len(files) != 1 {
+		err = fmt.Errorf("the front shared %d sockets", len(files))
+	}
 	if err == nil {
-		switch {
-		case info.compatible(fc):
-			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Info("a compatible front serves the CRI endpoint: keeping it")
-			return nil
-		case info.Listen == fc.Listen:
-			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).WithField("front-protocol", info.Protocol).
-				Warn("the running front is not compatible: replacing it (its open event streams end once)")
-			fc.Takeover = true
-		default:
-			log.G(ctx).WithField("pid", info.PID).WithField("front-listen", info.Listen).
-				Warn("the running front serves another address: stopping it")
-			if err := Stop(runDir); err != nil {
-				return err
-			}
-		}
+		err = json.Unmarshal(msg, &info)
 	}
-	return spawn(ctx, fc, preRegistered)
-}
-
-// spawn starts a front with this binary, detached: in its own session, so that neither a signal to
-// the daemon's process group nor the end of the process that launched the daemon (a service manager's
-// restart, containerd stopping its pre-registered plugins) reaches it. It waits until the front answers.
-func spawn(ctx context.Context, fc Config, preRegistered bool) error {
-	var startOut *tailWriter
-	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("cannot find the pleg-nri binary to start the front: %w", err)
-	}
-	cmd := exec.Command(exe, fc.Args()...)
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	for _, kv := range os.Environ() {
-		// Not the NRI plugin's variables: the front is no plugin; nor systemd's notify socket: the unit's
-		// state is the daemon's to tell.
-		if !strings.HasPrefix(kv, "NRI_") && !strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
-			cmd.Env = append(cmd.Env, kv)
+		for _, f := range files {
+			_ = f.Close()
 		}
-	}
-	// Its output: until it serves, a pipe read here, so that its startup errors are the daemon's; then
-	// the journal when the daemon runs under systemd, else a file of the run directory (the daemon's
-	// stderr may be a pipe that ends with it, or nothing, as for a pre-registered plugin).
-	if os.Getenv("JOURNAL_STREAM") != "" && !preRegistered {
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	} else {
-		fc.LogFile = filepath.Join(fc.RunDir, logName)
-		cmd.Args = append(cmd.Args, "--log-file", fc.LogFile)
-		out := &tailWriter{}
-		cmd.Stdout, cmd.Stderr = out, out
-		startOut = out
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("failed to start the front: %w", err)
-	}
-	pid := cmd.Process.Pid
-	exited := make(chan error, 1)
-	// Reap it if it exits while the daemon runs; after the daemon exits, init does.
-	go func() { exited <- cmd.Wait() }()
-	startErr := func(err error) error {
-		if startOut != nil {
-			if last := startOut.lastLine(); last != "" {
-				return fmt.Errorf("%s (the front: %v)", last, err)
-			}
+		conn.Close()
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the front shares no socket")
 		}
-		return err
+		return nil, info, nil, fmt.Errorf("share: %w", err)
 	}
-	deadline := time.Now().Add(startTimeout)
-	for {
-		info, err := Query(fc.RunDir, "info")
-		if err == nil && info.PID == pid {
-			log.G(ctx).WithField("pid", pid).WithField("takeover", fc.Takeover).Info("started the front")
-			return nil
-		}
-		select {
-		case err := <-exited:
-			return startErr(err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return startErr(fmt.Errorf("the front (pid %d) did not answer within %s", pid, startTimeout))
-		}
-	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, info, files[0], nil
 }
 
-// Stop asks the front in runDir to stop and waits until its control socket is gone.
-func Stop(runDir string) error {
-	info, err := Query(runDir, "stop")
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil
-		}
-		return fmt.Errorf("failed to stop the front: %w", err)
-	}
-	deadline := time.Now().Add(2 * StopTimeout)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(info.PID, 0) != nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("the front (pid %d) did not stop", info.PID)
+// watch waits until conn ends (gone) or ctx is done (not gone); it closes conn.
+func watch(ctx context.Context, conn *net.UnixConn) (gone bool) {
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	defer conn.Close()
+	_, _ = io.Copy(io.Discard, conn)
+	return ctx.Err() == nil
 }
 
-// tailWriter keeps the last line written to it.
-type tailWriter struct {
-	// mu guards buf.
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (w *tailWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	if len(w.buf) > 64<<10 {
-		w.buf = w.buf[len(w.buf)-32<<10:]
+// sleep waits d, or until ctx is done (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
-	return len(p), nil
-}
-
-// lastLine returns the last non-empty line written, without the program's name prefix.
-func (w *tailWriter) lastLine() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	lines := strings.Split(strings.TrimSpace(string(w.buf)), "\n")
-	last := lines[len(lines)-1]
-	if i := strings.Index(last, ": "); i > 0 && !strings.Contains(last[:i], " ") {
-		last = last[i+2:]
-	}
-	return last
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 )
 
+// handOff sends the listening sockets to a successor and waits until it serves on them. On success the
 // socket files are left in place when this front closes its listeners.
 func (f *front) handOff(ctx context.Context, c *net.UnixConn, info []byte) error {
 	lf, err := kubelet.ListenerFile(f.lis)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/containerd/log"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
@@ -158,7 +161,7 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 func (p *Proxy) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(rawCodec{}),
-		grpc.UnknownServiceHandler(p.Handle),
+		grpc.UnknownServiceHandler(p.handleRecovering),
 		grpc.MaxRecvMsgSize(dial.MaxMsgSize),
 		grpc.MaxSendMsgSize(dial.MaxMsgSize),
 		// Handle calls on a pool of goroutines whose stacks have already grown, rather than a new
@@ -171,6 +174,21 @@ func (p *Proxy) ServerOptions() []grpc.ServerOption {
 // that a graceful stop of the server does not wait for them. Forwarded calls are not affected.
 func (p *Proxy) Shutdown() {
 	p.shutdownOnce.Do(func() { close(p.shutdown) })
+}
+
+// handleRecovering is Handle, with a panic in it turned into that call's INTERNAL error: the endpoint
+// carries every CRI call of the node, and a bug in one call must not end the process that serves
+// them all (a panic in another goroutine still does; the core then starts a new front).
+func (p *Proxy) handleRecovering(srv any, ss grpc.ServerStream) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			method, _ := grpc.MethodFromServerStream(ss)
+			log.G(ss.Context()).WithField("method", method).WithField("panic", r).WithField("stack", string(debug.Stack())).
+				Error("CRI endpoint: a call panicked")
+			err = status.Errorf(codes.Internal, "pleg-nri: internal error while handling %s (see pleg-nri's log)", method)
+		}
+	}()
+	return p.Handle(srv, ss)
 }
 
 // Handle is the grpc.StreamHandler of every method.
