@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -43,6 +44,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	pleg.NewPrometheusMetrics(&reg)
 	plugin.NewPrometheusMetrics(&reg, upstreams)
 	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
+	front.NewSupervisorMetrics(&reg)
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {
