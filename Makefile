@@ -178,8 +178,9 @@ protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=$(1) --go_opt=paths=sour
 endef
 
 .PHONY: generate
-generate: protoc $(PROTOC_GEN_GO) ## Regenerate the committed .pb.go from the .proto files (installs protoc and protoc-gen-go if missing).
+generate: protoc $(PROTOC_GEN_GO) ## Regenerate the committed .pb.go from the .proto files (installs protoc and protoc-gen-go if missing) and the front's revision (eventbridge/front/revision.go).
 	$(call gen-into,.)
+	$(GO) run ./hack/front-revision
 
 .PHONY: generate-check
 generate-check: protoc $(PROTOC_GEN_GO) ## Fail if the committed .pb.go differ from what make generate makes (the protoc version line aside).

@@ -22,8 +22,10 @@ import (
 
 // Info is what a front says about itself on its control socket.
 type Info struct {
-	Protocol        int    `json:"protocol"`
-	Version         string `json:"version"`
+	Protocol int    `json:"protocol"`
+	Version  string `json:"version"`
+	// Revision is the front's code (Revision); absent from the answer of a front older than it.
+	Revision        string `json:"revision,omitempty"`
 	PID             int    `json:"pid"`
 	Listen          string `json:"listen"`
 	RuntimeEndpoint string `json:"runtime_endpoint"`
@@ -35,9 +37,10 @@ type Info struct {
 	ReadSource string `json:"read_source,omitempty"`
 }
 
-// compatible says whether the front that answered info serves what fc asks for.
+// compatible says whether the front that answered info serves what fc asks for, with this binary's
+// front code (Revision).
 func (info Info) compatible(fc Config) bool {
-	return info.Protocol == Protocol && info.Listen == fc.Listen && info.RuntimeEndpoint == fc.RuntimeEndpoint &&
+	return info.Protocol == Protocol && info.Revision == Revision && info.Listen == fc.Listen && info.RuntimeEndpoint == fc.RuntimeEndpoint &&
 		info.ReadFreshness == fc.ReadFreshness && info.RefreshAfterStop == fc.RefreshAfterStop &&
 		readSource(info.ReadSource) == readSource(fc.ReadSource)
 }
@@ -104,7 +107,7 @@ func (f *front) serveControl(ctx context.Context) {
 }
 
 func (f *front) info() Info {
-	return Info{Protocol: Protocol, Version: f.cfg.Version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
+	return Info{Protocol: Protocol, Revision: Revision, Version: f.cfg.Version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
 		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop, ReadSource: f.cfg.ReadSource}
 }
 

@@ -176,12 +176,13 @@ func TestArgsRoundTrip(t *testing.T) {
 
 func TestInfoCompatible(t *testing.T) {
 	fc := Config{Listen: "/l", RuntimeEndpoint: "/r", ReadFreshness: "overlay"}
-	ok := Info{Protocol: Protocol, Listen: "/l", RuntimeEndpoint: "/r", ReadFreshness: "overlay"}
+	ok := Info{Protocol: Protocol, Revision: Revision, Listen: "/l", RuntimeEndpoint: "/r", ReadFreshness: "overlay"}
 	if !ok.compatible(fc) {
 		t.Errorf("%+v not compatible with %+v", ok, fc)
 	}
 	for _, change := range []func(*Info){
-		func(i *Info) { i.Protocol++ }, func(i *Info) { i.Listen = "/other" }, func(i *Info) { i.RuntimeEndpoint = "/other" },
+		func(i *Info) { i.Protocol++ }, func(i *Info) { i.Revision = "0123456789abcdef" }, func(i *Info) { i.Revision = "" },
+		func(i *Info) { i.Listen = "/other" }, func(i *Info) { i.RuntimeEndpoint = "/other" },
 		func(i *Info) { i.ReadFreshness = "hold" }, func(i *Info) { i.RefreshAfterStop = true },
 	} {
 		i := ok

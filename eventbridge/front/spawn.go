@@ -28,7 +28,8 @@ func Ensure(ctx context.Context, fc Config, preRegistered bool) error {
 			return nil
 		case info.Listen == fc.Listen:
 			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).WithField("front-protocol", info.Protocol).
-				Warn("the running front is not compatible: replacing it (its open event streams end once)")
+				WithField("front-revision", info.Revision).WithField("revision", Revision).
+				Warn("the running front is not compatible (another front code, protocol or setting): replacing it (its open event streams end once)")
 			fc.Takeover = true
 		default:
 			log.G(ctx).WithField("pid", info.PID).WithField("front-listen", info.Listen).
