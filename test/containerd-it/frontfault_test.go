@@ -1,0 +1,256 @@
+package containerdit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/containerd-it/harness"
+)
+
+// TestFaultFrontKill (issue 56): the front, which carries every CRI call of the node, is SIGKILLed 10
+// times at random moments while pods churn, the core running. Each time the core starts a new front on
+// the same socket: a call made right after the kill on a new connection is answered (by the new front);
+// the poller's forwarded calls fail only with UNAVAILABLE (their connection to the dead front broke) and
+// only right after a kill; a subscriber of the endpoint sees one stream end per kill, no more, and,
+// relisting after each end as the kubelet does, learns of every exit; the core's own stream never ends;
+// the core leaks no descriptor and exactly one front runs at the end. Figures (kill to answered) are
+// logged. It failed before the front supervisor: the first kill took the endpoint away for good.
+func TestFaultFrontKill(t *testing.T) {
+	faultFrontKill(t, 10, 2)
+}
+
+// TestSoakFaultFrontKill: the same with 50 kills (PLEG_NRI_SOAK_KILLS) and 4 churn workers.
+func TestSoakFaultFrontKill(t *testing.T) {
+	soak(t)
+	faultFrontKill(t, soakInt(t, "PLEG_NRI_SOAK_KILLS", 50), 4)
+}
+
+func faultFrontKill(t *testing.T, kills, workers int) {
+	logOnFailure(t)
+	prefix := "fkill-" + randomSuffix()
+	p := startPlegNRI(t)
+	core := recordEvents(t, p.coreSocket())
+	sub := recordAcrossEnds(t, p.Socket)
+	calls := startPoller(t, p.Socket)
+	ch := startChurn(t, prefix, workers)
+	// Settle before counting the core's descriptors: its connections are made by then.
+	time.Sleep(time.Second)
+	fdsBefore := countFDs(t, p.PID)
+
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	var answered []time.Duration
+	var killedAt []time.Time
+	for i := range kills {
+		time.Sleep(time.Duration(300+r.IntN(1200)) * time.Millisecond)
+		before := p.frontPID(t)
+		if err := syscall.Kill(before, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now()
+		killedAt = append(killedAt, at)
+		// A new connection right after the kill, as the kubelet's reconnection makes.
+		probe := newCRI(t, p.Socket)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := probe.rt.Version(ctx, &runtimeapi.VersionRequest{})
+		cancel()
+		if err != nil {
+			t.Fatalf("kill %d: a call right after the front's SIGKILL failed: %v", i+1, err)
+		}
+		answered = append(answered, time.Since(at))
+		after := p.frontPID(t)
+		if after == before {
+			t.Fatalf("kill %d: the killed front %d still answers", i+1, before)
+		}
+	}
+	time.Sleep(time.Second)
+	ch.halt()
+	calls.halt()
+	t.Logf("churn: %s", ch)
+	t.Logf("front SIGKILL to a call answered on a new connection: %s", spread(answered))
+
+	// The forwarded calls: UNAVAILABLE only, and only within a second of a kill (the poller's
+	// connection to the dead front breaks; it reconnects to the new one).
+	calls.mu.Lock()
+	fails := slices.Clone(calls.fails)
+	t.Logf("forwarded calls: %d, %d failed", calls.calls, calls.failures)
+	calls.mu.Unlock()
+	for _, f := range fails {
+		near := false
+		for _, k := range killedAt {
+			if !f.at.Before(k) && f.at.Sub(k) < time.Second {
+				near = true
+			}
+		}
+		switch {
+		case f.code != codes.Unavailable:
+			t.Errorf("a forwarded call failed with %s, want Unavailable: %s", f.code, f.err)
+		case !near:
+			t.Errorf("a forwarded call failed %s, not within a second of a kill: %s", f.at.Format("15:04:05.000"), f.err)
+		}
+	}
+
+	// The subscriber: at most one stream end per kill; every exit of a container that is still there
+	// told by a STOPPED or seen exited in the relist after a stream end.
+	ends, relisted := sub.result()
+	if len(ends) > kills {
+		t.Errorf("the subscriber's stream ended %d times in %d kills, want at most one each: %v", len(ends), kills, ends)
+	}
+	t.Logf("the subscriber's stream ended %d times in %d kills", len(ends), kills)
+	final := newCRI(t, env.Address)
+	pods, err := final.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := map[string]bool{}
+	for _, pod := range pods.Items {
+		if strings.HasPrefix(pod.GetMetadata().GetName(), prefix) {
+			ours[pod.Id] = true
+		}
+	}
+	resp, err := final.rt.ListContainers(ctx(t), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := map[string]bool{}
+	for _, ev := range sub.Events() {
+		if ev.ContainerEventType == evStopped || ev.ContainerEventType == evDeleted {
+			stopped[ev.ContainerId] = true
+		}
+	}
+	exited, untold := 0, 0
+	for _, c := range resp.Containers {
+		if c.State != runtimeapi.ContainerState_CONTAINER_EXITED || !ours[c.PodSandboxId] {
+			continue
+		}
+		exited++
+		if !stopped[c.Id] && !relisted[c.Id] {
+			untold++
+			t.Errorf("the exit of %s (%s) reached the subscriber neither as a STOPPED nor in a relist after a stream end", short(c.Id), c.GetMetadata().GetName())
+		}
+	}
+	t.Logf("exited containers at the end: %d, untold: %d", exited, untold)
+	if exited == 0 {
+		t.Error("no container of the churn exited: the test saw nothing")
+	}
+
+	if err := core.Err(); err != nil {
+		t.Errorf("the core's own stream ended: %v", err)
+	}
+	if fdsAfter := countFDs(t, p.PID); fdsAfter > fdsBefore+3 {
+		t.Errorf("the core has %d descriptors after %d front kills, %d before", fdsAfter, kills, fdsBefore)
+	}
+	if fronts := frontProcesses(p.RunDir); len(fronts) != 1 {
+		t.Errorf("fronts running at the end: %v, want one", fronts)
+	}
+	if n := p.metric(t, "pleg_nri_front_respawns_total"); n != float64(kills) {
+		t.Errorf("pleg_nri_front_respawns_total %v, want %d", n, kills)
+	}
+}
+
+// countFDs counts the open descriptors of pid.
+func countFDs(t *testing.T, pid int) int {
+	t.Helper()
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+// frontProcesses lists the live fronts of runDir.
+func frontProcesses(runDir string) []int {
+	return harness.ProcessesWhere(func(pid int) bool {
+		return harness.CommandLineHas(pid, "front") && harness.CommandLineHas(pid, runDir)
+	})
+}
+
+// acrossEnds records an endpoint's event stream as the kubelet consumes it: when the stream ends, it
+// lists the containers through the same endpoint (the kubelet relists on every stream error) and
+// subscribes again.
+type acrossEnds struct {
+	// mu guards everything below.
+	mu     sync.Mutex
+	events []*runtimeapi.ContainerEventResponse
+	ends   []string
+	// exited are the containers a relist after a stream end showed exited.
+	exited map[string]bool
+}
+
+func recordAcrossEnds(t *testing.T, socket string) *acrossEnds {
+	t.Helper()
+	a := &acrossEnds{exited: map[string]bool{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c := newCRI(t, socket)
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			stream, err := c.rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+			for err == nil {
+				var ev *runtimeapi.ContainerEventResponse
+				if ev, err = stream.Recv(); err == nil {
+					a.mu.Lock()
+					a.events = append(a.events, ev)
+					a.mu.Unlock()
+				}
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			a.mu.Lock()
+			a.ends = append(a.ends, status.Code(err).String())
+			a.mu.Unlock()
+			// The kubelet's relist after a stream error, retried until the endpoint answers.
+			_ = testutil.Poll(ctx, 30*time.Second, "a relist through the endpoint", func() (bool, error) {
+				resp, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+				if err != nil {
+					return false, nil
+				}
+				a.mu.Lock()
+				for _, ctr := range resp.Containers {
+					if ctr.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+						a.exited[ctr.Id] = true
+					}
+				}
+				a.mu.Unlock()
+				return true, nil
+			})
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return a
+}
+
+// Events returns a copy of the events received so far, across every stream.
+func (a *acrossEnds) Events() []*runtimeapi.ContainerEventResponse {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.events)
+}
+
+// result returns the codes the streams ended with and the containers relists showed exited.
+func (a *acrossEnds) result() (ends []string, exited map[string]bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]bool{}
+	for id := range a.exited {
+		out[id] = true
+	}
+	return slices.Clone(a.ends), out
+}
