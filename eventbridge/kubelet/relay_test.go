@@ -219,7 +219,7 @@ func TestRelayEndsWhenCoreGone(t *testing.T) {
 // its stream then stays quiet; every loss of a core that had come back starts a grace of its own. An
 // eviction still ends the client's stream with its own status.
 func TestRelayCoreBackWithinGrace(t *testing.T) {
-	const grace = time.Second
+	const grace = 2 * time.Second
 	dir := testutil.ShortTempDir(t, "eb-")
 	corePath := filepath.Join(dir, "core.sock")
 	up := startUpstream(t, corePath)
@@ -254,7 +254,7 @@ func TestRelayCoreBackWithinGrace(t *testing.T) {
 // once, without an event (crash-looping), does not keep the client's stream open: it ends CoreGrace
 // after the core's last good stream ended.
 func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
-	const grace = time.Second
+	const grace = 2 * time.Second
 	dir := testutil.ShortTempDir(t, "eb-")
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	client, gone := graceFront(t, dir, grace)
