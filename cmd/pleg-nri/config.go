@@ -42,6 +42,7 @@ func daemonFlags(d config.Config) []cli.Flag {
 		str("read-freshness", "status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off", d.ReadFreshness),
 		str("read-source", "where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are answered: runtime (forwarded), state (pleg-nri's state where it is current) or check (forwarded and compared with the state)", d.ReadSource),
 		dur("cache-tick", "send each pod's statuses again this often as a CREATED of its sandbox (kubelet 1.35/1.36: pod workers wait at most this long for a newer status instead of 5 s; 0 disables)", d.CacheTick),
+		dur("core-grace", "end the kubelet's event stream (UNAVAILABLE: it relists) once no core has served the front for this long (0 disables)", d.CoreGrace),
 		&cli.BoolFlag{Name: "refresh-after-stop", Value: d.RefreshAfterStop, Local: true,
 			Usage: "send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)"},
 	}

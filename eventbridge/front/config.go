@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // Config is the front's configuration: a subset of the daemon's keys.
@@ -30,6 +31,9 @@ type Config struct {
 	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
 	// the core's state (asked on its socket) with state, and compares them with check.
 	ReadSource string
+	// CoreGrace is the daemon's core-grace key (kubelet.RelayConfig.CoreGrace): how long the core may be
+	// gone before the front ends its clients' event streams; 0 never.
+	CoreGrace time.Duration
 	// Version is the binary's version, which the front tells on its control socket (not a flag: a
 	// spawned front is this binary).
 	Version string
@@ -39,7 +43,7 @@ type Config struct {
 // input).
 func (c Config) Args() []string {
 	a := []string{"front", "--listen", c.Listen, "--runtime-endpoint", c.RuntimeEndpoint, "--run-dir", c.RunDir, "--log-level", c.LogLevel,
-		"--read-freshness", c.ReadFreshness}
+		"--read-freshness", c.ReadFreshness, "--core-grace", c.CoreGrace.String()}
 	if c.Takeover {
 		a = append(a, "--takeover")
 	}
@@ -73,6 +77,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
 	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
+	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -82,6 +87,9 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	}
 	if c.Takeover && c.ListenFD > 0 {
 		return c, errors.New("--takeover and --listen-fd exclude each other")
+	}
+	if c.CoreGrace < 0 {
+		return c, fmt.Errorf("--core-grace must not be negative, got %s", c.CoreGrace)
 	}
 	if !filepath.IsAbs(c.RunDir) {
 		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)

@@ -35,6 +35,9 @@ type Info struct {
 	// ReadSource is absent from the answer of a front older than the key (runtime: it forwards every
 	// read).
 	ReadSource string `json:"read_source,omitempty"`
+	// CoreGrace is the front's core grace (a Go duration); absent from the answer of a front older than
+	// the key, which never ends a stream for a core gone (0).
+	CoreGrace string `json:"core_grace,omitempty"`
 }
 
 // compatible says whether the front that answered info serves what fc asks for, with this binary's
@@ -42,7 +45,20 @@ type Info struct {
 func (info Info) compatible(fc Config) bool {
 	return info.Protocol == Protocol && info.Revision == Revision && info.Listen == fc.Listen && info.RuntimeEndpoint == fc.RuntimeEndpoint &&
 		info.ReadFreshness == fc.ReadFreshness && info.RefreshAfterStop == fc.RefreshAfterStop &&
-		readSource(info.ReadSource) == readSource(fc.ReadSource)
+		readSource(info.ReadSource) == readSource(fc.ReadSource) && coreGrace(info.CoreGrace) == fc.CoreGrace
+}
+
+// coreGrace is the duration of an Info's CoreGrace, "" (a front older than the key) being 0, and
+// anything unreadable -1 (compatible with nothing).
+func coreGrace(s string) time.Duration {
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return -1
+	}
+	return d
 }
 
 // readSource is a read-source key's value, "" (a front older than the key) being the runtime.
@@ -108,7 +124,8 @@ func (f *front) serveControl(ctx context.Context) {
 
 func (f *front) info() Info {
 	return Info{Protocol: Protocol, Revision: Revision, Version: f.cfg.Version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
-		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop, ReadSource: f.cfg.ReadSource}
+		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop, ReadSource: f.cfg.ReadSource,
+		CoreGrace: f.cfg.CoreGrace.String()}
 }
 
 func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {

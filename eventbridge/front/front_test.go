@@ -13,6 +13,8 @@ import (
 	"github.com/containerd/log"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
@@ -149,7 +151,7 @@ func TestArgsRoundTrip(t *testing.T) {
 		{Listen: "unix:///run/pleg-nri/cri.sock", RuntimeEndpoint: "unix:///run/containerd/containerd.sock", RunDir: "/run/pleg-nri",
 			LogLevel: "debug", ReadFreshness: "hold"},
 		{Listen: "/a.sock", RuntimeEndpoint: "/b.sock", RunDir: "/r", LogLevel: "info", ReadFreshness: "off", Takeover: true,
-			RefreshAfterStop: true, LogFile: "/r/front.log"},
+			RefreshAfterStop: true, LogFile: "/r/front.log", CoreGrace: 20 * time.Second},
 	} {
 		args := c.Args()
 		if args[0] != "front" {
@@ -167,7 +169,7 @@ func TestArgsRoundTrip(t *testing.T) {
 	if got, err := ParseArgs(nil, defaults); err != nil || got.Listen != "/l.sock" || got.RunDir != "/run/x" || got.Takeover {
 		t.Errorf("ParseArgs(nil, %+v) = %+v, %v: want the defaults but takeover", defaults, got, err)
 	}
-	for _, args := range [][]string{{"--run-dir", "relative"}, {"extra"}, {"--no-such-flag"}} {
+	for _, args := range [][]string{{"--run-dir", "relative"}, {"extra"}, {"--no-such-flag"}, {"--core-grace", "-1s"}} {
 		if _, err := ParseArgs(args, Config{RunDir: "/run"}); err == nil {
 			t.Errorf("ParseArgs(%q): no error", args)
 		}
@@ -184,12 +186,70 @@ func TestInfoCompatible(t *testing.T) {
 		func(i *Info) { i.Protocol++ }, func(i *Info) { i.Revision = "0123456789abcdef" }, func(i *Info) { i.Revision = "" },
 		func(i *Info) { i.Listen = "/other" }, func(i *Info) { i.RuntimeEndpoint = "/other" },
 		func(i *Info) { i.ReadFreshness = "hold" }, func(i *Info) { i.RefreshAfterStop = true },
+		func(i *Info) { i.CoreGrace = "20s" }, func(i *Info) { i.CoreGrace = "soon" },
 	} {
 		i := ok
 		change(&i)
 		if i.compatible(fc) {
 			t.Errorf("%+v compatible with %+v", i, fc)
 		}
+	}
+	// A front older than core-grace ends no stream for a core gone: it serves a grace of 0, and is
+	// replaced for any other.
+	fc.CoreGrace = 20 * time.Second
+	for grace, want := range map[string]bool{"": false, "0s": false, "20s": true, "20000ms": true, "10s": false} {
+		i := ok
+		i.CoreGrace = grace
+		if got := i.compatible(fc); got != want {
+			t.Errorf("a front with core_grace %q compatible with core-grace %s: %v, want %v", grace, fc.CoreGrace, got, want)
+		}
+	}
+}
+
+// TestRunEndsStreamsWithoutCore (issue 56): a front whose core is gone ends each client's event stream
+// with UNAVAILABLE once its core grace has passed, says so in its metrics, and tells its grace on its
+// control socket.
+func TestRunEndsStreamsWithoutCore(t *testing.T) {
+	const grace = 300 * time.Millisecond
+	n := newNode(t)
+	cfg := n.config()
+	cfg.CoreGrace = grace
+	run(t, cfg)
+	if info, err := Query(cfg.RunDir, "info"); err != nil || info.CoreGrace != "300ms" || !info.compatible(cfg) {
+		t.Errorf("info = %+v, %v: want core_grace 300ms", info, err)
+	}
+	conn, err := dial.CRI(cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	start := time.Now()
+	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	if d := time.Since(start); status.Code(err) != codes.Unavailable || d < grace {
+		t.Fatalf("the event stream ended after %s with %v, want UNAVAILABLE after at least %s", d, err, grace)
+	}
+	if !strings.Contains(err.Error(), "core has not come back within 300ms") {
+		t.Errorf("the stream's end says %q, want the core has not come back", err)
+	}
+	if err := testutil.Poll(ctx, waitTimeout, "the metrics to count the end", func() (bool, error) {
+		fams, err := Gatherer{RunDir: cfg.RunDir}.Gather()
+		if err != nil {
+			return false, err
+		}
+		for _, f := range fams {
+			if f.GetName() == "pleg_nri_event_streams_core_gone_total" {
+				return f.GetMetric()[0].GetCounter().GetValue() == 1, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -82,6 +82,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
 		Gate:         kubelet.NewRuntimeGate(ctx, backend),
 		Resubscribed: em.Resubscribed,
+		CoreGrace:    cfg.CoreGrace,
+		CoreGone:     em.CoreGone,
 	})
 	if err != nil {
 		return err

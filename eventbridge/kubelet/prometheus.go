@@ -21,6 +21,7 @@ type PrometheusMetrics struct {
 	overlaidReads *prometheus.CounterVec
 	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
+	coreGone      prometheus.Counter
 	stateReads    *prometheus.CounterVec
 	differences   *prometheus.CounterVec
 	// upstreams and upstream are where the runtime connection's state goes.
@@ -48,6 +49,8 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
 		resubscribed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "front_resubscriptions_total",
 			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
+		coreGone: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_core_gone_total",
+			Help: "GetContainerEvents streams the front ended (UNAVAILABLE, also counted in event_streams_closed_total) because the core had not come back within core-grace."}),
 		stateReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_reads_total",
 			Help: "Reads the endpoint can answer from pleg-nri's state (read-source state or check), by method and result: state (answered from the state), runtime (forwarded: the state was not current, or a call in flight could change the answer), equal or differ (check: compared with containerd's answer), inconclusive (check: something changed while comparing)."}, []string{"method", "result"}),
 		differences: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_read_differences_total",
@@ -55,7 +58,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 		upstreams: upstreams,
 		upstream:  upstream,
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed,
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed, m.coreGone,
 		m.stateReads, m.differences)
 	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
 	// from 0 and a panel has data on a node where nothing happened yet: each read method's differences
@@ -130,3 +133,7 @@ func (m *PrometheusMetrics) RefreshSent(caughtUp bool) {
 
 // Resubscribed counts a subscription of the front's Relay made again after one ended (RelayConfig.Resubscribed).
 func (m *PrometheusMetrics) Resubscribed() { m.resubscribed.Inc() }
+
+// CoreGone counts a client's stream the front's Relay ended because the core had not come back within
+// its grace (RelayConfig.CoreGone).
+func (m *PrometheusMetrics) CoreGone() { m.coreGone.Inc() }

@@ -31,6 +31,7 @@ func TestPrometheusMetrics(t *testing.T) {
 	m.RefreshSent(true)
 	m.RefreshSent(false)
 	m.Resubscribed()
+	m.CoreGone()
 	var b bytes.Buffer
 	if err := promutil.Write(&b, reg); err != nil {
 		t.Fatal(err)
@@ -48,6 +49,7 @@ func TestPrometheusMetrics(t *testing.T) {
 		`pleg_nri_refresh_events_total{result="sent"} 1`,
 		`pleg_nri_refresh_events_total{result="not_caught_up"} 1`,
 		`pleg_nri_front_resubscriptions_total 1`,
+		`pleg_nri_event_streams_core_gone_total 1`,
 	} {
 		if !strings.Contains(b.String(), want+"\n") {
 			t.Errorf("the metrics lack %s:\n%s", want, b.String())
@@ -69,6 +71,7 @@ func TestPrometheusSeriesFromTheStart(t *testing.T) {
 		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="gave_up"} 0`,
 		`pleg_nri_event_streams_closed_total{code="Unavailable"} 0`,
 		`pleg_nri_event_streams_closed_total{code="ResourceExhausted"} 0`,
+		`pleg_nri_event_streams_core_gone_total 0`,
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("no %s", want)

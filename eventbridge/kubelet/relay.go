@@ -25,7 +25,9 @@ import (
 // when the upstream goes away (the core restarts: the stream ends with UNAVAILABLE or the connection
 // breaks) the subscription subscribes again, with backoff, and its own client notices nothing. Only an
 // end that says events were lost (the upstream evicted the subscriber as too slow:
-// RESOURCE_EXHAUSTED) ends the client's stream, with that status, so that the client relists.
+// RESOURCE_EXHAUSTED) ends the client's stream, with that status, so that the client relists. So does
+// an upstream that does not come back (RelayConfig.CoreGrace): the client's stream ends with
+// UNAVAILABLE rather than stay open and silent.
 //
 // A gapless stream across an upstream restart is the upstream's part: pleg-nri's core replays every
 // event since its start to a subscriber that comes within its startup-replay, and its checkpoint says
@@ -38,6 +40,9 @@ type Relay struct {
 	retryMin, retryMax time.Duration
 	// resubscribed counts the upstream subscriptions made again after one ended.
 	resubscribed func()
+	// coreGrace and coreGone: RelayConfig's CoreGrace and CoreGone.
+	coreGrace time.Duration
+	coreGone  func()
 }
 
 // RelayConfig is everything a Relay is built from. As every component of pleg-nri, the relay takes one
@@ -52,6 +57,17 @@ type RelayConfig struct {
 	// Resubscribed, when set, is called each time a subscription subscribes again after its upstream
 	// stream ended (for a metric or a test).
 	Resubscribed func()
+	// CoreGrace, when positive, ends a subscription that has had no upstream stream for that long, with
+	// UNAVAILABLE and a message that says to relist: the core is gone and nothing restarts it (a
+	// pre-registered core killed: containerd does not launch it again), and a client on an open,
+	// silent stream learns of nothing (a kubelet 1.35/1.36 with EventedPLEG relists every 300 s). The
+	// grace runs from when the subscription lost its last upstream stream that counted (one that
+	// delivered an event or stayed open relayStreamCounts), or from the subscription itself; a stream
+	// that opens and ends at once without an event (a core crash-looping) does not reset it, and while
+	// a stream is open it does not run. Zero disables it: the subscription waits for ever.
+	CoreGrace time.Duration
+	// CoreGone, when set, is called each time a subscription ends because of CoreGrace.
+	CoreGone func()
 }
 
 // Relay's resubscription delays, and its connection's reconnection backoff: the core restarts in
@@ -64,7 +80,16 @@ const (
 	// stream of the connection, leaves room for many.
 	relayStreamWindow = 64 << 10
 	relayConnWindow   = 16 << 20
+	// relayStreamCounts is how long an upstream stream that delivers no event must stay open to count
+	// as the upstream being back (RelayConfig.CoreGrace): a core that crashes at its start ends its
+	// streams sooner.
+	relayStreamCounts = time.Second
 )
+
+// DefaultCoreGrace is the daemon's core-grace (RelayConfig.CoreGrace): many times a core's restart
+// (the front subscribes again within about half a second of a new core's socket), well under the
+// 30 s pleg-nri promises as the longest a subscriber may sit on a silent stream.
+const DefaultCoreGrace = 20 * time.Second
 
 // DialRelay returns a Relay whose upstream is cfg.Endpoint. Close it when done.
 func DialRelay(cfg RelayConfig) (*Relay, error) {
@@ -83,7 +108,8 @@ func DialRelay(cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("event relay: %w", err)
 	}
-	return &Relay{conn: conn, gate: cfg.Gate, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax}, nil
+	return &Relay{conn: conn, gate: cfg.Gate, resubscribed: cfg.Resubscribed, retryMin: relayRetryMin, retryMax: relayRetryMax,
+		coreGrace: cfg.CoreGrace, coreGone: cfg.CoreGone}, nil
 }
 
 // Close closes the upstream connection; open subscriptions end.
@@ -92,7 +118,7 @@ func (r *Relay) Close() error { return r.conn.Close() }
 // Subscribe returns a subscription; its first upstream stream is opened by the first Next.
 func (r *Relay) Subscribe() EventStream {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &relayStream{r: r, ctx: ctx, cancel: cancel,
+	return &relayStream{r: r, ctx: ctx, cancel: cancel, lostAt: time.Now(),
 		retry: &backoff.ExponentialBackOff{InitialInterval: r.retryMin, Multiplier: 2, MaxInterval: r.retryMax}}
 }
 
@@ -114,6 +140,14 @@ type relayStream struct {
 	retry *backoff.ExponentialBackOff
 	// subscribed is set once the first upstream stream has been opened.
 	subscribed bool
+
+	// Owned by the goroutine in Next (Close does not touch them):
+	// lostAt is when the subscription lost its last upstream stream that counted (see
+	// RelayConfig.CoreGrace), or when it was made: the grace runs from it while no stream is open.
+	lostAt time.Time
+	// openedAt is when up was opened; delivered says whether it has delivered an event.
+	openedAt  time.Time
+	delivered bool
 }
 
 var _ EncodedEventStream = (*relayStream)(nil)
@@ -136,7 +170,7 @@ func (s *relayStream) Next(ctx context.Context) (*runtimeapi.ContainerEventRespo
 
 // NextEncoded returns the next event as the upstream encoded it. It subscribes again, with backoff,
 // whenever the upstream stream ends for any reason but an eviction; it returns only with an event, ctx's
-// error, or the eviction's status.
+// error, the eviction's status, or UNAVAILABLE when the grace runs out (checkGrace).
 func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error) {
 	stop := context.AfterFunc(ctx, s.abortUpstream)
 	defer stop()
@@ -153,6 +187,7 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 		if err == nil {
 			b := f.bytes()
 			f.free()
+			s.delivered = true
 			s.mu.Lock()
 			s.retry.Reset()
 			s.mu.Unlock()
@@ -161,6 +196,9 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 			}
 			return b, time.Time{}, nil
 		}
+		if now := time.Now(); s.delivered || now.Sub(s.openedAt) >= relayStreamCounts {
+			s.lostAt = now
+		}
 		s.dropUpstream()
 		if ctx.Err() != nil {
 			return nil, time.Time{}, ctx.Err()
@@ -168,6 +206,9 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 		if status.Code(err) == codes.ResourceExhausted {
 			// The upstream evicted this subscriber: events were lost, and only the client can repair
 			// that (it relists). Say so rather than hide it behind a new subscription.
+			return nil, time.Time{}, err
+		}
+		if err := s.checkGrace(ctx); err != nil {
 			return nil, time.Time{}, err
 		}
 		if errors.Is(err, io.EOF) {
@@ -182,7 +223,7 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 
 // upstream returns the current upstream stream, opening one if there is none. Opening waits for the
 // connection (WaitForReady): while the upstream is down it blocks, and gRPC redials with backoff, until
-// ctx ends or the subscription is closed.
+// ctx ends, the subscription is closed or its grace runs out (checkGrace).
 func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 	s.mu.Lock()
 	if s.up != nil {
@@ -197,14 +238,25 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 		s.r.resubscribed()
 	}
 	for {
+		if err := s.checkGrace(ctx); err != nil {
+			return nil, err
+		}
 		// The stream lives as long as the subscription; opening it, which waits for an upstream that
-		// may never come back, also ends with ctx.
+		// may never come back, also ends with ctx and with the grace.
 		upCtx, upCancel := context.WithCancel(s.ctx)
 		stopOpen := context.AfterFunc(ctx, upCancel)
+		var graceOver *time.Timer
+		if left, ok := s.graceLeft(); ok {
+			graceOver = time.AfterFunc(left, upCancel)
+		}
 		up, err := s.r.conn.NewStream(upCtx, &grpc.StreamDesc{ServerStreams: true}, GetContainerEventsMethod,
 			grpc.ForceCodecV2(rawCodec{}), grpc.WaitForReady(true))
 		if !stopOpen() && err == nil {
 			err = ctx.Err()
+		}
+		if graceOver != nil && !graceOver.Stop() && err == nil {
+			// The grace ran out as the stream opened, and ended it.
+			err = upCtx.Err()
 		}
 		if err == nil {
 			if err = up.SendMsg(getEventsRequest); err == nil {
@@ -212,6 +264,7 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 			}
 		}
 		if err == nil {
+			s.openedAt, s.delivered = time.Now(), false
 			s.mu.Lock()
 			s.up, s.upCancel = up, upCancel
 			s.mu.Unlock()
@@ -221,6 +274,9 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 		if ctx.Err() != nil || s.ctx.Err() != nil {
 			return nil, errors.Join(ctx.Err(), s.ctx.Err())
 		}
+		if err := s.checkGrace(ctx); err != nil {
+			return nil, err
+		}
 		log.G(ctx).WithError(err).Debug("event relay: cannot subscribe upstream yet")
 		if err := s.backoff(ctx); err != nil {
 			return nil, err
@@ -229,21 +285,48 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 }
 
 // backoff waits before the next subscription: retryMin doubling to retryMax while subscriptions end
-// without an event (a fresh upstream that ends at once must not make this spin).
+// without an event (a fresh upstream that ends at once must not make this spin), or until the grace
+// runs out (checkGrace).
 func (s *relayStream) backoff(ctx context.Context) error {
 	s.mu.Lock()
 	d := s.retry.NextBackOff()
 	s.mu.Unlock()
+	if left, ok := s.graceLeft(); ok && left < d {
+		d = left
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return s.checkGrace(ctx)
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-s.ctx.Done():
 		return s.ctx.Err()
 	}
+}
+
+// graceLeft returns how much of the subscription's grace is left (see RelayConfig.CoreGrace; zero or
+// less: it has run out), and false when the relay has no grace.
+func (s *relayStream) graceLeft() (time.Duration, bool) {
+	if s.r.coreGrace <= 0 {
+		return 0, false
+	}
+	return time.Until(s.lostAt.Add(s.r.coreGrace)), true
+}
+
+// checkGrace returns nil while the subscription's grace lasts. Once it has run out it logs and counts
+// the end of the client's stream, and returns the status the stream ends with.
+func (s *relayStream) checkGrace(ctx context.Context) error {
+	if left, ok := s.graceLeft(); !ok || left > 0 {
+		return nil
+	}
+	log.G(ctx).WithField("core-grace", s.r.coreGrace).WithField("since", time.Since(s.lostAt).Round(time.Millisecond)).
+		Warn("event relay: the core has not come back within core-grace: ending the client's event stream with UNAVAILABLE, so that it relists")
+	if s.r.coreGone != nil {
+		s.r.coreGone()
+	}
+	return status.Errorf(codes.Unavailable, "pleg-nri's core has not come back within %s: relist", s.r.coreGrace)
 }
 
 // dropUpstream ends the current upstream stream.

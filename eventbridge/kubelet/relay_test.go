@@ -3,7 +3,10 @@ package kubelet
 import (
 	"context"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -128,4 +131,196 @@ func TestRelayClosesUpstreamWithClient(t *testing.T) {
 	s := nextOpened(t, up.src)
 	cancel()
 	waitClosed(t, s)
+}
+
+// graceFront serves, at dir/front.sock, a front over a Relay of the core at dir/core.sock (started or
+// not) with CoreGrace grace. It returns a client of the front and the count of the relay's CoreGone.
+func graceFront(t *testing.T, dir string, grace time.Duration) (runtimeapi.RuntimeServiceClient, *atomic.Int64) {
+	t.Helper()
+	var gone atomic.Int64
+	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + filepath.Join(dir, "core.sock"), CoreGrace: grace,
+		CoreGone: func() { gone.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	return serveRelay(t, filepath.Join(dir, "front.sock"), relay), &gone
+}
+
+// openEvents opens a client's event stream, which lives as long as the test, and returns it with the
+// time just before it was opened.
+func openEvents(t *testing.T, client runtimeapi.RuntimeServiceClient) (grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse], time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	start := time.Now()
+	stream, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stream, start
+}
+
+// streamEnd is how a client's stream ended: its error and when the client saw it.
+type streamEnd struct {
+	err error
+	at  time.Time
+}
+
+// awaitEnd returns a channel that receives the end of a client's stream; an event instead fails t.
+func awaitEnd(t *testing.T, stream grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) <-chan streamEnd {
+	ch := make(chan streamEnd, 1)
+	go func() {
+		ev, err := stream.Recv()
+		if err == nil {
+			t.Errorf("got event %q, want the stream to end", ev.ContainerId)
+		}
+		ch <- streamEnd{err, time.Now()}
+	}()
+	return ch
+}
+
+// checkCoreGone fails t unless end is the relay's end for a core gone for grace, and came at least
+// grace after since.
+func checkCoreGone(t *testing.T, end streamEnd, grace time.Duration, since time.Time) {
+	t.Helper()
+	if status.Code(end.err) != codes.Unavailable || !strings.Contains(status.Convert(end.err).Message(), "has not come back within "+grace.String()) {
+		t.Errorf("the client's stream ended with %v, want UNAVAILABLE saying the core has not come back within %s", end.err, grace)
+	}
+	if d := end.at.Sub(since); d < grace {
+		t.Errorf("the client's stream ended %s after the core went away, before the grace of %s", d, grace)
+	}
+}
+
+// TestRelayEndsWhenCoreGone (issue 56): when the core goes away and nothing restarts it, the client's
+// stream ends with UNAVAILABLE once the core has been gone for CoreGrace, not before; the metric's
+// hook counts it. It used to stay open and silent for ever, and a kubelet 1.35/1.36 learnt of exits
+// only at its next relist, up to 300 s later.
+func TestRelayEndsWhenCoreGone(t *testing.T) {
+	const grace = 500 * time.Millisecond
+	dir := testutil.ShortTempDir(t, "eb-")
+	up := startUpstream(t, filepath.Join(dir, "core.sock"))
+	client, gone := graceFront(t, dir, grace)
+	stream, _ := openEvents(t, client)
+	nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := recvEvent(t, stream).ContainerId; id != "c1" {
+		t.Fatalf("got %q, want c1", id)
+	}
+	lost := time.Now()
+	up.stop()
+	checkCoreGone(t, recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, lost)
+	if n := gone.Load(); n != 1 {
+		t.Errorf("CoreGone called %d times, want 1", n)
+	}
+}
+
+// TestRelayCoreBackWithinGrace: a core that comes back within CoreGrace ends nothing, however long
+// its stream then stays quiet; every loss of a core that had come back starts a grace of its own. An
+// eviction still ends the client's stream with its own status.
+func TestRelayCoreBackWithinGrace(t *testing.T) {
+	const grace = 2 * time.Second
+	dir := testutil.ShortTempDir(t, "eb-")
+	corePath := filepath.Join(dir, "core.sock")
+	up := startUpstream(t, corePath)
+	client, gone := graceFront(t, dir, grace)
+	stream, _ := openEvents(t, client)
+	nextOpened(t, up.src)
+	ended := awaitEnd(t, stream)
+
+	for i := range 2 {
+		lost := time.Now()
+		up.stop()
+		up = startUpstream(t, corePath)
+		nextOpened(t, up.src)
+		// Past the grace of the loss, with the core's new stream quiet.
+		time.Sleep(time.Until(lost.Add(grace + 300*time.Millisecond)))
+		select {
+		case end := <-ended:
+			t.Fatalf("restart %d: the client's stream ended (%v) although the core came back", i, end.err)
+		default:
+		}
+	}
+	if n := gone.Load(); n != 0 {
+		t.Errorf("CoreGone called %d times, want 0", n)
+	}
+	up.src.last().end <- status.Error(codes.ResourceExhausted, "evicted")
+	if end := recv(t, ended, "the end of the client's stream"); status.Code(end.err) != codes.ResourceExhausted {
+		t.Fatalf("after an eviction upstream the client got %v, want RESOURCE_EXHAUSTED", end.err)
+	}
+}
+
+// TestRelayEndsWhenCoreCrashLoops: a core that accepts the relay's subscriptions and ends each at
+// once, without an event (crash-looping), does not keep the client's stream open: it ends CoreGrace
+// after the core's last good stream ended.
+func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
+	const grace = 2 * time.Second
+	dir := testutil.ShortTempDir(t, "eb-")
+	up := startUpstream(t, filepath.Join(dir, "core.sock"))
+	client, gone := graceFront(t, dir, grace)
+	stream, _ := openEvents(t, client)
+	first := nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := recvEvent(t, stream).ContainerId; id != "c1" {
+		t.Fatalf("got %q, want c1", id)
+	}
+	ended := awaitEnd(t, stream)
+
+	crash := status.Error(codes.Unavailable, "pleg-nri is shutting down")
+	var opened atomic.Int64
+	done := make(chan struct{})
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		for {
+			select {
+			case s := <-up.src.opened:
+				opened.Add(1)
+				s.end <- crash
+			case <-done:
+				return
+			}
+		}
+	}()
+	defer func() { close(done); <-loopDone }()
+	lost := time.Now()
+	first.end <- crash
+	checkCoreGone(t, recv(t, ended, "the end of the client's stream"), grace, lost)
+	if n := opened.Load(); n < 3 {
+		t.Errorf("the relay subscribed %d times while the core crash-looped, want at least 3", n)
+	}
+	if n := gone.Load(); n != 1 {
+		t.Errorf("CoreGone called %d times, want 1", n)
+	}
+}
+
+// TestRelayNewSubscriptionCoreDown: a subscription made while the core is down ends CoreGrace after
+// it was made, whether the core never ran or went away before: each subscription has its own grace.
+func TestRelayNewSubscriptionCoreDown(t *testing.T) {
+	const grace = 600 * time.Millisecond
+	dir := testutil.ShortTempDir(t, "eb-")
+	client, gone := graceFront(t, dir, grace)
+	// No core yet.
+	stream, start := openEvents(t, client)
+	checkCoreGone(t, recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, start)
+
+	// A core that goes away: the stream opened before it ends first, one opened later its grace after.
+	up := startUpstream(t, filepath.Join(dir, "core.sock"))
+	early, _ := openEvents(t, client)
+	nextOpened(t, up.src)
+	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := recvEvent(t, early).ContainerId; id != "c1" {
+		t.Fatalf("got %q, want c1", id)
+	}
+	lost := time.Now()
+	up.stop()
+	earlyEnd := awaitEnd(t, early)
+	time.Sleep(grace / 2)
+	late, lateStart := openEvents(t, client)
+	lateEnd := awaitEnd(t, late)
+	checkCoreGone(t, recv(t, earlyEnd, "the end of the early stream"), grace, lost)
+	checkCoreGone(t, recv(t, lateEnd, "the end of the late stream"), grace, lateStart)
+	if n := gone.Load(); n != 3 {
+		t.Errorf("CoreGone called %d times, want 3", n)
+	}
 }

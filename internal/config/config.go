@@ -77,6 +77,10 @@ type Config struct {
 	// and ContainerStatus: runtime (forwarded), state (pleg-nri's state where it is current) or check
 	// (forwarded, and compared with the state's answer) (kubelet.ReadSource).
 	ReadSource string `json:"read-source"`
+	// CoreGrace is how long the front keeps its clients' event streams open while no core serves its
+	// events (a core killed and not restarted): then it ends them with UNAVAILABLE, so that the
+	// kubelet relists (kubelet.RelayConfig.CoreGrace). 0 disables it.
+	CoreGrace Duration `json:"core-grace"`
 }
 
 // Default returns the configuration used for every key not set. The packages' own defaults are
@@ -99,6 +103,7 @@ func Default() Config {
 		StartupReplay:       Duration(time.Minute),
 		ReadFreshness:       string(kubelet.DefaultReadFreshness),
 		ReadSource:          string(kubelet.DefaultReadSource),
+		CoreGrace:           Duration(kubelet.DefaultCoreGrace),
 	}
 }
 
@@ -239,6 +244,9 @@ func (c Config) Validate() error {
 	}
 	if c.CacheTick < 0 || (c.CacheTick > 0 && time.Duration(c.CacheTick) < 100*time.Millisecond) {
 		bad("cache-tick", "must be 0 (off) or at least 100ms, got %s", c.CacheTick)
+	}
+	if c.CoreGrace < 0 || (c.CoreGrace > 0 && time.Duration(c.CoreGrace) < time.Second) {
+		bad("core-grace", "must be 0 (off) or at least 1s, got %s", c.CoreGrace)
 	}
 	if c.StartupReplay < 0 {
 		bad("startup-replay", "must not be negative (0 disables it), got %s", c.StartupReplay)

@@ -47,6 +47,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "read freshness", data: "read-freshness: hold\n", want: func(c *Config) { c.ReadFreshness = "hold" }},
 		{name: "bad read freshness", data: "read-freshness: fast\n", wantErr: `config key "read-freshness": want overlay, hold or off`},
 		{name: "checkpoint interval", data: "checkpoint-interval: 250ms\n", want: func(c *Config) { c.CheckpointInterval = Duration(250 * time.Millisecond) }},
+		{name: "core grace", data: "core-grace: 5s\n", want: func(c *Config) { c.CoreGrace = Duration(5 * time.Second) }},
+		{name: "no core grace", data: "core-grace: 0s\n", want: func(c *Config) { c.CoreGrace = 0 }},
+		{name: "core grace too short", data: "core-grace: 500ms\n", wantErr: `config key "core-grace": must be 0 (off) or at least 1s`},
+		{name: "negative core grace", data: "core-grace: -1s\n", wantErr: `config key "core-grace": must be 0 (off) or at least 1s`},
 		{name: "checkpoint interval too short", data: "checkpoint-interval: 1ms\n", wantErr: `config key "checkpoint-interval": must be at least 10ms`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
