@@ -126,7 +126,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}

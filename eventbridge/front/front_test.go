@@ -248,7 +248,7 @@ func TestRun(t *testing.T) {
 		t.Errorf("relayed %v", ev)
 	}
 
-	fams, err := Gatherer{RunDir: cfg.RunDir}.Gather()
+	fams, err := (&Gatherer{RunDir: cfg.RunDir}).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
