@@ -154,11 +154,18 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 	return out, nil
 }
 
-// loadCheckpoint reads the checkpoint at path and makes it the baseline of the state. It never fails:
-// an unusable checkpoint is set aside and the state stays empty.
+// loadCheckpoint reads the checkpoint at path and makes it the baseline of the state, after removing
+// the temporary files of writes a crash interrupted. It never fails: an unusable checkpoint is set
+// aside and the state stays empty.
 func (p *PLEG) loadCheckpoint(ctx context.Context) {
 	path := p.cfg.CheckpointPath
 	logger := log.G(ctx).WithField("checkpoint", path)
+	// The state directory is this core's (LockStateDir): no write of another core is under way.
+	if removed, err := removeCheckpointTemps(path); err != nil {
+		logger.WithError(err).Warn("failed to remove the temporary files of interrupted checkpoint writes")
+	} else if len(removed) > 0 {
+		logger.WithField("files", removed).Info("removed the temporary files of interrupted checkpoint writes")
+	}
 	data, err := readCheckpointFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		logger.Info("no checkpoint: every sandbox and container found is new")

@@ -27,6 +27,12 @@ func readCheckpointFile(path string) ([]byte, error) {
 	return data, nil
 }
 
+// removeCheckpointTemps removes the temporary files of checkpoint writes that a crash interrupted
+// (atomicfile's, beside path).
+func removeCheckpointTemps(path string) ([]string, error) {
+	return atomicfile.RemoveTemps(path)
+}
+
 // writeCheckpointFile replaces the checkpoint at path with data durably (0600).
 func writeCheckpointFile(path string, data []byte) error {
 	return atomicfile.WriteFile(path, data, 0o600)

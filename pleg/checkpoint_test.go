@@ -9,7 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -780,4 +782,32 @@ func BenchmarkCheckpoint(b *testing.B) {
 			st.restore(c)
 		}
 	})
+}
+
+// TestNewRemovesCheckpointTemps: the temporary files a crash left beside the checkpoint (a write
+// that did not reach its rename) are removed when a core starts; other files are left alone.
+func TestNewRemovesCheckpointTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint")
+	ours := []string{".checkpoint.tmp-123456", ".checkpoint.tmp-"}
+	others := []string{"checkpoint.unusable", ".other.tmp-1", "checkpoint.tmp-1", StateLockName}
+	for _, name := range append(append([]string{}, ours...), others...) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := New(Config{Status: newFakeCRI(), CheckpointPath: path, CheckpointScope: testScope}); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	sort.Strings(left)
+	want := append([]string{}, others...)
+	sort.Strings(want)
+	if !reflect.DeepEqual(left, want) {
+		t.Errorf("left in the state directory: %v, want %v", left, want)
+	}
 }

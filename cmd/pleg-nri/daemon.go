@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,7 +13,6 @@ import (
 	"github.com/containerd/log"
 	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -129,7 +126,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 
 	if cfg.MetricsAddress != "" {
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
+		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -316,39 +313,6 @@ func serverFailure(srv *kubelet.Server) func(context.Context) error {
 
 // servingLog is logged once the daemon serves: every listener is open (the metrics server's too).
 const servingLog = "pleg-nri is serving"
-
-// serveMetrics serves /metrics (what g gathers), /healthz and /readyz (ready) on addr until stop is
-// called.
-func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready *readiness) (stop func(), err error) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready.check(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	if ip := l.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
-		log.G(ctx).WithField("address", l.Addr().String()).Warn("metrics server listens on a non-loopback address, without authentication")
-	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.G(ctx).WithError(err).Error("metrics server failed")
-		}
-	}()
-	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(sctx)
-	}, nil
-}
 
 // observerFunc adapts a function to the plugin's and the event bridge's Observer interfaces.
 type observerFunc func(pleg.Observation)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -94,6 +95,9 @@ type front struct {
 	// sharers are the open connections of "share" requests: closed when this front stops serving, so
 	// that the core that watches this front learns it at once.
 	sharers map[*net.UnixConn]struct{}
+	// timeout bounds each control exchange (reading the request, writing the answer); zero is
+	// controlTimeout. A handoff waits longer for its successor (handOff).
+	timeout time.Duration
 }
 
 func (f *front) closeControl() {
@@ -108,17 +112,24 @@ func (f *front) closeControl() {
 	}
 }
 
-// serveControl answers the control socket until it is closed.
+// serveControl answers the control socket until it is closed. A failed accept (EMFILE: the process is
+// out of file descriptors) does not end it, or no core could find the front again: it waits, from
+// acceptRetryMin doubling to acceptRetryMax while accepts fail, and accepts again.
 func (f *front) serveControl(ctx context.Context) {
+	var delay time.Duration
 	for {
 		c, err := f.ctl.Accept()
 		if err != nil {
-			if !f.closed.Load() {
-				log.G(ctx).WithError(err).Warn("control socket failed")
+			if f.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			delay = min(max(2*delay, acceptRetryMin), acceptRetryMax)
+			log.G(ctx).WithError(err).WithField("retry-in", delay).Warn("control socket: accept failed")
+			time.Sleep(delay)
+			continue
 		}
-		go f.handleControl(ctx, c.(*net.UnixConn))
+		delay = 0
+		go f.handleControl(ctx, c)
 	}
 }
 
@@ -128,11 +139,21 @@ func (f *front) info() Info {
 		CoreGrace: f.cfg.CoreGrace.String()}
 }
 
-func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
+// handleControl answers one request. The exchange has f.timeout to read a line of at most
+// maxControlLine bytes and write the answer: a client that sends an endless line or never reads
+// holds a handler no longer.
+func (f *front) handleControl(ctx context.Context, c net.Conn) {
 	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(controlTimeout))
-	line, err := bufio.NewReader(c).ReadBytes('\n')
+	timeout := f.timeout
+	if timeout == 0 {
+		timeout = controlTimeout
+	}
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	line, err := bufio.NewReader(io.LimitReader(c, maxControlLine)).ReadBytes('\n')
 	if err != nil {
+		if errors.Is(err, io.EOF) && len(line) == maxControlLine {
+			log.G(ctx).WithField("limit", maxControlLine).Warn("control socket: request line too long: refused")
+		}
 		return
 	}
 	var req request
@@ -152,9 +173,15 @@ func (f *front) handleControl(ctx context.Context, c *net.UnixConn) {
 		_, _ = c.Write(append(info, '\n'))
 		f.once.Do(func() { close(f.stop) })
 	case "share":
-		f.share(ctx, c, info)
+		if uc, ok := c.(*net.UnixConn); ok {
+			f.share(ctx, uc, info)
+		}
 	case "handoff":
-		if err := f.handOff(ctx, c, info); err != nil {
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			return
+		}
+		if err := f.handOff(ctx, uc, info); err != nil {
 			log.G(ctx).WithError(err).Warn("handing the sockets over failed: serving on")
 			return
 		}
@@ -218,7 +245,7 @@ func (f *front) share(ctx context.Context, c *net.UnixConn, info []byte) {
 	}
 	f.sharers[c] = struct{}{}
 	f.mu.Unlock()
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	_, _ = io.Copy(io.Discard, c)
 	f.mu.Lock()
 	delete(f.sharers, c)

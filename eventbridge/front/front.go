@@ -39,4 +39,10 @@ const (
 	startTimeout   = 20 * time.Second
 	controlTimeout = 5 * time.Second
 	StopTimeout    = 5 * time.Second
+	// maxControlLine bounds a request line on the control socket (a request is a few bytes of JSON).
+	maxControlLine = 4 << 10
+	// acceptRetryMin and acceptRetryMax bound the wait after a failed accept on the control socket
+	// (as net/http's Server.Serve does).
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
 )

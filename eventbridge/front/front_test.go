@@ -238,7 +238,7 @@ func TestRunEndsStreamsWithoutCore(t *testing.T) {
 		t.Errorf("the stream's end says %q, want the core has not come back", err)
 	}
 	if err := testutil.Poll(ctx, waitTimeout, "the metrics to count the end", func() (bool, error) {
-		fams, err := Gatherer{RunDir: cfg.RunDir}.Gather()
+		fams, err := (&Gatherer{RunDir: cfg.RunDir}).Gather()
 		if err != nil {
 			return false, err
 		}
@@ -309,7 +309,7 @@ func TestRun(t *testing.T) {
 		t.Errorf("relayed %v", ev)
 	}
 
-	fams, err := Gatherer{RunDir: cfg.RunDir}.Gather()
+	fams, err := (&Gatherer{RunDir: cfg.RunDir}).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

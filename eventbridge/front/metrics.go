@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,26 +18,32 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 )
 
+// frontMetricsSpacing is the least time between the end of one metrics request to the front and the
+// start of the next: however many scrapes run, the front's control socket (in the process that serves
+// the kubelet's CRI calls) gets one metrics request at a time and at most about ten a second.
+const frontMetricsSpacing = 100 * time.Millisecond
+
 // Gatherer gathers the front's metrics from its control socket, for the core's /metrics. No front
-// answering is no error (and no metrics): the core's own metrics are served anyway.
+// answering is no error (and no metrics): the core's own metrics are served anyway. The front is asked
+// by one scrape at a time; a scrape that waited for another's request shares its answer if that
+// request started after the scrape did (so an answer is never older than its scrape), else asks.
 type Gatherer struct {
 	// RunDir is the front's run directory.
 	RunDir string
+
+	// mu guards the fields below and is held while the front is asked.
+	mu sync.Mutex
+	// data and err are the front's last answer (data nil: no front), asked at asked; ended is when
+	// that answer came.
+	data         []byte
+	err          error
+	asked, ended time.Time
 }
 
-func (g Gatherer) Gather() ([]*dto.MetricFamily, error) {
-	c, err := dialControl(filepath.Join(g.RunDir, ControlSocketName))
-	if err != nil {
-		return nil, nil
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(controlTimeout))
-	if _, err := c.Write([]byte(`{"op":"metrics"}` + "\n")); err != nil {
-		return nil, fmt.Errorf("front metrics: %w", err)
-	}
-	data, err := io.ReadAll(io.LimitReader(c, 16<<20))
-	if err != nil {
-		return nil, fmt.Errorf("front metrics: %w", err)
+func (g *Gatherer) Gather() ([]*dto.MetricFamily, error) {
+	data, err := g.text()
+	if data == nil || err != nil {
+		return nil, err
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(data))
@@ -57,6 +64,41 @@ func (g Gatherer) Gather() ([]*dto.MetricFamily, error) {
 	return out, nil
 }
 
+// text is the front's metrics in the text format, asked after the call began.
+func (g *Gatherer) text() ([]byte, error) {
+	start := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.asked.After(start) {
+		return g.data, g.err
+	}
+	if wait := frontMetricsSpacing - time.Since(g.ended); wait > 0 {
+		time.Sleep(wait)
+	}
+	g.asked = time.Now()
+	g.data, g.err = g.ask()
+	g.ended = time.Now()
+	return g.data, g.err
+}
+
+// ask asks the front for its metrics, within controlTimeout.
+func (g *Gatherer) ask() ([]byte, error) {
+	c, err := dialControl(filepath.Join(g.RunDir, ControlSocketName))
+	if err != nil {
+		return nil, nil
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(controlTimeout))
+	if _, err := c.Write([]byte(`{"op":"metrics"}` + "\n")); err != nil {
+		return nil, fmt.Errorf("front metrics: %w", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(c, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("front metrics: %w", err)
+	}
+	return data, nil
+}
+
 // SupervisorMetrics are the Supervisor's metrics, kept by the core: whether a front serves the
 // kubelet's endpoint, and how often one was started in place of one that went away.
 type SupervisorMetrics struct {
@@ -70,7 +112,7 @@ func NewSupervisorMetrics(reg prometheus.Registerer) *SupervisorMetrics {
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: promutil.Namespace, Name: "front_up",
 			Help: "1 while a front serves the kubelet's CRI endpoint (the core watches it), 0 while none does: the node's runtime endpoint is down."}),
 		respawned: prometheus.NewCounter(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "front_respawns_total",
-			Help: "Fronts the core started in place of one that went away (killed, crashed, stopped) while the core ran."}),
+			Help: "Fronts the core started (or tried to) in place of one that went away (killed, crashed, stopped) while the core ran."}),
 	}
 	reg.MustRegister(m.up, m.respawned)
 	return m

@@ -114,8 +114,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	if cfg.LogFile != "" {
-		if err := redirectOutput(cfg.LogFile); err != nil {
+		// Bounded (maxLogSize, rotated once): the run directory is usually a tmpfs.
+		if lf, err := openLogFile(cfg.LogFile, maxLogSize, 1, 2); err != nil {
 			log.G(ctx).WithError(err).Warn("cannot log to the log file: logging to stderr")
+		} else {
+			log.G(ctx).Logger.SetOutput(lf)
 		}
 	}
 	f := &front{cfg: cfg, lis: lis, ctl: ctl, reg: reg, stop: make(chan struct{}), handedOver: make(chan struct{})}
@@ -158,19 +161,4 @@ func inheritedListener(cfg Config) (net.Listener, error) {
 		return nil, fmt.Errorf("--listen-fd %d is a socket of %s, not of --listen %s", cfg.ListenFD, got, cfg.Listen)
 	}
 	return l, nil
-}
-
-// redirectOutput makes path (appended to, 0600) the process's stdout and stderr.
-func redirectOutput(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for _, fd := range []int{1, 2} {
-		if err := syscall.Dup3(int(f.Fd()), fd, 0); err != nil {
-			return fmt.Errorf("failed to redirect fd %d to %s: %w", fd, path, err)
-		}
-	}
-	return nil
 }

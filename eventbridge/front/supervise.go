@@ -28,9 +28,10 @@ import (
 //   - The socket stays open in the core while no front runs: the kernel keeps accepting connections
 //     into its backlog, so the kubelet's calls made meanwhile wait instead of failing, and no socket
 //     file disappears.
-//   - The supervisor spawns a new front on that socket (--listen-fd) and watches it in turn. If that
-//     fails, it lets the socket go, so calls fail with UNAVAILABLE rather than wait on a socket that no
-//     front may serve, and tries again (a new front then opens a new socket), backing off.
+//   - The supervisor spawns a new front on that socket (--listen-fd) and watches it in turn. If starts
+//     keep failing for holdWhileFailing, it lets the socket go, so calls fail with UNAVAILABLE rather
+//     than wait on a socket that no front may serve, and tries again (a new front then opens a new
+//     socket), backing off.
 //
 // A front replaced on purpose (a takeover by a newer one) is not respawned: a front answers again
 // when the old one's connection ends, and the supervisor watches that one.
@@ -47,8 +48,8 @@ type SupervisorHooks interface {
 	// FrontUp is called with true when a front serves (the supervisor watches it), false when none
 	// does.
 	FrontUp(up bool)
-	// FrontRespawned is called each time the supervisor started a front in place of one that went
-	// away.
+	// FrontRespawned is called each time the supervisor starts a front in place of one that went
+	// away (before the start, which may fail).
 	FrontRespawned()
 }
 
@@ -58,6 +59,9 @@ const (
 	stopRace        = 20 * time.Millisecond
 	respawnRetryMin = 100 * time.Millisecond
 	respawnRetryMax = 5 * time.Second
+	// holdWhileFailing is how long the kept socket stays open (calls wait in its backlog) while fronts
+	// fail to start: one that was killed while starting is tried again at once on the same socket.
+	holdWhileFailing = 2 * time.Second
 )
 
 // NewSupervisor returns the supervisor of the front that serves cfg.Listen (see Ensure, which starts
@@ -85,6 +89,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			_ = held.Close()
 		}
 	}()
+	// failingSince is when the starts began to fail (zero while they do not).
+	var failingSince time.Time
 	retry := &backoff.ExponentialBackOff{InitialInterval: respawnRetryMin, Multiplier: 2, MaxInterval: respawnRetryMax}
 	for ctx.Err() == nil {
 		conn, info, lf, err := shareListener(s.cfg.RunDir)
@@ -122,14 +128,22 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		}
 		s.setUp(false)
 		log.G(ctx).WithField("keeps-socket", held != nil).Warn("no front serves the CRI endpoint: starting one")
+		if s.hooks != nil {
+			s.hooks.FrontRespawned()
+		}
 		if err := spawn(ctx, s.cfg, s.preRegistered, held); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			log.G(ctx).WithError(err).Error("failed to start a front")
-			if held != nil {
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if held != nil && time.Since(failingSince) >= holdWhileFailing {
 				// Calls must fail (UNAVAILABLE), not wait on a socket that no front may serve: let it
 				// go; the next front opens the socket anew.
+				log.G(ctx).WithField("failing-for", time.Since(failingSince).Round(time.Millisecond)).
+					Warn("no front could be started: closing the kept socket, calls fail until one starts")
 				_ = held.Close()
 				held = nil
 			}
@@ -138,9 +152,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		if s.hooks != nil {
-			s.hooks.FrontRespawned()
-		}
+		failingSince = time.Time{}
 	}
 	return nil
 }

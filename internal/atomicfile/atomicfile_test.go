@@ -71,3 +71,39 @@ func TestSyncDir(t *testing.T) {
 		t.Error("syncDir of a missing directory: no error")
 	}
 }
+
+// TestRemoveTemps: the temporary files of writes to path that never reached their rename are removed,
+// those of another path and other files are not; a missing directory is no error.
+func TestRemoveTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteFile(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A crash between WriteFile's CreateTemp and its rename leaves this.
+	tmp, err := os.CreateTemp(dir, tempPrefix(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp.Close()
+	other, err := os.CreateTemp(dir, tempPrefix(filepath.Join(dir, "g")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	removed, err := RemoveTemps(path)
+	if err != nil || len(removed) != 1 || removed[0] != filepath.Base(tmp.Name()) {
+		t.Errorf("RemoveTemps: %v, %v; want [%s]", removed, err, filepath.Base(tmp.Name()))
+	}
+	for _, keep := range []string{path, other.Name()} {
+		if _, err := os.Stat(keep); err != nil {
+			t.Errorf("%s: %v", keep, err)
+		}
+	}
+	if _, err := os.Stat(tmp.Name()); !os.IsNotExist(err) {
+		t.Errorf("%s is still there (%v)", tmp.Name(), err)
+	}
+	if removed, err := RemoveTemps(filepath.Join(dir, "gone", "f")); err != nil || removed != nil {
+		t.Errorf("RemoveTemps in a missing directory: %v, %v", removed, err)
+	}
+}

@@ -61,6 +61,11 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 		}
 		at := time.Now()
 		killedAt = append(killedAt, at)
+		// A call that the dying front accepted before its end is reset with it: the probe is made once
+		// it is gone, in the gap, as the kubelet's reconnection is.
+		if err := testutil.WaitGone(context.Background(), before, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		// A new connection right after the kill, as the kubelet's reconnection makes.
 		probe := newCRI(t, p.Socket)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
