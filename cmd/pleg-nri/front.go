@@ -15,7 +15,8 @@ import (
 // frontConfig is the front's configuration for the daemon's cfg.
 func frontConfig(cfg config.Config) front.Config {
 	return front.Config{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: cfg.RunDirectory(), LogLevel: cfg.LogLevel,
-		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, ReadSource: cfg.ReadSource, Version: version}
+		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, ReadSource: cfg.ReadSource,
+		AllowTCPListen: cfg.AllowTCPListen, Version: version}
 }
 
 // frontCommand is `pleg-nri front`, the front process the daemon starts (package front). Its flags are

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
 
 // Config is the front's configuration: a subset of the daemon's keys.
@@ -21,6 +23,8 @@ type Config struct {
 	ReadFreshness string
 	// RefreshAfterStop is the daemon's refresh-after-stop key.
 	RefreshAfterStop bool
+	// AllowTCPListen is the daemon's allow-tcp-listen key: without it a tcp:// Listen is refused.
+	AllowTCPListen bool
 	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
 	// the core's state (asked on its socket) with state, and compares them with check.
 	ReadSource string
@@ -40,6 +44,9 @@ func (c Config) Args() []string {
 	if c.RefreshAfterStop {
 		a = append(a, "--refresh-after-stop")
 	}
+	if c.AllowTCPListen {
+		a = append(a, "--allow-tcp-listen")
+	}
 	if c.ReadSource != "" {
 		a = append(a, "--read-source", c.ReadSource)
 	}
@@ -53,7 +60,7 @@ func (c Config) Args() []string {
 // defaults.
 func ParseArgs(args []string, defaults Config) (Config, error) {
 	c := defaults
-	c.Takeover, c.LogFile, c.RefreshAfterStop = false, "", false
+	c.Takeover, c.LogFile, c.RefreshAfterStop, c.AllowTCPListen = false, "", false, false
 	fs := flag.NewFlagSet("pleg-nri front", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "CRI endpoint served to the kubelet")
 	fs.StringVar(&c.RuntimeEndpoint, "runtime-endpoint", c.RuntimeEndpoint, "containerd's CRI endpoint (forwarded calls)")
@@ -64,11 +71,16 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
 	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
+	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	// Checked here too, not only by the listener: a front taking a TCP socket over opens none.
+	if network, _, err := dial.ParseEndpoint(c.Listen); err == nil && network == "tcp" && !c.AllowTCPListen {
+		return c, fmt.Errorf("--listen %s: a TCP endpoint is refused without --allow-tcp-listen (it has no authentication)", c.Listen)
 	}
 	if !filepath.IsAbs(c.RunDir) {
 		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)

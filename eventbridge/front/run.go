@@ -34,7 +34,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer predecessor.Close()
 	} else {
-		if lis, err = kubelet.Listen(ctx, cfg.Listen); err != nil {
+		if lis, err = (kubelet.ListenConfig{AllowTCP: cfg.AllowTCPListen}).Listen(ctx, cfg.Listen); err != nil {
 			return err
 		}
 		if ctl, err = kubelet.Listen(ctx, filepath.Join(cfg.RunDir, ControlSocketName)); err != nil {
@@ -65,6 +65,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// The front's connection to the runtime is "front_cri"; the core's is "cri".
 	em := kubelet.NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "front_cri"), "front_cri")
 	promutil.RegisterProcessCollectors(reg, "front")
+	refused := kubelet.NewRefusedPeersMetric(reg)
+	kubelet.OnRefusedPeer(lis, refused.WithLabelValues(kubelet.SocketCRI).Inc)
+	kubelet.OnRefusedPeer(ctl, refused.WithLabelValues(kubelet.SocketControl).Inc)
 	relay, err := kubelet.DialRelay(kubelet.RelayConfig{
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
 		Gate:         kubelet.NewRuntimeGate(ctx, backend),
@@ -126,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // redirectOutput makes path (appended to, 0600) the process's stdout and stderr.
 func redirectOutput(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := openLog(path)
 	if err != nil {
 		return err
 	}
@@ -137,4 +140,10 @@ func redirectOutput(path string) error {
 		}
 	}
 	return nil
+}
+
+// openLog opens the log file at path to append to it, creating it 0600; a symbolic link there is
+// refused, not followed (the output would go to the file it names).
+func openLog(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 }

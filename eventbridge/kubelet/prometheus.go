@@ -130,3 +130,20 @@ func (m *PrometheusMetrics) RefreshSent(caughtUp bool) {
 
 // Resubscribed counts a subscription of the front's Relay made again after one ended (RelayConfig.Resubscribed).
 func (m *PrometheusMetrics) Resubscribed() { m.resubscribed.Inc() }
+
+// The sockets of the refused-connections metric (its socket label).
+const (
+	SocketCRI     = "cri"
+	SocketControl = "control"
+	SocketCore    = "core"
+)
+
+// NewRefusedPeersMetric registers on reg the count of connections a socket refused (see OnRefusedPeer),
+// by socket: the front's (cri, control) and the core's (core) are one metric on the core's /metrics.
+func NewRefusedPeersMetric(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "refused_connections_total",
+		Help: "Connections to pleg-nri's unix sockets closed at once because the peer was neither root nor pleg-nri's user, by socket (cri, control, core)."},
+		[]string{"socket"})
+	reg.MustRegister(c)
+	return c
+}
