@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	"github.com/pleg-nri/pleg-nri/internal/atomicfile"
 )
@@ -12,7 +13,8 @@ import (
 const maxCheckpointSize = 256 << 20
 
 func readCheckpointFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	// Not through a symbolic link: the checkpoint is pleg-nri's own file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, err
 	}

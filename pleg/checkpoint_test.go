@@ -430,6 +430,22 @@ func TestCheckpointUnusable(t *testing.T) {
 			t.Errorf("a checkpoint of another runtime was used: %v, %d objects", m.loaded, len(p.st.objects))
 		}
 	})
+	t.Run("symlink", func(t *testing.T) {
+		// A valid checkpoint, but through a symbolic link: not pleg-nri's own file, not used, and what
+		// it names is left alone.
+		target := filepath.Join(t.TempDir(), "elsewhere")
+		if err := os.WriteFile(target, valid, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "checkpoint")
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		checkFresh(t, cri, clock, path)
+		if got, err := os.ReadFile(target); err != nil || !bytes.Equal(got, valid) {
+			t.Errorf("the file the link named changed: %v", err)
+		}
+	})
 	t.Run("absent", func(t *testing.T) {
 		_, m := newProcess(t, cri, clock, filepath.Join(t.TempDir(), "new", "checkpoint"))
 		if !slices.Equal(m.loaded, []string{CheckpointAbsent}) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/pleg-nri/pleg-nri/internal/trusteddir"
 )
 
 // StateLockName is the lock file of the state directory.
@@ -26,27 +28,25 @@ const DefaultStateLockWait = 10 * time.Second
 // stateLockPoll is how often the lock is tried while another core holds it.
 const stateLockPoll = 50 * time.Millisecond
 
-// LockStateDir makes the state directory (0700) if needed, checks that it is a writable directory, and
-// takes its lock (an exclusive flock on <dir>/lock, which holds the owner's pid), waiting up to wait
-// while another process holds it. Two cores on one state directory would read and write one checkpoint,
+// LockStateDir makes the state directory (0700) if needed, checks that it is a writable directory that
+// only root or this user can change (trusteddir.Check), and takes its lock (an exclusive flock on
+// <dir>/lock, never through a symbolic link, which holds the owner's pid), waiting up to wait while
+// another process holds it. Two cores on one state directory would read and write one checkpoint,
 // each over the other's: the second gets an error naming the first. unlock releases the lock; the
 // kernel releases it too when the process ends, however it ends.
 func LockStateDir(ctx context.Context, dir string, wait time.Duration) (unlock func(), err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot create %s: %w", dir, err)
 	}
-	fi, err := os.Stat(dir)
-	if err != nil {
+	// Another user who could change what is in it could make pleg-nri write (as root) where they like.
+	if err := trusteddir.Check(dir); err != nil {
 		return nil, err
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("%s is not a directory", dir)
 	}
 	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
 		return nil, fmt.Errorf("%s is not writable: %w", dir, err)
 	}
 	path := filepath.Join(dir, StateLockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the state directory's lock: %w", err)
 	}

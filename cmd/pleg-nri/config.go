@@ -29,6 +29,8 @@ func daemonFlags(d config.Config) []cli.Flag {
 		str("containerd-namespace", "containerd namespace of the CRI", d.ContainerdNamespace),
 		str("runtime-endpoint", "containerd's CRI endpoint (statuses, relists, forwarded calls)", d.RuntimeEndpoint),
 		str("listen", "CRI endpoint served to the kubelet", d.Listen),
+		&cli.BoolFlag{Name: "allow-tcp-listen", Value: d.AllowTCPListen, Local: true,
+			Usage: "allow a tcp:// listen (no authentication: whoever connects has containerd's whole API, root on the node)"},
 		str("run-dir", "directory of the core's event socket and the front's control socket (default: the --listen socket's)", d.RunDir),
 		str("metrics-address", "address of /metrics, /healthz and /readyz (empty disables)", d.MetricsAddress),
 		dur("relist-period", "how often the reconciler relists", d.RelistPeriod),

@@ -98,7 +98,8 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	// A front that goes away while the core runs is replaced at once, on the same socket.
 	comps.run(ctx, "front supervisor", front.NewSupervisor(frontConfig(cfg), preRegistered,
 		frontHooks{front.NewSupervisorMetrics(reg), ready}).Run)
-	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams})
+	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams,
+		refused: kubelet.NewRefusedPeersMetric(reg).WithLabelValues(kubelet.SocketCore)})
 	if err != nil {
 		return err
 	}
@@ -292,7 +293,15 @@ func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.Clien
 	if srv, err = kubelet.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), proxy); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
-	if err := srv.Start(ctx); err != nil {
+	l, err := kubelet.Listen(ctx, "unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName))
+	if err != nil {
+		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
+	}
+	if m.refused != nil {
+		kubelet.OnRefusedPeer(l, m.refused.Inc)
+	}
+	if err := srv.StartOn(ctx, l); err != nil {
+		_ = l.Close()
 		return nil, nil, fmt.Errorf("config key \"run-dir\": core event socket: %w", err)
 	}
 	// The core first stops counting what its streams do not send as received (see pleg.PLEG.Stopping).

@@ -168,7 +168,7 @@ func TestDaemonBadConfiguration(t *testing.T) {
 }
 
 // roDir returns a read-only directory: a read-only tmpfs when running as root (whom permission bits do
-// not stop), else a 0555 directory.
+// not stop), 0755 (a tmpfs's default, 1777, is refused as writable by others), else a 0555 directory.
 func roDir(t *testing.T, parent string) string {
 	t.Helper()
 	dir := filepath.Join(parent, "ro")
@@ -182,7 +182,7 @@ func roDir(t *testing.T, parent string) string {
 		t.Cleanup(func() { _ = os.Chmod(dir, 0o755) })
 		return dir
 	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_RDONLY|syscall.MS_NOSUID|syscall.MS_NODEV, "size=64k"); err != nil {
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_RDONLY|syscall.MS_NOSUID|syscall.MS_NODEV, "size=64k,mode=0755"); err != nil {
 		t.Skipf("cannot mount a read-only tmpfs for the read-only directory case: %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })

@@ -17,7 +17,7 @@ import (
 func frontConfig(cfg config.Config) front.Config {
 	return front.Config{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: cfg.RunDirectory(), LogLevel: cfg.LogLevel,
 		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, ReadSource: cfg.ReadSource,
-		CoreGrace: time.Duration(cfg.CoreGrace), Version: version}
+		CoreGrace: time.Duration(cfg.CoreGrace), AllowTCPListen: cfg.AllowTCPListen, Version: version}
 }
 
 // frontCommand is `pleg-nri front`, the front process the daemon starts (package front). Its flags are

@@ -45,6 +45,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	plugin.NewPrometheusMetrics(&reg, upstreams)
 	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
 	front.NewSupervisorMetrics(&reg)
+	kubelet.NewRefusedPeersMetric(&reg)
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {

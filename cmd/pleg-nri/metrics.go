@@ -3,6 +3,8 @@ package main
 import (
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -19,6 +21,8 @@ type coreProxyMetrics struct {
 	kubelet.NopMetrics
 	core      *pleg.PrometheusMetrics
 	upstreams *promutil.Upstreams
+	// refused counts the connections the core's socket refused (kubelet.OnRefusedPeer); nil: none.
+	refused prometheus.Counter
 }
 
 var _ kubelet.Metrics = coreProxyMetrics{}

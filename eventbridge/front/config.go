@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
 
 // Config is the front's configuration: a subset of the daemon's keys.
@@ -28,6 +30,8 @@ type Config struct {
 	ReadFreshness string
 	// RefreshAfterStop is the daemon's refresh-after-stop key.
 	RefreshAfterStop bool
+	// AllowTCPListen is the daemon's allow-tcp-listen key: without it a tcp:// Listen is refused.
+	AllowTCPListen bool
 	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
 	// the core's state (asked on its socket) with state, and compares them with check.
 	ReadSource string
@@ -53,6 +57,9 @@ func (c Config) Args() []string {
 	if c.RefreshAfterStop {
 		a = append(a, "--refresh-after-stop")
 	}
+	if c.AllowTCPListen {
+		a = append(a, "--allow-tcp-listen")
+	}
 	if c.ReadSource != "" {
 		a = append(a, "--read-source", c.ReadSource)
 	}
@@ -66,7 +73,7 @@ func (c Config) Args() []string {
 // defaults.
 func ParseArgs(args []string, defaults Config) (Config, error) {
 	c := defaults
-	c.Takeover, c.ListenFD, c.LogFile, c.RefreshAfterStop = false, 0, "", false
+	c.Takeover, c.ListenFD, c.LogFile, c.RefreshAfterStop, c.AllowTCPListen = false, 0, "", false, false
 	fs := flag.NewFlagSet("pleg-nri front", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "CRI endpoint served to the kubelet")
 	fs.StringVar(&c.RuntimeEndpoint, "runtime-endpoint", c.RuntimeEndpoint, "containerd's CRI endpoint (forwarded calls)")
@@ -79,6 +86,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
 	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
+	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -90,6 +98,10 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	}
 	if c.CoreGrace < 0 {
 		return c, fmt.Errorf("--core-grace must not be negative, got %s", c.CoreGrace)
+	}
+	// Checked here too, not only by the listener: a front taking a TCP socket over opens none.
+	if network, _, err := dial.ParseEndpoint(c.Listen); err == nil && network == "tcp" && !c.AllowTCPListen {
+		return c, fmt.Errorf("--listen %s: a TCP endpoint is refused without --allow-tcp-listen (it has no authentication)", c.Listen)
 	}
 	if !filepath.IsAbs(c.RunDir) {
 		return c, fmt.Errorf("--run-dir must be an absolute path, got %q", c.RunDir)

@@ -152,6 +152,7 @@ func TestArgsRoundTrip(t *testing.T) {
 			LogLevel: "debug", ReadFreshness: "hold"},
 		{Listen: "/a.sock", RuntimeEndpoint: "/b.sock", RunDir: "/r", LogLevel: "info", ReadFreshness: "off", Takeover: true,
 			RefreshAfterStop: true, LogFile: "/r/front.log", CoreGrace: 20 * time.Second},
+		{Listen: "tcp://127.0.0.1:9000", RuntimeEndpoint: "/b.sock", RunDir: "/r", LogLevel: "info", ReadFreshness: "off", AllowTCPListen: true},
 	} {
 		args := c.Args()
 		if args[0] != "front" {
@@ -168,6 +169,12 @@ func TestArgsRoundTrip(t *testing.T) {
 	defaults := Config{Listen: "/l.sock", RunDir: "/run/x", Takeover: true}
 	if got, err := ParseArgs(nil, defaults); err != nil || got.Listen != "/l.sock" || got.RunDir != "/run/x" || got.Takeover {
 		t.Errorf("ParseArgs(nil, %+v) = %+v, %v: want the defaults but takeover", defaults, got, err)
+	}
+	// A TCP listen needs --allow-tcp-listen: a front taking a TCP socket over opens no listener that
+	// would refuse it.
+	if _, err := ParseArgs([]string{"--listen", "tcp://127.0.0.1:9000"}, Config{RunDir: "/run"}); err == nil ||
+		!strings.Contains(err.Error(), "--allow-tcp-listen") {
+		t.Errorf("ParseArgs of a TCP listen without --allow-tcp-listen: %v", err)
 	}
 	for _, args := range [][]string{{"--run-dir", "relative"}, {"extra"}, {"--no-such-flag"}, {"--core-grace", "-1s"}} {
 		if _, err := ParseArgs(args, Config{RunDir: "/run"}); err == nil {
@@ -439,5 +446,31 @@ func TestTailWriter(t *testing.T) {
 	_, _ = w.Write([]byte(strings.Repeat("x", 70<<10) + "\nlast words"))
 	if got := w.lastLine(); got != "last words" {
 		t.Errorf("lastLine() after a long write = %q", got)
+	}
+}
+
+// TestLogFileNotThroughSymlink: the front's log file is not opened through a symbolic link (a file of
+// the run directory that names another would have the front, root, append its log there).
+func TestLogFileNotThroughSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "precious")
+	if err := os.WriteFile(target, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, logName)
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := openLog(path); err == nil {
+		f.Close()
+		t.Error("opened the log file through a symbolic link")
+	}
+	f, err := openLog(filepath.Join(dir, "new.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("new log file: %v, %v; want 0600", fi.Mode(), err)
 	}
 }

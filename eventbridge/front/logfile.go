@@ -44,7 +44,7 @@ func openLogFile(path string, max int64, fds ...int) (*logFile, error) {
 }
 
 func (l *logFile) open() error {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := openLog(l.path)
 	if err != nil {
 		return err
 	}
@@ -92,4 +92,10 @@ func (l *logFile) rotate() {
 	l.size = 0
 	n, _ := fmt.Fprintf(l.f, "pleg-nri front: cannot rotate %s (%v): truncated it (%v)\n", l.path, err, terr)
 	l.size += int64(n)
+}
+
+// openLog opens the log file at path to append to it, creating it 0600; a symbolic link there is
+// refused, not followed (the output would go to the file it names).
+func openLog(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 }

@@ -37,9 +37,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer predecessor.Close()
 	default:
 		if cfg.ListenFD > 0 {
-			lis, err = inheritedListener(cfg)
+			lis, err = inheritedListener(ctx, cfg)
 		} else {
-			lis, err = kubelet.Listen(ctx, cfg.Listen)
+			lis, err = (kubelet.ListenConfig{AllowTCP: cfg.AllowTCPListen}).Listen(ctx, cfg.Listen)
 		}
 		if err != nil {
 			return err
@@ -78,6 +78,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// The front's connection to the runtime is "front_cri"; the core's is "cri".
 	em := kubelet.NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "front_cri"), "front_cri")
 	promutil.RegisterProcessCollectors(reg, "front")
+	refused := kubelet.NewRefusedPeersMetric(reg)
+	kubelet.OnRefusedPeer(lis, refused.WithLabelValues(kubelet.SocketCRI).Inc)
+	kubelet.OnRefusedPeer(ctl, refused.WithLabelValues(kubelet.SocketControl).Inc)
 	relay, err := kubelet.DialRelay(kubelet.RelayConfig{
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
 		Gate:         kubelet.NewRuntimeGate(ctx, backend),
@@ -143,22 +146,20 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // inheritedListener is the listening socket for cfg.Listen that the core handed this front as
-// descriptor cfg.ListenFD. It must be a socket at cfg.Listen's path.
-func inheritedListener(cfg Config) (net.Listener, error) {
+// descriptor cfg.ListenFD (the socket whose file is at cfg.Listen's path).
+func inheritedListener(ctx context.Context, cfg Config) (net.Listener, error) {
 	f := os.NewFile(uintptr(cfg.ListenFD), "listen")
 	if f == nil {
 		return nil, fmt.Errorf("--listen-fd %d: not a descriptor", cfg.ListenFD)
 	}
 	defer f.Close()
-	l, err := kubelet.FileListener(f)
+	path := ""
+	if network, address, err := dial.ParseEndpoint(cfg.Listen); err == nil && network == "unix" {
+		path = address
+	}
+	l, err := kubelet.FileListener(ctx, f, path)
 	if err != nil {
 		return nil, fmt.Errorf("--listen-fd %d: %w", cfg.ListenFD, err)
-	}
-	network, address, _ := dial.ParseEndpoint(cfg.Listen)
-	if got := l.Addr().String(); network == "unix" && got != address {
-		kubelet.KeepSocketFile(l)
-		_ = l.Close()
-		return nil, fmt.Errorf("--listen-fd %d is a socket of %s, not of --listen %s", cfg.ListenFD, got, cfg.Listen)
 	}
 	return l, nil
 }

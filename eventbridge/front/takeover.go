@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 )
 
 // handOff sends the listening sockets to a successor and waits until it serves on them. On success the
@@ -77,11 +78,17 @@ func takeOver(ctx context.Context, cfg Config) (lis, ctl net.Listener, conn *net
 		return nil, nil, nil, fmt.Errorf("takeover: the running front serves %s, not %s", old.Listen, cfg.Listen)
 	}
 	defer closeAll()
-	if lis, err = kubelet.FileListener(files[0]); err != nil {
+	// The paths are this front's configuration's (the same as the running front's, checked above).
+	_, lisPath, err := dial.ParseEndpoint(cfg.Listen)
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("takeover: %w", err)
+	}
+	if lis, err = kubelet.FileListener(ctx, files[0], lisPath); err != nil {
 		conn.Close()
 		return nil, nil, nil, err
 	}
-	if ctl, err = kubelet.FileListener(files[1]); err != nil {
+	if ctl, err = kubelet.FileListener(ctx, files[1], filepath.Join(cfg.RunDir, ControlSocketName)); err != nil {
 		kubelet.KeepSocketFile(lis) // the previous front serves on
 		_ = lis.Close()
 		conn.Close()

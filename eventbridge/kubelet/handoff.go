@@ -1,8 +1,10 @@
 package kubelet
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"syscall"
@@ -33,9 +35,11 @@ func KeepSocketFile(l net.Listener) {
 	}
 }
 
-// FileListener makes a listener of a socket handed over by ListenerFile. A unix socket's listener then
-// behaves as one from Listen: closing it removes the socket file if the path still names that socket.
-func FileListener(f *os.File) (net.Listener, error) {
+// FileListener makes a listener of a socket handed over by ListenerFile, whose file is at path for a
+// unix socket (the kernel names the socket by the path it was bound at, which may be a temporary one,
+// see bindFinalMode). A unix socket's listener then behaves as one from Listen: it accepts only root
+// and this process's user, and closing it removes the socket file if the path still names that socket.
+func FileListener(ctx context.Context, f *os.File, path string) (net.Listener, error) {
 	l, err := net.FileListener(f)
 	if err != nil {
 		return nil, fmt.Errorf("failed to use the handed-over socket: %w", err)
@@ -45,13 +49,18 @@ func FileListener(f *os.File) (net.Listener, error) {
 		return l, nil
 	}
 	ul.SetUnlinkOnClose(false)
-	path := ul.Addr().String()
 	fi, err := os.Lstat(path)
 	if err != nil {
 		_ = ul.Close()
 		return nil, fmt.Errorf("failed to stat the handed-over socket %s: %w", path, err)
 	}
-	return &unixListener{UnixListener: ul, path: path, file: fi}, nil
+	if fi.Mode().Type() != fs.ModeSocket {
+		_ = ul.Close()
+		return nil, fmt.Errorf("the handed-over socket's path %s is not a socket but %s", path, fileKind(fi.Mode()))
+	}
+	l2 := newUnixListener(ctx, ul, path)
+	l2.file = fi
+	return l2, nil
 }
 
 // SendFiles sends msg and the files' descriptors over conn, in one message. The descriptors are read

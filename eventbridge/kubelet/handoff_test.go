@@ -45,7 +45,7 @@ func TestListenerHandoff(t *testing.T) {
 	if err != nil || string(msg) != "hello" || len(files) != 1 {
 		t.Fatalf("received %q, %d files, %v", msg, len(files), err)
 	}
-	succ, err := FileListener(files[0])
+	succ, err := FileListener(context.Background(), files[0], path)
 	files[0].Close()
 	if err != nil {
 		t.Fatal(err)

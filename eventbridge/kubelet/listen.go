@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/trusteddir"
 )
 
 // Permissions of the CRI endpoint's socket and of the directory created for it.
@@ -26,26 +27,52 @@ const (
 // liveProbeTimeout bounds the dial that tells a live socket from a stale one.
 const liveProbeTimeout = time.Second
 
-// Listen opens the listener of the CRI endpoint. For a unix socket it creates the socket's directory
-// (0750) if it is missing but its parent exists, replaces a stale socket left by a previous run,
-// refuses a path that is not a socket or on which another server answers, and makes the socket 0660.
-// Closing the listener removes the socket file, unless something else has replaced it meanwhile.
+// ListenConfig is how Listen listens.
+type ListenConfig struct {
+	// AllowTCP lets a tcp:// address be listened on (the allow-tcp-listen key). Without it a TCP address
+	// is refused: whoever reaches it has containerd's whole API, unauthenticated.
+	AllowTCP bool
+}
+
+// Listen is ListenConfig{}.Listen: a TCP address is refused.
 func Listen(ctx context.Context, listen string) (net.Listener, error) {
+	return ListenConfig{}.Listen(ctx, listen)
+}
+
+// Listen opens the listener of the CRI endpoint (or of another of pleg-nri's sockets). For a unix
+// socket it creates the socket's directory (0750) if it is missing but its parent exists, refuses an
+// existing one that others could change (trusteddir.Check), replaces a stale socket left by a previous
+// run, refuses a path that is not a socket or on which another server answers, and makes the socket
+// 0660 (it never exists with another mode, see bindFinalMode). The listener accepts only root's and
+// this process's user's connections (see unixListener.AcceptUnix); closing it removes the socket file,
+// unless something else has replaced it meanwhile. A TCP address is refused unless lc.AllowTCP: it gets
+// no authentication at all.
+func (lc ListenConfig) Listen(ctx context.Context, listen string) (net.Listener, error) {
 	network, address, err := dial.ParseEndpoint(listen)
 	if err != nil {
 		return nil, err
 	}
 	if network == "tcp" {
+		if !lc.AllowTCP {
+			return nil, fmt.Errorf("refusing to listen on %s: a TCP endpoint has no authentication and serves containerd's whole API "+
+				"(anyone who connects is root on the node); set allow-tcp-listen to true to allow it anyway", listen)
+		}
 		l, err := net.Listen("tcp", address)
 		if err != nil {
 			return nil, fmt.Errorf("failed to listen on %s: %w", listen, err)
 		}
-		if host, _, _ := net.SplitHostPort(address); !isLoopback(host) {
-			log.G(ctx).WithField("address", l.Addr().String()).Warn("CRI endpoint listens on a non-loopback TCP address, without authentication")
-		}
+		// Loopback too: every local user, and every container in the host's network namespace, reaches it.
+		log.G(ctx).WithField("address", l.Addr().String()).WithField("loopback", isLoopbackHost(address)).
+			Warn("INSECURE: the CRI endpoint listens on TCP without authentication: whoever can connect to it has containerd's whole API, which is root on the node (allow-tcp-listen)")
 		return l, nil
 	}
 	return listenUnix(ctx, address)
+}
+
+// isLoopbackHost says whether a host:port names a loopback address.
+func isLoopbackHost(address string) bool {
+	host, _, _ := net.SplitHostPort(address)
+	return isLoopback(host)
 }
 
 func isLoopback(host string) bool {
@@ -58,7 +85,7 @@ func isLoopback(host string) bool {
 
 func listenUnix(ctx context.Context, path string) (_ net.Listener, err error) {
 	dir := filepath.Dir(path)
-	fi, err := os.Stat(dir)
+	_, err = os.Lstat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// Only the socket's own directory is created: a missing parent is rather a wrong path, which
@@ -82,35 +109,33 @@ func listenUnix(ctx context.Context, path string) (_ net.Listener, err error) {
 		log.G(ctx).WithField("dir", dir).Debug("created socket directory")
 	case err != nil:
 		return nil, fmt.Errorf("failed to stat socket directory %s: %w", dir, err)
-	case !fi.IsDir():
-		return nil, fmt.Errorf("socket directory %s is not a directory", dir)
+	default:
+		// A directory found is used only if nobody but root and this user can change what is in it.
+		if err := trusteddir.Check(dir); err != nil {
+			return nil, fmt.Errorf("socket directory: %w", err)
+		}
 	}
 
 	if err := removeStaleSocket(ctx, path); err != nil {
 		return nil, err
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := bindFinalMode(path)
 	if err != nil {
-		return nil, fmt.Errorf("failed to listen on %s: %w", path, err)
+		return nil, err
 	}
 	// Closing removes the socket file only if it is still this one (see unixListener.Close).
 	l.SetUnlinkOnClose(false)
-	ul := &unixListener{UnixListener: l, path: path}
+	ul := newUnixListener(ctx, l, path)
 	if ul.file, err = os.Lstat(path); err != nil {
 		_ = l.Close()
 		return nil, fmt.Errorf("failed to stat socket %s: %w", path, err)
-	}
-	// NOTE: between bind and chmod the socket has the umask's permissions; the 0750 directory keeps
-	// others out meanwhile when pleg-nri created it.
-	if err := os.Chmod(path, SocketPerm); err != nil {
-		_ = ul.Close()
-		return nil, fmt.Errorf("failed to set permissions of socket %s: %w", path, err)
 	}
 	return ul, nil
 }
 
 // unixListener removes its socket file when it is closed, but only if the path still names the socket
-// it created: a file put in its place meanwhile (another server's socket, anything) is left alone.
+// it created: a file put in its place meanwhile (another server's socket, anything) is left alone. It
+// accepts connections of root and of its owner only (see AcceptUnix).
 type unixListener struct {
 	*net.UnixListener
 	path string
@@ -119,7 +144,17 @@ type unixListener struct {
 	// handedOver is set when the socket was handed to another process (see KeepSocketFile): Close then
 	// leaves the file, which the other process serves.
 	handedOver atomic.Bool
+	// peers checks and counts the connecting peers.
+	peers *peerCheck
 }
+
+func newUnixListener(ctx context.Context, l *net.UnixListener, path string) *unixListener {
+	return &unixListener{UnixListener: l, path: path, peers: newPeerCheck(ctx, path)}
+}
+
+// Addr is the socket's path (a socket bound under a temporary name, see bindViaPrivateDir, is named by
+// that one in the kernel).
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
 // Close closes the listener and removes its socket file if it is still there.
 func (l *unixListener) Close() error {

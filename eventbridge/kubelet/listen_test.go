@@ -209,7 +209,11 @@ func TestListenRefusesNonSocket(t *testing.T) {
 }
 
 func TestListenTCP(t *testing.T) {
-	l := listenT(t, "tcp://127.0.0.1:0")
+	l, err := ListenConfig{AllowTCP: true}.Listen(context.Background(), "tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	if l.Addr().Network() != "tcp" {
 		t.Errorf("network %s", l.Addr().Network())
 	}

@@ -137,3 +137,20 @@ func (m *PrometheusMetrics) Resubscribed() { m.resubscribed.Inc() }
 // CoreGone counts a client's stream the front's Relay ended because the core had not come back within
 // its grace (RelayConfig.CoreGone).
 func (m *PrometheusMetrics) CoreGone() { m.coreGone.Inc() }
+
+// The sockets of the refused-connections metric (its socket label).
+const (
+	SocketCRI     = "cri"
+	SocketControl = "control"
+	SocketCore    = "core"
+)
+
+// NewRefusedPeersMetric registers on reg the count of connections a socket refused (see OnRefusedPeer),
+// by socket: the front's (cri, control) and the core's (core) are one metric on the core's /metrics.
+func NewRefusedPeersMetric(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "refused_connections_total",
+		Help: "Connections to pleg-nri's unix sockets closed at once because the peer was neither root nor pleg-nri's user, by socket (cri, control, core)."},
+		[]string{"socket"})
+	reg.MustRegister(c)
+	return c
+}

@@ -38,6 +38,9 @@ type Config struct {
 	RuntimeEndpoint string `json:"runtime-endpoint"`
 	// Listen is the CRI endpoint pleg-nri serves to the kubelet (through its front, package front).
 	Listen string `json:"listen"`
+	// AllowTCPListen lets Listen be a tcp:// address. Off, a TCP listen is refused: it has no
+	// authentication, and the endpoint is containerd's whole API (root on the node).
+	AllowTCPListen bool `json:"allow-tcp-listen"`
 	// RunDir holds the core's event socket and the front's control socket (and the front's log when
 	// it has no journal); one pleg-nri per run directory. Empty: the directory of the --listen socket
 	// (/run/pleg-nri for a TCP --listen).
@@ -269,6 +272,9 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
 			bad("metrics-address", "want host:port: %v", err)
 		}
+	}
+	if network, _, err := dial.ParseEndpoint(c.Listen); err == nil && network == "tcp" && !c.AllowTCPListen {
+		bad("listen", "a TCP endpoint (%s) is refused unless allow-tcp-listen is true: it has no authentication, and whoever connects has containerd's whole API (root on the node)", c.Listen)
 	}
 	for _, key := range []string{"runtime-endpoint", "listen"} {
 		if _, _, err := dial.ParseEndpoint(map[string]string{"runtime-endpoint": c.RuntimeEndpoint, "listen": c.Listen}[key]); err != nil {

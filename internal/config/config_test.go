@@ -35,6 +35,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad level", data: "log-level: loud\n", wantErr: `config key "log-level"`},
 		{name: "bad index", data: "plugin-idx: \"7\"\n", wantErr: `config key "plugin-idx": must be two digits`},
 		{name: "bad endpoint", data: "listen: http://x\n", wantErr: `config key "listen"`},
+		{name: "tcp listen", data: "listen: tcp://127.0.0.1:9000\n", wantErr: `config key "listen": a TCP endpoint (tcp://127.0.0.1:9000) is refused unless allow-tcp-listen is true: it has no authentication`},
+		{name: "tcp listen allowed", data: "listen: tcp://127.0.0.1:9000\nallow-tcp-listen: true\n", want: func(c *Config) {
+			c.Listen, c.AllowTCPListen = "tcp://127.0.0.1:9000", true
+		}},
 		{name: "not a mapping", data: "- a\n- b\n", wantErr: "want a mapping"},
 		{name: "bad yaml", data: "a: [\n", wantErr: "invalid config"},
 		{name: "state", data: "state-dir: /srv/pleg\nstartup-replay: 0s\n", want: func(c *Config) {
