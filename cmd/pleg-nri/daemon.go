@@ -251,10 +251,14 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 	if err != nil {
 		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
+	stall := time.Duration(cfg.SubscriberStallTimeout)
+	if stall == 0 {
+		stall = -1 // the key's 0 disables it; pleg's 0 is its default
+	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay), CacheTick: time.Duration(cfg.CacheTick),
-		CheckpointInterval: time.Duration(cfg.CheckpointInterval),
-		ServeReads:         cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
+		CheckpointInterval: time.Duration(cfg.CheckpointInterval), SubscriberStallTimeout: stall,
+		ServeReads: cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
