@@ -70,6 +70,7 @@ func BenchmarkFanout(b *testing.B) {
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("subs=%d", n), func(b *testing.B) {
 			f := newFanout(DefaultSubscriberQueue, NopMetrics{})
+			f.evictAfterStall(DefaultSubscriberStallTimeout) // as a PLEG's: the sweep does it, not publish or Next
 			subs := make([]*Subscription, n)
 			for i := range subs {
 				subs[i] = f.subscribe()

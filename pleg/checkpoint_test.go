@@ -73,7 +73,7 @@ func newProcess(t testing.TB, cri *fakeCRI, clock *testutil.Clock, path string, 
 	m := newCkptMetrics()
 	h := &harness{t: t, ctx: context.Background(), clock: clock, cri: cri, metrics: m.countingMetrics}
 	cfg := Config{Status: cri, Lister: cri, Clock: clock.Now, Metrics: m, SubscriberQueue: 1 << 16,
-		CheckpointPath: path, CheckpointScope: testScope}
+		SubscriberStallTimeout: -1, CheckpointPath: path, CheckpointScope: testScope} // as newHarness
 	for _, f := range mod {
 		f(&cfg)
 	}

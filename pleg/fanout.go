@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/log"
 	"google.golang.org/grpc/codes"
@@ -17,10 +18,22 @@ import (
 // supersedes it, see supersedes), and a subscriber whose ring is still full is evicted: its Next returns
 // RESOURCE_EXHAUSTED.
 //
-// publish is called by one goroutine at a time (under PLEG.mu); Subscribe and Close may run at any time.
+// A subscriber that stops taking events (a client suspended, a stream whose client stopped reading)
+// while it has events queued is evicted the same way once it has made no progress for the stall
+// timeout (evictStalled, from the sweep): coalescing keeps its queue from filling as long as the node
+// has fewer pods than its queue has room for, and until it goes its oldest queued event holds back the
+// delivery watermark (replay.go), so the checkpoint and the deleted objects kept until every subscriber
+// received their DELETED (state.unacked) with it.
+//
+// publish and evictStalled are called by one goroutine at a time (under PLEG.mu); Subscribe and Close
+// may run at any time.
 type fanout struct {
 	metrics Metrics
 	limit   int // per-subscriber queue bound
+	// stall is the stall timeout (evictStalled); 0 disables it. lastStallCheck is evictStalled's last
+	// now; only evictStalled (under PLEG.mu) uses it.
+	stall          time.Duration
+	lastStallCheck time.Time
 
 	// subs is the current subscriber list, replaced (copy on write) under mu so publish reads it
 	// without a lock.
@@ -48,19 +61,28 @@ func newFanout(limit int, m Metrics) *fanout {
 	return f
 }
 
+// evictAfterStall makes evictStalled evict a subscriber that takes no event for d while it has events
+// queued; d <= 0 disables it. Call it before the first subscription.
+func (f *fanout) evictAfterStall(d time.Duration) { f.stall = max(d, 0) }
+
 // Subscription is one subscriber's view of the event stream: every event emitted after Subscribe, in
 // order, unless its queue overflowed (see Next).
 type Subscription struct {
 	id uint64
 	f  *fanout
 
-	// mu guards buf, head, n, err, closed and stats.
-	mu     sync.Mutex
-	buf    []Event // ring of len == limit
-	head   int     // index of the oldest queued event
-	n      int     // number of queued events
-	err    error   // set on eviction
-	closed bool
+	// mu guards buf, head, n, waiting, seen, err, closed and stats.
+	mu   sync.Mutex
+	buf  []Event // ring of len == limit
+	head int     // index of the oldest queued event
+	n    int     // number of queued events
+	// waiting is, as evictStalled saw it, since when the subscriber has had events queued and taken
+	// none (zero: it has none queued, or no sweep saw them yet); seen is its stats.Delivered then.
+	// Only evictStalled sets them: the event path reads no clock.
+	waiting time.Time
+	seen    uint64
+	err     error // set on eviction
+	closed  bool
 	// stats counts what became of every event offered to the subscription (Queued is n).
 	stats SubscriptionStats
 
@@ -165,18 +187,101 @@ func (f *fanout) publish(ctx context.Context, ev Event) {
 			queued = s.live()
 		}
 		if evicted {
-			f.metrics.SubscriberEvicted(s.id)
-			st := s.Stats()
-			log.G(ctx).WithField("subscriber", s.id).WithField("queue", f.limit).
-				WithField("offered", st.Offered).WithField("delivered", st.Delivered).
-				WithField("coalesced", st.Coalesced).WithField("dropped", st.Dropped).
-				Warn("event subscriber cannot keep up: evicted with RESOURCE_EXHAUSTED")
-			f.remove(s)
+			f.evicted(ctx, s, EvictedQueueFull, 0)
 		}
 	}
 	if stopping && !queued {
 		f.noteUndelivered(ev.seq)
 	}
+}
+
+// Why a subscriber was evicted: the reason label of SubscriberEvicted.
+const (
+	// EvictedQueueFull: its queue was full of events of distinct pods, none superseded.
+	EvictedQueueFull = "queue_full"
+	// EvictedStalled: it took no event for the stall timeout while it had events queued.
+	EvictedStalled = "stalled"
+)
+
+// evicted tells of the eviction of s, which push or evictStalled made (s.err is set), and removes it:
+// its metric, its log line. stalled is how long it had taken no event, for EvictedStalled.
+func (f *fanout) evicted(ctx context.Context, s *Subscription, reason string, stalled time.Duration) {
+	f.metrics.SubscriberEvicted(s.id, reason)
+	st := s.Stats()
+	entry := log.G(ctx).WithField("subscriber", s.id).WithField("reason", reason).WithField("queue", f.limit).
+		WithField("offered", st.Offered).WithField("delivered", st.Delivered).
+		WithField("coalesced", st.Coalesced).WithField("dropped", st.Dropped)
+	if reason == EvictedStalled {
+		entry = entry.WithField("stalled", stalled).WithField("stall-timeout", f.stall)
+	}
+	entry.Warn("event subscriber cannot keep up: evicted with RESOURCE_EXHAUSTED")
+	f.remove(s)
+}
+
+// evictStalled evicts every subscriber that has had events queued and taken none for the stall
+// timeout, as of now. The sweep calls it, about once a sweepPeriod, under PLEG.mu as publish. It tells
+// progress by sampling: an event taken counts at the first call after it, and events queued count from
+// the first call that sees them; so a subscriber goes at least the timeout after its last progress, and
+// at most about two sweepPeriods more. The event path pays nothing for it: no clock read per event.
+//
+// A call more than stallGap after the one before means the core itself did not run (SIGSTOP, a frozen
+// cgroup, a paused VM): its subscribers could not take events either, so their waits start again.
+func (f *fanout) evictStalled(ctx context.Context, now time.Time) {
+	if f.stall <= 0 {
+		return
+	}
+	restart := !f.lastStallCheck.IsZero() && now.Sub(f.lastStallCheck) > stallGap
+	f.lastStallCheck = now
+	for _, s := range *f.subs.Load() {
+		if stalled, ok := s.evictIfStalled(now, f.stall, restart); ok {
+			f.evicted(ctx, s, EvictedStalled, stalled)
+		}
+	}
+}
+
+// stallGap is the longest time between two evictStalled calls of a core that runs: they come every
+// sweepPeriod.
+const stallGap = 5 * sweepPeriod
+
+// evictIfStalled evicts s if, since evictStalled last saw it take an event or saw its queue empty, it
+// has had events queued and taken none for at least timeout as of now; it returns for how long.
+// restart starts its wait again from now.
+func (s *Subscription) evictIfStalled(now time.Time, timeout time.Duration, restart bool) (time.Duration, bool) {
+	s.mu.Lock()
+	switch {
+	case s.err != nil || s.closed:
+		s.mu.Unlock()
+		return 0, false
+	case s.n == 0:
+		s.waiting = time.Time{}
+		s.mu.Unlock()
+		return 0, false
+	case restart || s.waiting.IsZero() || s.stats.Delivered != s.seen:
+		// Queued since the last look, or progress since: the wait counts from now.
+		s.waiting, s.seen = now, s.stats.Delivered
+		s.mu.Unlock()
+		return 0, false
+	}
+	stalled := now.Sub(s.waiting)
+	if stalled < timeout {
+		s.mu.Unlock()
+		return 0, false
+	}
+	n := s.n
+	s.evictLocked(0, status.Errorf(codes.ResourceExhausted,
+		"event subscriber %d evicted: it took no event for at least %s with %d events queued (stall timeout %s)",
+		s.id, stalled.Round(time.Millisecond), n, timeout))
+	s.mu.Unlock()
+	s.wake()
+	return stalled, true
+}
+
+// evictLocked ends s with err (RESOURCE_EXHAUSTED): its queue and extra more events (the one that did
+// not fit) are dropped.
+func (s *Subscription) evictLocked(extra int, err error) {
+	s.stats.Dropped += uint64(s.n + extra)
+	s.err = err
+	s.clearLocked()
 }
 
 // holdUndelivered is called when pleg-nri stops, before its event streams end: from then on an event
@@ -216,10 +321,8 @@ func (s *Subscription) push(ev Event) bool {
 			s.f.metrics.EventsCoalesced(removed)
 		}
 		if s.n == len(s.buf) {
-			s.stats.Dropped += uint64(s.n) + 1
-			s.err = status.Errorf(codes.ResourceExhausted,
-				"event subscriber %d evicted: its queue of %d events is full of distinct pods", s.id, len(s.buf))
-			s.clearLocked()
+			s.evictLocked(1, status.Errorf(codes.ResourceExhausted,
+				"event subscriber %d evicted: its queue of %d events is full of distinct pods", s.id, len(s.buf)))
 			s.mu.Unlock()
 			s.wake()
 			return true

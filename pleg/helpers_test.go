@@ -294,6 +294,7 @@ type countingMetrics struct {
 	repairsLate map[string]int
 	coalesced   int
 	evicted     int
+	evictedWhy  []string // the reasons of the evictions, in order
 	mismatch    int
 	emitted     int
 	ticks       int // emitted with SourceTick
@@ -332,9 +333,14 @@ func (m *countingMetrics) RelistRepairLate(k Kind, t runtimeapi.ContainerEventTy
 	m.repairsLate[k.String()+"_"+eventName(t)]++
 	m.mu.Unlock()
 }
-func (m *countingMetrics) EventsCoalesced(n int)    { m.mu.Lock(); m.coalesced += n; m.mu.Unlock() }
-func (m *countingMetrics) SubscriberEvicted(uint64) { m.mu.Lock(); m.evicted++; m.mu.Unlock() }
-func (m *countingMetrics) StatusMismatch(Kind)      { m.mu.Lock(); m.mismatch++; m.mu.Unlock() }
+func (m *countingMetrics) EventsCoalesced(n int) { m.mu.Lock(); m.coalesced += n; m.mu.Unlock() }
+func (m *countingMetrics) SubscriberEvicted(_ uint64, reason string) {
+	m.mu.Lock()
+	m.evicted++
+	m.evictedWhy = append(m.evictedWhy, reason)
+	m.mu.Unlock()
+}
+func (m *countingMetrics) StatusMismatch(Kind) { m.mu.Lock(); m.mismatch++; m.mu.Unlock() }
 
 func eventName(t runtimeapi.ContainerEventType) string {
 	return strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(t.String(), "CONTAINER_"), "_EVENT"))
@@ -353,7 +359,10 @@ type harness struct {
 
 func newHarness(t testing.TB, mod ...func(*Config)) *harness {
 	h := &harness{t: t, ctx: context.Background(), clock: testutil.NewClock(), cri: newFakeCRI(), metrics: newCountingMetrics()}
-	cfg := Config{Status: h.cri, Lister: h.cri, Clock: h.clock.Now, Metrics: h.metrics, SubscriberQueue: 1 << 16}
+	// The harness's subscriber reads when the test says, however long after on the manual clock: no
+	// stall timeout (stall_test.go sets one).
+	cfg := Config{Status: h.cri, Lister: h.cri, Clock: h.clock.Now, Metrics: h.metrics, SubscriberQueue: 1 << 16,
+		SubscriberStallTimeout: -1}
 	for _, m := range mod {
 		m(&cfg)
 	}

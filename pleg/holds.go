@@ -79,7 +79,8 @@ func (s *state) untomb() {
 	}
 }
 
-// sweep expires held observations and tombstones, at most once per sweepPeriod.
+// sweep expires held observations, tombstones and the startup replay, and evicts the stalled
+// subscribers, at most once per sweepPeriod.
 func (s *state) sweep(ctx context.Context) {
 	now := s.clock()
 	if now.Sub(s.lastSweep) < sweepPeriod {
@@ -103,4 +104,5 @@ func (s *state) sweep(ctx context.Context) {
 		s.untomb()
 	}
 	s.fan.expireReplay(ctx)
+	s.fan.evictStalled(ctx, now)
 }

@@ -91,8 +91,9 @@ type Metrics interface {
 	SubscriberRemoved(id uint64)
 	// EventsCoalesced counts queued events replaced by a newer event of the same pod in a full queue.
 	EventsCoalesced(n int)
-	// SubscriberEvicted counts a subscriber ended with RESOURCE_EXHAUSTED.
-	SubscriberEvicted(id uint64)
+	// SubscriberEvicted counts a subscriber ended with RESOURCE_EXHAUSTED, and why (EvictedQueueFull,
+	// EvictedStalled).
+	SubscriberEvicted(id uint64, reason string)
 	// RelistCompleted measures one relist; err is nil on success.
 	RelistCompleted(d time.Duration, err error)
 	// RelistRepair counts an event emitted because a relist found what the events missed.
@@ -134,7 +135,7 @@ func (NopMetrics) Subscribers(int)                                              
 func (NopMetrics) SubscriberQueueDepth(uint64, int)                                        {}
 func (NopMetrics) SubscriberRemoved(uint64)                                                {}
 func (NopMetrics) EventsCoalesced(int)                                                     {}
-func (NopMetrics) SubscriberEvicted(uint64)                                                {}
+func (NopMetrics) SubscriberEvicted(uint64, string)                                        {}
 func (NopMetrics) RelistCompleted(time.Duration, error)                                    {}
 func (NopMetrics) RelistRepair(Kind, runtimeapi.ContainerEventType)                        {}
 func (NopMetrics) RelistRepairLate(Kind, runtimeapi.ContainerEventType)                    {}

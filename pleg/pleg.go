@@ -18,10 +18,15 @@ import (
 // Defaults of Config.
 const (
 	DefaultSubscriberQueue = 1024
-	DefaultRelistPeriod    = 10 * time.Second
-	DefaultStatusTimeout   = 2 * time.Second
-	DefaultVerifyDelay     = 250 * time.Millisecond
-	DefaultStatusWorkers   = 4
+	// DefaultSubscriberStallTimeout is how long a subscriber may take no event while it has events
+	// queued before it is evicted: far longer than a kubelet ever goes without reading its stream (its
+	// reader goroutine only copies each event into a channel of 1000), short enough that the
+	// checkpoint and the deleted objects it holds back stay bounded.
+	DefaultSubscriberStallTimeout = time.Minute
+	DefaultRelistPeriod           = 10 * time.Second
+	DefaultStatusTimeout          = 2 * time.Second
+	DefaultVerifyDelay            = 250 * time.Millisecond
+	DefaultStatusWorkers          = 4
 	// DefaultOOMCheckTimeout bounds the OOM check of an exit with status 137.
 	DefaultOOMCheckTimeout = 100 * time.Millisecond
 	// DefaultCheckpointInterval is the least time between two checkpoint writes.
@@ -50,6 +55,12 @@ type Config struct {
 	Metrics Metrics
 	// SubscriberQueue bounds each subscriber's queue; default DefaultSubscriberQueue.
 	SubscriberQueue int
+	// SubscriberStallTimeout evicts, with RESOURCE_EXHAUSTED, a subscriber that takes no event for
+	// this long while it has events queued (fanout.go; checked by the sweep, once a second, so within
+	// about 2 s more); default
+	// DefaultSubscriberStallTimeout, negative disables. A subscriber that reads, however slowly, or
+	// that has nothing queued, is never evicted by it.
+	SubscriberStallTimeout time.Duration
 	// RelistPeriod is the period of the relist loop; default DefaultRelistPeriod.
 	RelistPeriod time.Duration
 	// ResyncDelays are the relists Resync schedules after the one at once; nil is DefaultResyncDelays.
@@ -184,6 +195,9 @@ func New(cfg Config) (*PLEG, error) {
 	if cfg.SubscriberQueue <= 0 {
 		cfg.SubscriberQueue = DefaultSubscriberQueue
 	}
+	if cfg.SubscriberStallTimeout == 0 {
+		cfg.SubscriberStallTimeout = DefaultSubscriberStallTimeout
+	}
 	if cfg.RelistPeriod <= 0 {
 		cfg.RelistPeriod = DefaultRelistPeriod
 	}
@@ -211,6 +225,7 @@ func New(cfg Config) (*PLEG, error) {
 		wake:      make(chan struct{}, 1),
 		relistNow: make(chan struct{}, 1),
 	}
+	p.fan.evictAfterStall(cfg.SubscriberStallTimeout)
 	delays := cfg.ResyncDelays
 	if delays == nil {
 		delays = DefaultResyncDelays

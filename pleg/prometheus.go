@@ -26,7 +26,7 @@ type PrometheusMetrics struct {
 	subscribers    prometheus.Gauge
 	queueDepth     *prometheus.GaugeVec
 	coalesced      prometheus.Counter
-	evicted        prometheus.Counter
+	evicted        *prometheus.CounterVec
 	relist         *prometheus.HistogramVec
 	repairs        *prometheus.CounterVec
 	repairsLate    *prometheus.CounterVec
@@ -73,8 +73,8 @@ func NewPrometheusMetrics(reg prometheus.Registerer) *PrometheusMetrics {
 			Help: "Events queued for each subscriber."}, []string{"subscriber"}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_coalesced_total",
 			Help: "Queued events replaced by a newer event of the same pod in a full subscriber queue."}),
-		evicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "subscribers_evicted_total",
-			Help: "Subscribers disconnected with RESOURCE_EXHAUSTED for not keeping up."}),
+		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "subscribers_evicted_total",
+			Help: "Subscribers disconnected with RESOURCE_EXHAUSTED for not keeping up, by reason (queue_full, stalled)."}, []string{"reason"}),
 		relist: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "relist_duration_seconds",
 			Help: "Relists, by result.", Buckets: promutil.LatencyBuckets}, []string{"result"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "relist_repairs_total",
@@ -109,6 +109,10 @@ func NewPrometheusMetrics(reg prometheus.Registerer) *PrometheusMetrics {
 			runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT} {
 			m.repairs.WithLabelValues(kind.String(), eventType(t))
 		}
+	}
+	// So do evictions, for the same reasons (the alert on their increase).
+	for _, reason := range []string{EvictedQueueFull, EvictedStalled} {
+		m.evicted.WithLabelValues(reason)
 	}
 	return m
 }
@@ -168,7 +172,9 @@ func (m *PrometheusMetrics) SubscriberRemoved(id uint64) {
 
 func (m *PrometheusMetrics) EventsCoalesced(n int) { m.coalesced.Add(float64(n)) }
 
-func (m *PrometheusMetrics) SubscriberEvicted(uint64) { m.evicted.Inc() }
+func (m *PrometheusMetrics) SubscriberEvicted(_ uint64, reason string) {
+	m.evicted.WithLabelValues(reason).Inc()
+}
 
 func (m *PrometheusMetrics) RelistCompleted(d time.Duration, err error) {
 	result := "ok"

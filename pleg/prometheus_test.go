@@ -30,7 +30,7 @@ func TestPrometheusMetrics(t *testing.T) {
 	m.SubscriberQueueDepth(8, 1)
 	m.SubscriberRemoved(8)
 	m.EventsCoalesced(4)
-	m.SubscriberEvicted(7)
+	m.SubscriberEvicted(7, EvictedStalled)
 	m.RelistCompleted(time.Millisecond, nil)
 	m.RelistCompleted(time.Millisecond, errors.New("down"))
 	m.RelistRepair(KindContainer, runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT)
@@ -56,7 +56,7 @@ func TestPrometheusMetrics(t *testing.T) {
 		`pleg_nri_subscribers 2`,
 		`pleg_nri_subscriber_queue_depth{subscriber="7"} 3`,
 		`pleg_nri_events_coalesced_total 4`,
-		`pleg_nri_subscribers_evicted_total 1`,
+		`pleg_nri_subscribers_evicted_total{reason="stalled"} 1`,
 		`pleg_nri_relist_duration_seconds_count{result="ok"} 1`,
 		`pleg_nri_relist_duration_seconds_count{result="error"} 1`,
 		`pleg_nri_relist_repairs_total{kind="container",type="deleted"} 1`,
@@ -107,7 +107,8 @@ func TestQueueDepthFromTheSubscription(t *testing.T) {
 	}
 }
 
-// TestRepairsFromTheStart: every kind and type of relist repair exists at 0 once registered.
+// TestRepairsFromTheStart: every kind and type of relist repair, and every reason of an eviction,
+// exists at 0 once registered.
 func TestRepairsFromTheStart(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	NewPrometheusMetrics(reg)
@@ -116,7 +117,8 @@ func TestRepairsFromTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`pleg_nri_relist_repairs_total{kind="sandbox",type="created"} 0`,
-		`pleg_nri_relist_repairs_total{kind="container",type="stopped"} 0`} {
+		`pleg_nri_relist_repairs_total{kind="container",type="stopped"} 0`,
+		`pleg_nri_subscribers_evicted_total{reason="queue_full"} 0`, `pleg_nri_subscribers_evicted_total{reason="stalled"} 0`} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("no %s", want)
 		}

@@ -37,6 +37,7 @@ func daemonFlags(d config.Config) []cli.Flag {
 		str("plugin-name", "NRI plugin name", d.PluginName),
 		str("plugin-idx", "NRI plugin index (two digits)", d.PluginIdx),
 		&cli.IntFlag{Name: "subscriber-queue", Usage: "bound of each event subscriber's queue", Value: d.SubscriberQueue, Local: true},
+		dur("subscriber-stall-timeout", "disconnect an event subscriber that takes no event for this long while it has events queued (0 disables)", d.SubscriberStallTimeout),
 		str("log-level", "log level: trace, debug, info, warn, error", d.LogLevel),
 		str("state-dir", "directory of the checkpoint that lets a restart emit only what changed (empty disables it)", d.StateDir),
 		dur("checkpoint-interval", "least time between two checkpoint writes", d.CheckpointInterval),

@@ -252,10 +252,14 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 	if err != nil {
 		return nil, nil, fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
+	stall := time.Duration(cfg.SubscriberStallTimeout)
+	if stall == 0 {
+		stall = -1 // the key's 0 disables it; pleg's 0 is its default
+	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay), CacheTick: time.Duration(cfg.CacheTick),
-		CheckpointInterval: time.Duration(cfg.CheckpointInterval),
-		ServeReads:         cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
+		CheckpointInterval: time.Duration(cfg.CheckpointInterval), SubscriberStallTimeout: stall,
+		ServeReads: cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
@@ -283,10 +287,12 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *kubelet.Server, stop func(), err error) {
 	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
 	// It also answers the front's refresh requests (refresh-after-stop) and its reads from the state
-	// (read-source); only a front configured so asks.
+	// (read-source); only a front configured so asks. Its client is the front, whose relay carries all
+	// of the kubelet's endpoint's streams over one connection: kubelet.CoreMaxEventStreams.
 	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: eventSource{core},
 		Metrics: m, ReadFreshness: kubelet.ReadFreshnessOff, RefreshStopped: core.RefreshStopped,
-		ServeState: kubelet.EncodeStateReader(core)})
+		ServeState:      kubelet.EncodeStateReader(core),
+		MaxEventStreams: kubelet.CoreMaxEventStreams, MaxEventStreamsPerConnection: kubelet.CoreMaxEventStreams})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -148,6 +148,7 @@ func TestDaemonBadConfiguration(t *testing.T) {
 		{"state dir under a file", []string{"--state-dir", filepath.Join(write("state-parent", ""), "state")}, []string{`config key "state-dir"`, "state-parent"}, true},
 		{"read-only state dir", []string{"--state-dir", roDir(t, dir)}, []string{`config key "state-dir"`, "not writable"}, true},
 		{"negative startup replay", []string{"--startup-replay", "-1s"}, []string{`config key "startup-replay"`, "-1s"}, false},
+		{"stall timeout too short", []string{"--subscriber-stall-timeout", "10ms"}, []string{`config key "subscriber-stall-timeout"`, "10ms"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append(absentUpstreams(dir), listen...), tc.args...)

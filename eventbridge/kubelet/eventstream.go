@@ -71,6 +71,15 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 		return errShuttingDown
 	default:
 	}
+	conn := connID(ctx)
+	release, limit, err := p.streams.acquire(conn)
+	if err != nil {
+		if m, ok := p.metrics.(StreamLimitMetrics); ok {
+			m.EventStreamRefused(limit)
+		}
+		logger.WithField("connection", conn).WithField("limit", limit).WithError(err).Warn("event stream refused")
+		return err
+	}
 
 	stream := p.events.Subscribe()
 	p.metrics.EventStreamOpened()
@@ -98,6 +107,9 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 			entry.WithError(err).Warn("event stream ended")
 		}
 	}()
+	// Before the subscription is closed (deferred above, so run after this): a client that saw its
+	// stream end finds its place free.
+	defer release()
 
 	var refreshSeq uint64
 	var wake <-chan struct{}

@@ -107,6 +107,7 @@ type recordingMetrics struct {
 	sent      int
 	closed    []codes.Code
 	upstream  []bool
+	refused   map[string]int // EventStreamRefused, by limit
 }
 
 func (m *recordingMetrics) ForwardedCall(method string, code codes.Code, _ time.Duration) {
@@ -125,6 +126,14 @@ func (m *recordingMetrics) EventStreamClosed(c codes.Code) {
 	m.mu.Unlock()
 }
 func (m *recordingMetrics) EventSent(time.Duration) { m.mu.Lock(); m.sent++; m.mu.Unlock() }
+func (m *recordingMetrics) EventStreamRefused(limit string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refused == nil {
+		m.refused = map[string]int{}
+	}
+	m.refused[limit]++
+}
 func (m *recordingMetrics) UpstreamConnectionState(up bool) {
 	m.mu.Lock()
 	m.upstream = append(m.upstream, up)

@@ -17,6 +17,7 @@ type PrometheusMetrics struct {
 	forwarded     *prometheus.HistogramVec
 	streams       prometheus.Gauge
 	streamsClosed *prometheus.CounterVec
+	refused       *prometheus.CounterVec
 	staleReads    *prometheus.HistogramVec
 	overlaidReads *prometheus.CounterVec
 	refreshes     *prometheus.CounterVec
@@ -47,6 +48,8 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 			Help: "Open GetContainerEvents streams."}),
 		streamsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_closed_total",
 			Help: "GetContainerEvents streams ended, by code."}, []string{"code"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_refused_total",
+			Help: "GetContainerEvents streams ended at once with RESOURCE_EXHAUSTED because a cap was reached, by cap (connection, total)."}, []string{"limit"}),
 		resubscribed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "front_resubscriptions_total",
 			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
 		coreGone: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_core_gone_total",
@@ -58,7 +61,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 		upstreams: upstreams,
 		upstream:  upstream,
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.resubscribed, m.coreGone,
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.refused, m.resubscribed, m.coreGone,
 		m.stateReads, m.differences)
 	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
 	// from 0 and a panel has data on a node where nothing happened yet: each read method's differences
@@ -73,6 +76,9 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 	for _, code := range []codes.Code{codes.Canceled, codes.Unavailable, codes.ResourceExhausted} {
 		m.streamsClosed.WithLabelValues(code.String())
 	}
+	for _, limit := range []string{StreamLimitConnection, StreamLimitTotal} {
+		m.refused.WithLabelValues(limit)
+	}
 	return m
 }
 
@@ -81,6 +87,8 @@ var (
 	_ FreshnessMetrics = (*PrometheusMetrics)(nil)
 	_ RefreshMetrics   = (*PrometheusMetrics)(nil)
 	_ StateReadMetrics = (*PrometheusMetrics)(nil)
+
+	_ StreamLimitMetrics = (*PrometheusMetrics)(nil)
 )
 
 // StateRead is StateReadMetrics' hook.
@@ -102,6 +110,9 @@ func (m *PrometheusMetrics) EventStreamClosed(code codes.Code) {
 	m.streams.Dec()
 	m.streamsClosed.WithLabelValues(code.String()).Inc()
 }
+
+// EventStreamRefused is StreamLimitMetrics' hook.
+func (m *PrometheusMetrics) EventStreamRefused(limit string) { m.refused.WithLabelValues(limit).Inc() }
 
 // EventSent does nothing: the relayed events carry no source time (the core measures its sends).
 func (m *PrometheusMetrics) EventSent(time.Duration) {}

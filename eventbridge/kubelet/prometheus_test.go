@@ -21,6 +21,7 @@ func TestPrometheusMetrics(t *testing.T) {
 	m.EventStreamOpened()
 	m.EventStreamOpened()
 	m.EventStreamClosed(codes.Canceled)
+	m.EventStreamRefused(StreamLimitConnection)
 	m.EventSent(time.Millisecond)
 	m.UpstreamConnectionState(true)
 	m.UpstreamConnectionState(false)
@@ -41,6 +42,7 @@ func TestPrometheusMetrics(t *testing.T) {
 		`pleg_nri_forwarded_call_duration_seconds_count{code="Unimplemented",method="unknown"} 1`,
 		`pleg_nri_event_streams 1`,
 		`pleg_nri_event_streams_closed_total{code="Canceled"} 1`,
+		`pleg_nri_event_streams_refused_total{limit="connection"} 1`,
 		`pleg_nri_upstream_connected{upstream="front_cri"} 1`,
 		`pleg_nri_upstream_reconnects_total{upstream="front_cri"} 1`,
 		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="caught_up"} 1`,
@@ -72,6 +74,7 @@ func TestPrometheusSeriesFromTheStart(t *testing.T) {
 		`pleg_nri_event_streams_closed_total{code="Unavailable"} 0`,
 		`pleg_nri_event_streams_closed_total{code="ResourceExhausted"} 0`,
 		`pleg_nri_event_streams_core_gone_total 0`,
+		`pleg_nri_event_streams_refused_total{limit="total"} 0`,
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("no %s", want)

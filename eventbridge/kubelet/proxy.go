@@ -53,6 +53,11 @@ type Proxy struct {
 	reads      *reads
 	serveState EncodedStateReader
 
+	// streams caps the open GetContainerEvents streams (streamlimit.go); creds numbers the connections
+	// for it.
+	streams streamLimiter
+	creds   connCredentials
+
 	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
@@ -100,6 +105,14 @@ type ProxyConfig struct {
 	// ServeState, when set, answers StateMethodPrefix (the core's socket): EncodeStateReader of the
 	// core's state.
 	ServeState EncodedStateReader
+	// MaxEventStreams bounds the GetContainerEvents streams open at once; a stream beyond it ends at
+	// once with RESOURCE_EXHAUSTED (streamlimit.go). Default DefaultMaxEventStreams; negative: no
+	// bound.
+	MaxEventStreams int
+	// MaxEventStreamsPerConnection bounds them per client connection, likewise; default
+	// DefaultMaxEventStreamsPerConnection; negative: no bound. Connections are told apart only on a
+	// server made with ServerOptions (NewServer): elsewhere only MaxEventStreams holds.
+	MaxEventStreamsPerConnection int
 }
 
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
@@ -119,6 +132,12 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
 	}
+	if cfg.MaxEventStreams == 0 {
+		cfg.MaxEventStreams = DefaultMaxEventStreams
+	}
+	if cfg.MaxEventStreamsPerConnection == 0 {
+		cfg.MaxEventStreamsPerConnection = DefaultMaxEventStreamsPerConnection
+	}
 	p := &Proxy{
 		backend:   cfg.Backend,
 		events:    cfg.Events,
@@ -127,6 +146,8 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		freshMode: mode,
 		freshWait: cfg.FreshnessWait,
 		shutdown:  make(chan struct{}),
+		streams:   streamLimiter{max: cfg.MaxEventStreams, perConn: cfg.MaxEventStreamsPerConnection},
+		creds:     newConnCredentials(),
 	}
 	if p.freshWait <= 0 {
 		p.freshWait = DefaultFreshnessWait
@@ -157,9 +178,12 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 }
 
 // ServerOptions returns the options that make a grpc.Server the proxy: the pass-through codec, the
-// unknown-service handler and the kubelet's message size limits. Register no service on that server.
+// unknown-service handler, the kubelet's message size limits and transport credentials that number the
+// connections (no security, as without: see connCredentials). Register no service on that server, and
+// give it no other credentials.
 func (p *Proxy) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.Creds(p.creds),
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.UnknownServiceHandler(p.handleRecovering),
 		grpc.MaxRecvMsgSize(dial.MaxMsgSize),

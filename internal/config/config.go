@@ -54,6 +54,9 @@ type Config struct {
 	PluginIdx  string `json:"plugin-idx"`
 	// SubscriberQueue bounds each event subscriber's queue.
 	SubscriberQueue int `json:"subscriber-queue"`
+	// SubscriberStallTimeout disconnects, with RESOURCE_EXHAUSTED, an event subscriber that takes no
+	// event for this long while it has events queued (pleg.Config.SubscriberStallTimeout); 0 disables it.
+	SubscriberStallTimeout Duration `json:"subscriber-stall-timeout"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `json:"log-level"`
 	// StateDir keeps the checkpoint (what the subscribers received, so that a restart emits only what
@@ -90,23 +93,24 @@ type Config struct {
 // the daemon's, so that one place says each.
 func Default() Config {
 	return Config{
-		NRISocket:           plugin.DefaultSocketPath,
-		ContainerdAddress:   "/run/containerd/containerd.sock",
-		ContainerdNamespace: containerd.DefaultNamespace,
-		RuntimeEndpoint:     "unix:///run/containerd/containerd.sock",
-		Listen:              "unix:///run/pleg-nri/cri.sock",
-		MetricsAddress:      "127.0.0.1:9810",
-		RelistPeriod:        Duration(pleg.DefaultRelistPeriod),
-		PluginName:          plugin.DefaultPluginName,
-		PluginIdx:           plugin.DefaultPluginIdx,
-		SubscriberQueue:     pleg.DefaultSubscriberQueue,
-		LogLevel:            "info",
-		StateDir:            "/var/lib/pleg-nri",
-		CheckpointInterval:  Duration(pleg.DefaultCheckpointInterval),
-		StartupReplay:       Duration(time.Minute),
-		ReadFreshness:       string(kubelet.DefaultReadFreshness),
-		ReadSource:          string(kubelet.DefaultReadSource),
-		CoreGrace:           Duration(kubelet.DefaultCoreGrace),
+		NRISocket:              plugin.DefaultSocketPath,
+		ContainerdAddress:      "/run/containerd/containerd.sock",
+		ContainerdNamespace:    containerd.DefaultNamespace,
+		RuntimeEndpoint:        "unix:///run/containerd/containerd.sock",
+		Listen:                 "unix:///run/pleg-nri/cri.sock",
+		MetricsAddress:         "127.0.0.1:9810",
+		RelistPeriod:           Duration(pleg.DefaultRelistPeriod),
+		PluginName:             plugin.DefaultPluginName,
+		PluginIdx:              plugin.DefaultPluginIdx,
+		SubscriberQueue:        pleg.DefaultSubscriberQueue,
+		SubscriberStallTimeout: Duration(pleg.DefaultSubscriberStallTimeout),
+		LogLevel:               "info",
+		StateDir:               "/var/lib/pleg-nri",
+		CheckpointInterval:     Duration(pleg.DefaultCheckpointInterval),
+		StartupReplay:          Duration(time.Minute),
+		ReadFreshness:          string(kubelet.DefaultReadFreshness),
+		ReadSource:             string(kubelet.DefaultReadSource),
+		CoreGrace:              Duration(kubelet.DefaultCoreGrace),
 	}
 }
 
@@ -235,6 +239,9 @@ func (c Config) Validate() error {
 	}
 	if c.SubscriberQueue < 1 {
 		bad("subscriber-queue", "must be at least 1, got %d", c.SubscriberQueue)
+	}
+	if c.SubscriberStallTimeout < 0 || (c.SubscriberStallTimeout > 0 && time.Duration(c.SubscriberStallTimeout) < time.Second) {
+		bad("subscriber-stall-timeout", "must be 0 (off) or at least 1s, got %s", c.SubscriberStallTimeout)
 	}
 	if c.RunDir != "" && !filepath.IsAbs(c.RunDir) {
 		bad("run-dir", "must be an absolute path (or empty for the --listen socket's directory), got %q", c.RunDir)

@@ -56,6 +56,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "core grace too short", data: "core-grace: 500ms\n", wantErr: `config key "core-grace": must be 0 (off) or at least 1s`},
 		{name: "negative core grace", data: "core-grace: -1s\n", wantErr: `config key "core-grace": must be 0 (off) or at least 1s`},
 		{name: "checkpoint interval too short", data: "checkpoint-interval: 1ms\n", wantErr: `config key "checkpoint-interval": must be at least 10ms`},
+		{name: "stall timeout", data: "subscriber-stall-timeout: 45s\n", want: func(c *Config) { c.SubscriberStallTimeout = Duration(45 * time.Second) }},
+		{name: "no stall timeout", data: "subscriber-stall-timeout: 0s\n", want: func(c *Config) { c.SubscriberStallTimeout = 0 }},
+		{name: "stall timeout too short", data: "subscriber-stall-timeout: 100ms\n", wantErr: `config key "subscriber-stall-timeout": must be 0 (off) or at least 1s`},
+		{name: "negative stall timeout", data: "subscriber-stall-timeout: -1m\n", wantErr: `config key "subscriber-stall-timeout"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Parse([]byte(tc.data), Default())

@@ -325,7 +325,9 @@ func runSlowSubscribers(t *testing.T, baseline, pods, healthy, queue, workers in
 	logOnFailure(t)
 	run := "slow-" + randomRun()
 	t.Cleanup(func() { removePodsOf(t, run) })
-	p := startPlegNRI(t, "--subscriber-queue", strconv.Itoa(queue), "--log-level", "info")
+	// No stall timeout: the stuck subscriber is to be evicted by its full queue, as it was before
+	// subscriber-stall-timeout, not by the stall of a workload longer than it (pleg/stall_test.go).
+	p := startPlegNRI(t, "--subscriber-queue", strconv.Itoa(queue), "--subscriber-stall-timeout", "0", "--log-level", "info")
 	var res slowSubscribersResult
 
 	rt := newCRI(t, p.Socket).rt
