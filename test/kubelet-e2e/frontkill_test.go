@@ -1,0 +1,134 @@
+package kubelete2e
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// frontKills is how many times TestFrontKillsUnderKubelet kills the front: each costs the kubelet one
+// end of its event stream (its connection was the dead process's), and the kubelet gives up on events
+// for good after 5 in its life.
+const frontKills = 4
+
+// TestFrontKillsUnderKubelet (issue 56) SIGKILLs pleg-nri's front, the process that serves every CRI
+// call of the node, frontKills times under a running kubelet (setup 3), with a container exiting right
+// after each kill. The core starts a new front on the same socket at once: the kubelet's calls recover
+// (it restarts the container that exited, within restartLagLimit), each kill costs it exactly one stream
+// end (evented_pleg_connection_error_count rises by one, never more), the kubelet reconnects, and at the
+// end it still takes events from pleg-nri. (A call in flight at the kill fails: the pods all run before
+// the kills, so that none is.) Before the front supervisor the first kill took the node's
+// runtime endpoint away for good: the container was never restarted.
+func TestFrontKillsUnderKubelet(t *testing.T) {
+	n := startNode(t, setupEventedPlegNRI)
+	for i := range frontKills + 1 {
+		if err := n.k.WritePod(gapPod(fmt.Sprintf("fkill%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every pod runs before the first kill: a call in flight when the front dies fails (the kubelet's
+	// StartContainer then reads EOF, and the kubelet stops and starts that container again, one more
+	// restart), which is the cost of a front's death, not what this test counts.
+	for i := range frontKills + 1 {
+		n.waitPod(fmt.Sprintf("fkill%d", i), "running", running)
+	}
+	before := n.plegMetrics()
+	t.Logf("before the kills: %s", before)
+	var lags []time.Duration
+	for i := range frontKills {
+		name := fmt.Sprintf("fkill%d", i)
+		p := n.waitPod(name, "running", running)
+		pid := n.waiterPID(p)
+		front, err := n.p.FrontPID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(front, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		n.triggerExit(p, pid)
+		n.waitPod(name, "waiter restarted once and running", restartedTo("waiter", 1))
+		lags = append(lags, time.Since(killed))
+		if now, err := n.p.FrontPID(); err != nil || now == front {
+			t.Errorf("kill %d: the front is pid %d (%v), the killed one was %d", i+1, now, err, front)
+		}
+		// The kubelet's stream: ended once by the kill, then connected again.
+		err = testutil.Poll(context.Background(), restartLagLimit, "the kubelet to reconnect its event stream", func() (bool, error) {
+			m := n.plegMetrics()
+			return m.ConnSuccess >= before.ConnSuccess+float64(i+1), nil
+		})
+		m := n.plegMetrics()
+		t.Logf("kill %d: container restarted %s after the kill; %s", i+1, lags[i].Round(time.Millisecond), m)
+		if err != nil {
+			t.Errorf("kill %d: %v: %s", i+1, err, m)
+		}
+		if m.ConnError != before.ConnError+float64(i+1) {
+			t.Errorf("kill %d: the kubelet's stream errors went from %g to %g, want one per kill", i+1, before.ConnError, m.ConnError)
+		}
+	}
+
+	// The kubelet still acts on pleg-nri's events.
+	after := n.plegMetrics()
+	last := n.waitPod(fmt.Sprintf("fkill%d", frontKills), "running", running)
+	n.triggerExit(last, n.waiterPID(last))
+	n.waitPod(fmt.Sprintf("fkill%d", frontKills), "waiter restarted once and running", restartedTo("waiter", 1))
+	final := n.plegMetrics()
+	t.Logf("after the kills: %s", final)
+	if final.EventsReceived <= after.EventsReceived {
+		t.Errorf("the kubelet received no event after the kills: %s, then %s", after, final)
+	}
+	if final.ConnError != before.ConnError+frontKills {
+		t.Errorf("the kubelet's stream errors went from %g to %g in %d kills, want one per kill", before.ConnError, final.ConnError, frontKills)
+	}
+	if c := n.k.CountLog("disabling container-termination fast path"); c > 0 {
+		t.Errorf("the kubelet disabled its container-termination fast path")
+	}
+	t.Logf("front SIGKILL to the exited container's restart: %v", lags)
+}
+
+// coreGraceInTest is the core-grace TestCoreGoneUnderKubelet gives pleg-nri (20 s by default): short,
+// so that the test is, and still well above the time a core takes to restart.
+const coreGraceInTest = 3 * time.Second
+
+// TestCoreGoneUnderKubelet (issue 56): pleg-nri's core is SIGKILLed and nothing restarts it (a
+// pre-registered plugin whose containerd never relaunches it), then a container exits. The front ends
+// the kubelet's event stream with UNAVAILABLE once no core has served it for core-grace: a 1.35/1.36
+// kubelet relists at each stream error and so restarts the container within the grace and a relist
+// (not at its 300 s evented relist); a 1.37 kubelet relists every second anyway. The stream ended, and
+// the kubelet reconnected. Before core-grace a 1.36 kubelet's stream stayed open and silent, and the
+// exit waited for its 300 s relist.
+func TestCoreGoneUnderKubelet(t *testing.T) {
+	n := startNode(t, setupEventedPlegNRI, nodeOptions{plegNRIFlags: []string{"--core-grace", coreGraceInTest.String()}})
+	if err := n.k.WritePod(gapPod("coregone")); err != nil {
+		t.Fatal(err)
+	}
+	p := n.waitPod("coregone", "running", running)
+	before := n.plegMetrics()
+	n.p.Kill()
+	killed := time.Now()
+	n.triggerExit(p, n.waiterPID(p))
+	n.waitPod("coregone", "waiter restarted once and running", restartedTo("waiter", 1))
+	lag := time.Since(killed)
+	after := n.plegMetrics()
+	t.Logf("core SIGKILL, then an exit: the container restarted %s after the kill (core-grace %s); before %s; after %s",
+		lag.Round(time.Millisecond), coreGraceInTest, before, after)
+	if !eventsTriggerRelist() && lag > coreGraceInTest+restartLagLimit {
+		t.Errorf("the kubelet restarted the container %s after the core's end, more than core-grace %s and %s", lag.Round(time.Millisecond), coreGraceInTest, restartLagLimit)
+	}
+	// The stream ends after the grace whatever the kubelet's version.
+	err := testutil.Poll(context.Background(), coreGraceInTest+restartLagLimit, "the kubelet's stream to end", func() (bool, error) {
+		return n.plegMetrics().ConnError > before.ConnError, nil
+	})
+	if err != nil {
+		t.Errorf("%v: %s", err, n.plegMetrics())
+	}
+	// The core back: the kubelet's stream carries events again.
+	if err := n.p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
