@@ -159,3 +159,69 @@ func TestControlClientNeverReads(t *testing.T) {
 		t.Fatal("the handler still writes to a client that never reads")
 	}
 }
+
+// FuzzControlRequest (issue 56) hands the control socket's handler any bytes, as any local peer could
+// send: it never panics, always returns within its deadline, and answers an info request with this
+// front's info. The ops that pass descriptors (share, handoff) run on a real unix connection and a
+// real kubelet listener, and end when their peer has gone.
+func FuzzControlRequest(f *testing.F) {
+	for _, seed := range []string{`{"op":"info"}` + "\n", `{"op":"metrics"}` + "\n", `{"op":"share"}` + "\n",
+		`{"op":"handoff"}` + "\n", `{"op":"stop"}` + "\n", `{"op":` + "\n", "\n", `{"op":"info"}`, strings.Repeat("x", 5000)} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, req []byte) {
+		dir, err := os.MkdirTemp("", "fz-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		lis, err := net.Listen("unix", filepath.Join(dir, "cri.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lis.Close()
+		fr := &front{cfg: Config{RunDir: dir}, lis: lis, ctl: lis, reg: prometheus.NewRegistry(), stop: make(chan struct{}),
+			handedOver: make(chan struct{}), timeout: 200 * time.Millisecond}
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours, theirs := os.NewFile(uintptr(fds[0]), "ours"), os.NewFile(uintptr(fds[1]), "theirs")
+		oc, err := net.FileConn(ours)
+		_ = ours.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := net.FileConn(theirs)
+		_ = theirs.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			fr.handleControl(context.Background(), tc)
+		}()
+		_ = oc.SetDeadline(time.Now().Add(time.Second))
+		_, _ = oc.Write(req)
+		_ = oc.(*net.UnixConn).CloseWrite()
+		var got bytes.Buffer
+		buf := make([]byte, 4096)
+		for {
+			n, err := oc.Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		_ = oc.Close() // a share or a handoff ends with its peer
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the handler of %q did not return", req)
+		}
+		if string(req) == `{"op":"info"}`+"\n" && !strings.Contains(got.String(), `"protocol":`) {
+			t.Errorf("info answered %q", got.String())
+		}
+	})
+}
