@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/containerd/log"
@@ -25,8 +26,13 @@ var (
 	_ stub.PostUpdateContainerInterface = (*Plugin)(nil)
 )
 
-// Configure applies the configuration the runtime hands to a pre-registered plugin. It never fails: an invalid
-// configuration is logged and ignored. The plugin subscribes to every request it handles.
+// Configure checks the configuration the runtime hands to a pre-registered plugin (Config.Configure;
+// containerd's is the plugin's /etc/nri/conf.d file, "" when there is none). A configuration the check
+// refuses is refused to the runtime: Configure returns the error, which containerd logs ("failed to
+// start pre-installed NRI plugin ... failed to configure plugin: ...") before it stops the plugin
+// (SIGKILL). With Hold, the first configuration, accepted or refused, is also handed on Configured: the
+// daemon builds its core from it, or exits with its error, rather than run with a configuration nobody
+// wrote. The plugin subscribes to every request it handles.
 //
 // The runtime waits for the answer only for its request timeout (NRI's default: 2 s; ctx carries it as
 // its deadline), and drops a plugin that does not answer in time: Config.Configure gets a context that
@@ -34,21 +40,32 @@ var (
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (stub.EventMask, error) {
 	entry := log.G(ctx).WithField("runtime", runtime+"/"+version)
 	entry.Info("NRI plugin configured by the runtime")
-	if config != "" && p.cfg.Configure != nil {
-		ctx, cancel := configureContext(ctx, time.Now())
-		defer cancel()
-		if err := p.cfg.Configure(ctx, []byte(config)); err != nil {
-			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
-		} else if p.cfg.Hold && p.handedConfig.CompareAndSwap(false, true) {
-			// The first configuration: hand it on, and hold the answer (and so the runtime's
-			// Synchronize) until the core is built from it, as long as the runtime waits for it (ctx).
-			p.configured <- []byte(config) // the channel's one slot: never blocks
-			select {
-			case <-p.released:
-			case <-ctx.Done():
-				entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
-			}
+	if p.cfg.Configure == nil {
+		return 0, nil
+	}
+	ctx, cancel := configureContext(ctx, time.Now())
+	defer cancel()
+	var err error
+	if config != "" {
+		if err = p.cfg.Configure(ctx, []byte(config)); err != nil {
+			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config): refused")
+			err = fmt.Errorf("invalid NRI plugin configuration: %w", err)
 		}
+	}
+	if !p.cfg.Hold || !p.handedConfig.CompareAndSwap(false, true) {
+		return 0, err
+	}
+	// The first configuration: hand it on (the channel's one slot: never blocks). An accepted one's
+	// answer (and so the runtime's Synchronize) waits until the core is built from it, as long as the
+	// runtime waits for it (ctx).
+	p.configured <- Configuration{Data: []byte(config), Err: err}
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-p.released:
+	case <-ctx.Done():
+		entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
 	}
 	return 0, nil
 }

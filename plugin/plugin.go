@@ -1,10 +1,11 @@
 // Package plugin is pleg-nri's NRI plugin: an observer that turns the runtime's NRI callbacks (Synchronize and
 // the pod and container lifecycle) into pleg.Observations.
 //
-// The plugin never adjusts a container and never fails a callback: each handler converts its arguments, hands
-// the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
+// The plugin never adjusts a container and never fails a lifecycle callback: each handler converts its
+// arguments, hands the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
 // other under one lock, and disconnects one that takes longer than its request timeout). The mapping from
-// callbacks to observations, with the containerd code it is based on, is at the top of convert.go.
+// callbacks to observations, with the containerd code it is based on, is at the top of convert.go. Only
+// Configure fails: it refuses a configuration the daemon's check refuses (see Plugin.Configure).
 //
 // Run keeps the plugin connected: it dials the runtime's NRI socket (or, when the runtime launched the plugin,
 // uses the pre-connected socket it was given), registers, and when the connection closes (a runtime restart, a
@@ -46,9 +47,9 @@ type Plugin struct {
 	// released is closed by Release (at once without Config.Hold); releaseOnce guards it.
 	released    chan struct{}
 	releaseOnce sync.Once
-	// configured receives the first accepted configuration (Config.Hold), once: handedConfig is set
-	// when it was.
-	configured   chan []byte
+	// configured receives the first configuration (Config.Hold), once: handedConfig is set when it
+	// was.
+	configured   chan Configuration
 	handedConfig atomic.Bool
 
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
@@ -76,7 +77,7 @@ func New(cfg Config) (*Plugin, error) {
 	p := &Plugin{
 		cfg:        cfg.withDefaults(),
 		released:   make(chan struct{}),
-		configured: make(chan []byte, 1),
+		configured: make(chan Configuration, 1),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -102,9 +103,17 @@ func New(cfg Config) (*Plugin, error) {
 // Release lets the callbacks held by Config.Hold go on. It may be called more than once.
 func (p *Plugin) Release() { p.releaseOnce.Do(func() { close(p.released) }) }
 
-// Configured delivers the first configuration the runtime sent and Config.Configure accepted, with
-// Config.Hold (the channel is never written to without it).
-func (p *Plugin) Configured() <-chan []byte { return p.configured }
+// Configuration is the first configuration a runtime sent a plugin with Config.Hold.
+type Configuration struct {
+	// Data is the configuration ("" when the runtime has none for the plugin).
+	Data []byte
+	// Err is why Config.Configure refused it; the runtime got the same answer.
+	Err error
+}
+
+// Configured delivers the first configuration the runtime sent, with Config.Hold (the channel is never
+// written to without it).
+func (p *Plugin) Configured() <-chan Configuration { return p.configured }
 
 // heldObserver hands observations on once released is closed.
 type heldObserver struct {

@@ -14,6 +14,8 @@ import (
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
 // TestExitStatus: 0 on success, 2 for a usage error, 1 for any other failure, the error printed once.
@@ -86,9 +88,9 @@ func TestConfigurePreRegistered(t *testing.T) {
 	runDir := testutil.ShortTempDir(t, "pr-")
 	base := config.Default()
 	base.RunDir = runDir
-	send := func(data string) <-chan []byte {
-		ch := make(chan []byte, 1)
-		ch <- []byte(data)
+	send := func(data string) <-chan plugin.Configuration {
+		ch := make(chan plugin.Configuration, 1)
+		ch <- plugin.Configuration{Data: []byte(data)}
 		return ch
 	}
 	cfg, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n"))
@@ -100,7 +102,7 @@ func TestConfigurePreRegistered(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, serve, err := configurePreRegistered(cctx, base, make(chan []byte)); err != nil || serve {
+	if _, serve, err := configurePreRegistered(cctx, base, make(chan plugin.Configuration)); err != nil || serve {
 		t.Errorf("an ended context: serve %v, %v", serve, err)
 	}
 	l, err := net.Listen("unix", filepath.Join(runDir, front.CoreSocketName))
@@ -110,5 +112,29 @@ func TestConfigurePreRegistered(t *testing.T) {
 	defer l.Close()
 	if _, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n")); err != nil || serve {
 		t.Errorf("a core already serving: serve %v, %v", serve, err)
+	}
+}
+
+// TestPreRegisteredBadConfigurationFails (issue 56): a pre-registered plugin given a configuration it
+// cannot use refuses it to containerd (which logs the error and stops the plugin) and the daemon stops
+// with the error, naming the key, at once: it does not run with the defaults.
+func TestPreRegisteredBadConfigurationFails(t *testing.T) {
+	ctx := context.Background()
+	base := config.Default()
+	base.RunDir = testutil.ShortTempDir(t, "pr-")
+	nri, err := newPlugin(base, true, func() *pleg.PLEG { return nil }, plugin.NopMetrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nri.Configure(ctx, "relist_period: 7s\n", "containerd", "v2.4.2"); err == nil || !strings.Contains(err.Error(), `"relist_period"`) {
+		t.Errorf("Configure's answer to containerd: %v; want the error naming the key", err)
+	}
+	start := time.Now()
+	_, serve, err := configurePreRegistered(ctx, base, nri.Configured())
+	if err == nil || serve || !strings.Contains(err.Error(), `unknown config key "relist_period"`) {
+		t.Errorf("configurePreRegistered: serve %v, %v; want the configuration's error", serve, err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("the daemon took %s to give up on the bad configuration", waited)
 	}
 }

@@ -209,13 +209,18 @@ func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m 
 
 // configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
-// Configure and returns cfg with it. serve is false when this process has nothing to do: ctx ended,
-// or a core launched by a previous containerd still serves the run directory.
-func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan []byte) (_ config.Config, serve bool, err error) {
+// Configure and returns cfg with it. A configuration the plugin refused is this process's error: it
+// exits with it (containerd logged the same refusal, and stops the plugin). serve is false when this
+// process has nothing to do: ctx ended, or a core launched by a previous containerd still serves the
+// run directory.
+func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan plugin.Configuration) (_ config.Config, serve bool, err error) {
 	select {
-	case data := <-configured:
-		if cfg, err = config.Parse(data, cfg); err != nil {
-			return cfg, false, fmt.Errorf("configuration from NRI: %w", err)
+	case c := <-configured:
+		if c.Err != nil {
+			return cfg, false, fmt.Errorf("configuration from NRI (containerd's NRI plugin config, /etc/nri/conf.d): %w", c.Err)
+		}
+		if cfg, err = config.Parse(c.Data, cfg); err != nil {
+			return cfg, false, fmt.Errorf("configuration from NRI (containerd's NRI plugin config, /etc/nri/conf.d): %w", err)
 		}
 		log.G(ctx).Info("configured by containerd through NRI")
 	case <-time.After(preRegisteredConfigWait):
