@@ -67,7 +67,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	if preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
-		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured()); !serve {
+		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
 			return err
 		}
 	}
@@ -103,6 +103,16 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		return err
 	}
 	defer stopSocket()
+	// What serves the run directory, for the next pre-registered instance (takeover.go) and `pleg-nri
+	// version`.
+	if exe, err := os.Executable(); err == nil {
+		removeInfo, err := writeCoreInfo(cfg.RunDirectory(), coreInfo{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg})
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("failed to write " + coreInfoName)
+		} else {
+			defer removeInfo()
+		}
+	}
 
 	ctrd, err := conns.Get(cfg.ContainerdAddress)
 	if err != nil {
@@ -210,10 +220,13 @@ func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m 
 // configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
 // Configure and returns cfg with it. A configuration the plugin refused is this process's error: it
-// exits with it (containerd logged the same refusal, and stops the plugin). serve is false when this
-// process has nothing to do: ctx ended, or a core launched by a previous containerd still serves the
-// run directory.
-func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan plugin.Configuration) (_ config.Config, serve bool, err error) {
+// exits with it (containerd logged the same refusal, and stops the plugin). Then takeOver (takeOverCore)
+// deals with a core launched by a previous containerd that still serves the run directory: containerd
+// (2.4) does not stop its pre-registered plugins, and such a core reconnects through the NRI socket.
+// serve is false when this process has nothing to do: ctx ended, or the old core is the same binary
+// with the same configuration and goes on.
+func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan plugin.Configuration,
+	takeOver func(context.Context, config.Config) (serve bool, err error)) (_ config.Config, serve bool, err error) {
 	select {
 	case c := <-configured:
 		if c.Err != nil {
@@ -228,15 +241,10 @@ func configurePreRegistered(ctx context.Context, cfg config.Config, configured <
 	case <-ctx.Done():
 		return cfg, false, nil
 	}
-	// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by the
-	// previous containerd may have reconnected through the NRI socket and still serve. Then it goes on
-	// (its state is current) and this one ends.
-	if c, err := net.DialTimeout("unix", filepath.Join(cfg.RunDirectory(), front.CoreSocketName), time.Second); err == nil {
-		_ = c.Close()
-		log.G(ctx).WithField("run-dir", cfg.RunDirectory()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
-		return cfg, false, nil
+	if serve, err = takeOver(ctx, cfg); err != nil {
+		return cfg, false, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
-	return cfg, true, nil
+	return cfg, serve, nil
 }
 
 // newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with
