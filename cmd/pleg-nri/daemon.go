@@ -135,6 +135,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	comps.run(ctx, "CRI endpoint", serverFailure(srv))
 
 	if cfg.MetricsAddress != "" {
+		registerBuildInfo(reg, cfg.RunDirectory())
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
 		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
 		if err != nil {

@@ -43,6 +43,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	pleg.NewPrometheusMetrics(&reg)
 	plugin.NewPrometheusMetrics(&reg, upstreams)
 	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
+	registerBuildInfo(&reg, "/nonexistent")
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {
