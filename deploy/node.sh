@@ -152,10 +152,13 @@ running_version() {
 		sed -n 's/^pleg_nri_build_info{process="core",version="\([^"]*\)"} 1$/\1/p' | head -1
 }
 
+# image_version: this image's pleg-nri version.
+image_version() { "$BIN" version | sed -n '1s/^pleg-nri //p'; }
+
 # wait_version: the serving core runs this image's version, within READY_TIMEOUT seconds (a core of
 # the previous version may still answer /readyz for a moment).
 wait_version() {
-	want=$("$BIN" version | sed -n '1s/^pleg-nri //p')
+	want=$(image_version)
 	i=0
 	until [ "$(running_version)" = "$want" ]; do
 		i=$((i + 1))
@@ -177,7 +180,7 @@ install() {
 		remove_nri
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
 			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
-			host systemctl is-active -q pleg-nri.service; then
+			host systemctl is-active -q pleg-nri.service && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --binary "$BIN" --config "$CONFIG"
@@ -192,8 +195,9 @@ install() {
 		# A switch from mode systemd: the service goes (the pre-registered core leaves another
 		# install's core alone).
 		remove_systemd
+		# The serving core's version too: the files can be in place while an older core still serves.
 		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
-			ready; then
+			ready && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running pre-registered"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --binary "$BIN" --config "$CONFIG"
