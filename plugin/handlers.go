@@ -32,7 +32,8 @@ var (
 // start pre-installed NRI plugin ... failed to configure plugin: ...") before it stops the plugin
 // (SIGKILL). With Hold, the first configuration, accepted or refused, is also handed on Configured: the
 // daemon builds its core from it, or exits with its error, rather than run with a configuration nobody
-// wrote. The plugin subscribes to every request it handles.
+// wrote; the daemon may still refuse an accepted one while its answer is held (Refuse). The plugin
+// subscribes to every request it handles.
 //
 // The runtime waits for the answer only for its request timeout (NRI's default: 2 s; ctx carries it as
 // its deadline), and drops a plugin that does not answer in time: Config.Configure gets a context that
@@ -58,12 +59,17 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 	// The first configuration: hand it on (the channel's one slot: never blocks). An accepted one's
 	// answer (and so the runtime's Synchronize) waits until the core is built from it, as long as the
 	// runtime waits for it (ctx).
+	defer close(p.answered)
 	p.configured <- Configuration{Data: []byte(config), Err: err}
 	if err != nil {
 		return 0, err
 	}
 	select {
 	case <-p.released:
+	case err := <-p.refused:
+		entry.WithError(err).Error("refusing the runtime's configuration: this process will not serve")
+		p.refusedAnswer.Store(true)
+		return 0, err
 	case <-ctx.Done():
 		entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
 	}

@@ -51,6 +51,11 @@ type Plugin struct {
 	// was.
 	configured   chan Configuration
 	handedConfig atomic.Bool
+	// refused carries Refuse's error to the held first Configure; answered is closed once that
+	// Configure answered, refusedAnswer set before if it answered with the refusal.
+	refused       chan error
+	answered      chan struct{}
+	refusedAnswer atomic.Bool
 
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
@@ -78,6 +83,8 @@ func New(cfg Config) (*Plugin, error) {
 		cfg:        cfg.withDefaults(),
 		released:   make(chan struct{}),
 		configured: make(chan Configuration, 1),
+		refused:    make(chan error, 1),
+		answered:   make(chan struct{}),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -114,6 +121,26 @@ type Configuration struct {
 // Configured delivers the first configuration the runtime sent, with Config.Hold (the channel is never
 // written to without it).
 func (p *Plugin) Configured() <-chan Configuration { return p.configured }
+
+// Refuse makes the held answer to the runtime's first Configure (Config.Hold) the error err, so that the
+// runtime logs why this process will not serve (containerd: "failed to start pre-installed NRI plugin
+// ..."; it then stops the plugin). It waits up to wait for that answer and says whether Configure
+// answered with err: false when it had answered already (Release, the runtime's deadline, a refused
+// configuration) or did not come.
+func (p *Plugin) Refuse(err error, wait time.Duration) bool {
+	select {
+	case p.refused <- err:
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-p.answered:
+		return p.refusedAnswer.Load()
+	case <-t.C:
+		return false
+	}
+}
 
 // heldObserver hands observations on once released is closed.
 type heldObserver struct {

@@ -807,6 +807,28 @@ func testHold(t *testing.T) {
 	default:
 		t.Error("a refused first configuration was not handed on")
 	}
+	// The daemon refuses an accepted configuration while its answer is held (it will not serve): the
+	// runtime gets the refusal; once answered, a refusal is too late.
+	refused, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan error, 1)
+	go func() {
+		_, err := refused.Configure(context.Background(), "relist-period: 5s", "containerd", "v2.4.2")
+		answer <- err
+	}()
+	<-refused.Configured()
+	if !refused.Refuse(errors.New("another core serves"), 10*time.Second) {
+		t.Error("Refuse: the held Configure did not answer with the refusal")
+	}
+	if err := <-answer; err == nil || err.Error() != "another core serves" {
+		t.Errorf("Configure answered %v, want the refusal", err)
+	}
+	if p.Refuse(errors.New("late"), 10*time.Millisecond) {
+		t.Error("Refuse after the answer went out says it reached the runtime")
+	}
+
 	// No configuration for the plugin ("") is a configuration: the defaults, at once.
 	empty, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return errors.New("not called") }})
 	if err != nil {

@@ -36,6 +36,10 @@ import (
 // before it starts with the configuration it has.
 const preRegisteredConfigWait = 5 * time.Second
 
+// preRegisteredRefusalWait is how long a pre-registered plugin that refused containerd's Configure
+// lingers before it exits, for the answer to reach containerd (which then stops it).
+const preRegisteredRefusalWait = time.Second
+
 // coreStopTimeout is how long the core's event socket lets forwarded calls finish when it stops.
 const coreStopTimeout = 5 * time.Second
 
@@ -68,6 +72,10 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
 		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
+			// A pre-registered plugin's output goes nowhere: containerd's log is where it is seen.
+			if err != nil && nri.Refuse(err, time.Second) {
+				time.Sleep(preRegisteredRefusalWait) // containerd stops the plugin on the answer: let it reach it
+			}
 			return err
 		}
 	}
