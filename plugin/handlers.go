@@ -62,6 +62,7 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 	defer close(p.answered)
 	p.configured <- Configuration{Data: []byte(config), Err: err}
 	if err != nil {
+		p.refusedAnswer.Store(true)
 		return 0, err
 	}
 	select {

@@ -52,7 +52,7 @@ type Plugin struct {
 	configured   chan Configuration
 	handedConfig atomic.Bool
 	// refused carries Refuse's error to the held first Configure; answered is closed once that
-	// Configure answered, refusedAnswer set before if it answered with the refusal.
+	// Configure returned, refusedAnswer set before if it returned an error.
 	refused       chan error
 	answered      chan struct{}
 	refusedAnswer atomic.Bool
@@ -124,9 +124,10 @@ func (p *Plugin) Configured() <-chan Configuration { return p.configured }
 
 // Refuse makes the held answer to the runtime's first Configure (Config.Hold) the error err, so that the
 // runtime logs why this process will not serve (containerd: "failed to start pre-installed NRI plugin
-// ..."; it then stops the plugin). It waits up to wait for that answer and says whether Configure
-// answered with err: false when it had answered already (Release, the runtime's deadline, a refused
-// configuration) or did not come.
+// ..."; it then stops the plugin). It waits up to wait for that Configure to return and says whether it
+// answered the runtime with an error, err or the refusal of the configuration itself: the caller
+// should then give the answer time to reach the runtime before it exits. False when it had answered
+// with no error (Release, the runtime's deadline) or did not come.
 func (p *Plugin) Refuse(err error, wait time.Duration) bool {
 	select {
 	case p.refused <- err:

@@ -807,6 +807,9 @@ func testHold(t *testing.T) {
 	default:
 		t.Error("a refused first configuration was not handed on")
 	}
+	if !refusing.Refuse(errors.New("exiting"), 10*time.Millisecond) {
+		t.Error("Refuse after a refused configuration does not say the runtime got an error")
+	}
 	// The daemon refuses an accepted configuration while its answer is held (it will not serve): the
 	// runtime gets the refusal; once answered, a refusal is too late.
 	refused, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return nil }})

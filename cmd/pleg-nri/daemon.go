@@ -72,9 +72,11 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
 		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
-			// A pre-registered plugin's output goes nowhere: containerd's log is where it is seen.
+			// A pre-registered plugin's output goes nowhere: containerd's log is where an error is
+			// seen, in the answer to its Configure. containerd stops the plugin once it has it; exiting
+			// at once could close the connection before the answer is written.
 			if err != nil && nri.Refuse(err, time.Second) {
-				time.Sleep(preRegisteredRefusalWait) // containerd stops the plugin on the answer: let it reach it
+				time.Sleep(preRegisteredRefusalWait)
 			}
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -49,7 +50,9 @@ func (l *nriLog) String() string {
 //   - the binary replaced (an upgrade): the new instance stops the old core and serves (before, it
 //     exited and the upgrade never took effect);
 //   - a configuration change: the same;
-//   - a bad configuration: refused, in the runtime's log, naming the key; the core goes on.
+//   - a bad configuration: refused, in the runtime's log, naming the key; the core goes on;
+//   - another install's core (the host service's binary) serving the run directory: left alone, and
+//     the refusal in the runtime's log.
 func TestPreRegisteredTakeover(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "pt-")
 	plugins, confs, runDir := filepath.Join(dir, "plugins"), filepath.Join(dir, "conf.d"), filepath.Join(dir, "run")
@@ -164,5 +167,39 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	// config key "relist_period" (known keys: ...)
 	if !strings.Contains(logs.String(), `failed to configure plugin: rpc error: code = Unknown desc = invalid NRI plugin configuration: unknown config key "relist_period"`) {
 		t.Errorf("NRI's log does not say the configuration was refused:\n%s", logs)
+	}
+
+	// Another install's core (a host service's binary) serves the run directory: the plugin leaves it
+	// alone and refuses containerd's Configure, saying why.
+	configure("relist-period: 7s\n")
+	if err := syscall.Kill(third, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.Poll(context.Background(), 20*time.Second, "the core to stop", func() (bool, error) { return !testutil.Alive(third), nil }); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other", "pleg-nri")
+	if err := os.MkdirAll(filepath.Dir(other), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	svc := exec.Command(other, "--config", filepath.Join(confs, "10-pleg-nri.conf"))
+	if err := svc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = svc.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = svc.Process.Signal(syscall.SIGTERM); <-exited })
+	if pid := corePID(); pid != svc.Process.Pid {
+		t.Fatalf("the host service's core is %d, want %d", pid, svc.Process.Pid)
+	}
+	restart()
+	if pid := corePID(); pid != svc.Process.Pid {
+		t.Errorf("another install's core: the core is %d, want the host service's %d left alone", pid, svc.Process.Pid)
+	}
+	if want := fmt.Sprintf(`desc = config key "run-dir": the run directory's core (pid %d) runs %q, not this install's`, svc.Process.Pid, other); !strings.Contains(logs.String(), want) {
+		t.Errorf("NRI's log does not say %s:\n%s", want, logs)
 	}
 }
