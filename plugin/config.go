@@ -48,8 +48,8 @@ type Config struct {
 	OnConnectionState func(up bool)
 	// Configure checks the configuration a runtime hands to a pre-registered plugin (its
 	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is the plugin's
-	// answer to the runtime, which then stops the plugin (see Plugin.Configure). ctx ends
-	// configureMargin before the runtime gives up on the request.
+	// answer to the runtime (with Hold, to its first Synchronize), which then stops the plugin (see
+	// Plugin.Configure). ctx ends configureMargin before the runtime gives up on the request.
 	Configure func(ctx context.Context, config []byte) error
 	// Hold makes the callbacks (Observer, OnSynchronized) wait until Release: a pre-registered plugin runs
 	// before the core it feeds, which is built from the configuration the runtime sends first. That first

@@ -27,13 +27,12 @@ var (
 )
 
 // Configure checks the configuration the runtime hands to a pre-registered plugin (Config.Configure;
-// containerd's is the plugin's /etc/nri/conf.d file, "" when there is none). A configuration the check
-// refuses is refused to the runtime: Configure returns the error, which containerd logs ("failed to
-// start pre-installed NRI plugin ... failed to configure plugin: ...") before it stops the plugin
-// (SIGKILL). With Hold, the first configuration, accepted or refused, is also handed on Configured: the
-// daemon builds its core from it, or exits with its error, rather than run with a configuration nobody
-// wrote; the daemon may still refuse an accepted one while its answer is held (Refuse). The plugin
-// subscribes to every request it handles.
+// containerd's is the plugin's /etc/nri/conf.d file, "" when there is none). With Hold (a pre-registered
+// plugin), the first configuration, accepted or refused, is handed on Configured: the daemon builds its
+// core from it, or exits with its error, rather than run with a configuration nobody wrote; a refused
+// one is refused to the runtime in the answer to its Synchronize (see Refuse for why not here), and the
+// daemon may refuse an accepted one too while it is held (Refuse). Without Hold, a refused configuration
+// is Configure's error. The plugin subscribes to every request it handles.
 //
 // The runtime waits for the answer only for its request timeout (NRI's default: 2 s; ctx carries it as
 // its deadline), and drops a plugin that does not answer in time: Config.Configure gets a context that
@@ -59,18 +58,14 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 	// The first configuration: hand it on (the channel's one slot: never blocks). An accepted one's
 	// answer (and so the runtime's Synchronize) waits until the core is built from it, as long as the
 	// runtime waits for it (ctx).
-	defer close(p.answered)
 	p.configured <- Configuration{Data: []byte(config), Err: err}
 	if err != nil {
-		p.refusedAnswer.Store(true)
-		return 0, err
+		p.refuse(err)
+		return 0, nil
 	}
 	select {
 	case <-p.released:
-	case err := <-p.refused:
-		entry.WithError(err).Error("refusing the runtime's configuration: this process will not serve")
-		p.refusedAnswer.Store(true)
-		return 0, err
+	case <-p.refusing:
 	case <-ctx.Done():
 		entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
 	}
@@ -92,7 +87,21 @@ func configureContext(ctx context.Context, now time.Time) (context.Context, cont
 }
 
 // Synchronize observes every sandbox and container the runtime reports, then calls the OnSynchronized hook.
+// With Hold, it first waits for Release, or answers with the refusal (Refuse).
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	if p.cfg.Hold {
+		select {
+		case <-p.released: // released: never a refusal
+		default:
+			select {
+			case <-p.released:
+			case err := <-p.refusal:
+				log.G(ctx).WithError(err).Error("refusing to start: answering the runtime's Synchronize with the error")
+				defer p.sentOnce.Do(func() { close(p.refusalSent) })
+				return nil, err
+			}
+		}
+	}
 	start := p.cfg.Clock()
 	n := 0
 	defer p.endHook(CallbackSynchronize, start, &n)

@@ -4,8 +4,9 @@
 // The plugin never adjusts a container and never fails a lifecycle callback: each handler converts its
 // arguments, hands the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
 // other under one lock, and disconnects one that takes longer than its request timeout). The mapping from
-// callbacks to observations, with the containerd code it is based on, is at the top of convert.go. Only
-// Configure fails: it refuses a configuration the daemon's check refuses (see Plugin.Configure).
+// callbacks to observations, with the containerd code it is based on, is at the top of convert.go. Only a
+// refusal to start fails: a configuration the daemon's check refuses, or the daemon's own (Plugin.Refuse),
+// answered to Configure or, for a pre-registered plugin, to the first Synchronize (Plugin.Configure).
 //
 // Run keeps the plugin connected: it dials the runtime's NRI socket (or, when the runtime launched the plugin,
 // uses the pre-connected socket it was given), registers, and when the connection closes (a runtime restart, a
@@ -51,11 +52,14 @@ type Plugin struct {
 	// was.
 	configured   chan Configuration
 	handedConfig atomic.Bool
-	// refused carries Refuse's error to the held first Configure; answered is closed once that
-	// Configure returned, refusedAnswer set before if it returned an error.
-	refused       chan error
-	answered      chan struct{}
-	refusedAnswer atomic.Bool
+	// refusal (Config.Hold) holds the error the first Synchronize answers the runtime with: the first
+	// configuration's refusal, or Refuse's. refuseOnce guards refusing, closed by Refuse to wake the
+	// held Configure; refusalSent is closed once Synchronize answered with the refusal.
+	refusal     chan error
+	refuseOnce  sync.Once
+	refusing    chan struct{}
+	refusalSent chan struct{}
+	sentOnce    sync.Once
 
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
@@ -80,11 +84,12 @@ func New(cfg Config) (*Plugin, error) {
 		return nil, fmt.Errorf("invalid NRI plugin configuration: %w", err)
 	}
 	p := &Plugin{
-		cfg:        cfg.withDefaults(),
-		released:   make(chan struct{}),
-		configured: make(chan Configuration, 1),
-		refused:    make(chan error, 1),
-		answered:   make(chan struct{}),
+		cfg:         cfg.withDefaults(),
+		released:    make(chan struct{}),
+		configured:  make(chan Configuration, 1),
+		refusal:     make(chan error, 1),
+		refusing:    make(chan struct{}),
+		refusalSent: make(chan struct{}),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -122,25 +127,36 @@ type Configuration struct {
 // written to without it).
 func (p *Plugin) Configured() <-chan Configuration { return p.configured }
 
-// Refuse makes the held answer to the runtime's first Configure (Config.Hold) the error err, so that the
-// runtime logs why this process will not serve (containerd: "failed to start pre-installed NRI plugin
-// ..."; it then stops the plugin). It waits up to wait for that Configure to return and says whether it
-// answered the runtime with an error, err or the refusal of the configuration itself: the caller
-// should then give the answer time to reach the runtime before it exits. False when it had answered
-// with no error (Release, the runtime's deadline) or did not come.
+// Refuse makes the plugin refuse to start (Config.Hold, before Release): the runtime's first Synchronize
+// is answered with err, so that the runtime logs why this process will not serve (containerd: "failed to
+// synchronize pre-installed NRI plugin ..."; it then stops the plugin). A held Configure answers at once.
+// It waits up to wait for that answer and says whether Synchronize answered with the refusal (err, or a
+// refused configuration's error if that came first): the caller should then give the answer time to
+// reach the runtime before it exits.
+//
+// NOTE: a refusal goes in the answer to Synchronize, not to Configure: the NRI stub (v0.12.5,
+// stub.Start) closes the connection as soon as the Configure handler returned an error, racing with the
+// stub's server writing that error to the runtime, which then often logs only "ttrpc: closed"
+// (TestPreRegisteredTakeover under -race saw it). A Synchronize error is written as any answer.
 func (p *Plugin) Refuse(err error, wait time.Duration) bool {
-	select {
-	case p.refused <- err:
-	default:
-	}
+	p.refuse(err)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-p.answered:
-		return p.refusedAnswer.Load()
+	case <-p.refusalSent:
+		return true
 	case <-t.C:
 		return false
 	}
+}
+
+// refuse records err as the refusal (the first one stays) and wakes a held Configure.
+func (p *Plugin) refuse(err error) {
+	select {
+	case p.refusal <- err:
+	default:
+	}
+	p.refuseOnce.Do(func() { close(p.refusing) })
 }
 
 // heldObserver hands observations on once released is closed.

@@ -790,14 +790,15 @@ func testHold(t *testing.T) {
 	default:
 	}
 
-	// A refused first configuration is handed on with its error, and answered at once with it: the
-	// daemon exits, and the runtime stops the plugin.
+	// A refused first configuration is handed on with its error, and refused to the runtime in the
+	// answer to its Synchronize (the stub tears the connection down on a Configure error before the
+	// error reaches the runtime): the daemon exits, the runtime stops the plugin.
 	refusing, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return errors.New("bad") }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := refusing.Configure(context.Background(), "bad", "containerd", "v2.4.2"); err == nil {
-		t.Error("a refused configuration was answered with no error")
+	if _, err := refusing.Configure(context.Background(), "bad", "containerd", "v2.4.2"); err != nil {
+		t.Errorf("a refused configuration's Configure: %v, want the refusal in Synchronize", err)
 	}
 	select {
 	case got := <-refusing.Configured():
@@ -807,11 +808,16 @@ func testHold(t *testing.T) {
 	default:
 		t.Error("a refused first configuration was not handed on")
 	}
-	if !refusing.Refuse(errors.New("exiting"), 10*time.Millisecond) {
-		t.Error("Refuse after a refused configuration does not say the runtime got an error")
+	if _, err := refusing.Synchronize(context.Background(), nil, nil); err == nil || err.Error() != "invalid NRI plugin configuration: bad" {
+		t.Errorf("Synchronize after a refused configuration: %v, want the refusal", err)
 	}
+	if !refusing.Refuse(errors.New("exiting"), 10*time.Millisecond) {
+		t.Error("Refuse after a refused configuration does not say the runtime got the refusal")
+	}
+
 	// The daemon refuses an accepted configuration while its answer is held (it will not serve): the
-	// runtime gets the refusal; once answered, a refusal is too late.
+	// held Configure answers at once, Synchronize with the refusal; after Release, a refusal is never
+	// answered.
 	refused, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -822,14 +828,25 @@ func testHold(t *testing.T) {
 		answer <- err
 	}()
 	<-refused.Configured()
+	syncAnswer := make(chan error, 1)
+	go func() {
+		_, err := refused.Synchronize(context.Background(), nil, nil)
+		syncAnswer <- err
+	}()
 	if !refused.Refuse(errors.New("another core serves"), 10*time.Second) {
-		t.Error("Refuse: the held Configure did not answer with the refusal")
+		t.Error("Refuse: Synchronize did not answer with the refusal")
 	}
-	if err := <-answer; err == nil || err.Error() != "another core serves" {
-		t.Errorf("Configure answered %v, want the refusal", err)
+	if err := <-answer; err != nil {
+		t.Errorf("the held Configure answered %v", err)
+	}
+	if err := <-syncAnswer; err == nil || err.Error() != "another core serves" {
+		t.Errorf("Synchronize answered %v, want the refusal", err)
 	}
 	if p.Refuse(errors.New("late"), 10*time.Millisecond) {
-		t.Error("Refuse after the answer went out says it reached the runtime")
+		t.Error("Refuse after Release says it reached the runtime")
+	}
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Errorf("Synchronize after Release and a late refusal: %v", err)
 	}
 
 	// No configuration for the plugin ("") is a configuration: the defaults, at once.

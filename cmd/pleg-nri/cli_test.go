@@ -118,8 +118,9 @@ func TestConfigurePreRegistered(t *testing.T) {
 }
 
 // TestPreRegisteredBadConfigurationFails (issue 56): a pre-registered plugin given a configuration it
-// cannot use refuses it to containerd (which logs the error and stops the plugin) and the daemon stops
-// with the error, naming the key, at once: it does not run with the defaults.
+// cannot use refuses it to containerd in its answer to Synchronize (containerd logs the error and stops
+// the plugin) and the daemon stops with the error, naming the key, at once: it does not run with the
+// defaults.
 func TestPreRegisteredBadConfigurationFails(t *testing.T) {
 	ctx := context.Background()
 	base := config.Default()
@@ -128,8 +129,11 @@ func TestPreRegisteredBadConfigurationFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nri.Configure(ctx, "relist_period: 7s\n", "containerd", "v2.4.2"); err == nil || !strings.Contains(err.Error(), `"relist_period"`) {
-		t.Errorf("Configure's answer to containerd: %v; want the error naming the key", err)
+	if _, err := nri.Configure(ctx, "relist_period: 7s\n", "containerd", "v2.4.2"); err != nil {
+		t.Errorf("Configure's answer to containerd: %v; want the refusal in Synchronize's", err)
+	}
+	if _, err := nri.Synchronize(ctx, nil, nil); err == nil || !strings.Contains(err.Error(), `"relist_period"`) {
+		t.Errorf("Synchronize's answer to containerd: %v; want the error naming the key", err)
 	}
 	start := time.Now()
 	_, serve, err := configurePreRegistered(ctx, base, nri.Configured(), func(context.Context, config.Config) (bool, error) { return true, nil })

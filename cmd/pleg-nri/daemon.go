@@ -36,7 +36,7 @@ import (
 // before it starts with the configuration it has.
 const preRegisteredConfigWait = 5 * time.Second
 
-// preRegisteredRefusalWait is how long a pre-registered plugin that refused containerd's Configure
+// preRegisteredRefusalWait is how long a pre-registered plugin that refused to start (plugin.Refuse)
 // lingers before it exits, for the answer to reach containerd (which then stops it).
 const preRegisteredRefusalWait = time.Second
 
@@ -73,8 +73,8 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		var serve bool
 		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
 			// A pre-registered plugin's output goes nowhere: containerd's log is where an error is
-			// seen, in the answer to its Configure. containerd stops the plugin once it has it; exiting
-			// at once could close the connection before the answer is written.
+			// seen, in the answer to its Synchronize. containerd stops the plugin once it has it;
+			// exiting at once could close the connection before the answer is written.
 			if err != nil && nri.Refuse(err, time.Second) {
 				time.Sleep(preRegisteredRefusalWait)
 			}
@@ -231,7 +231,7 @@ func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m 
 // configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
 // Configure and returns cfg with it. A configuration the plugin refused is this process's error: it
-// exits with it (containerd logged the same refusal, and stops the plugin). Then takeOver (takeOverCore)
+// exits with it (containerd logs the same refusal, and stops the plugin). Then takeOver (takeOverCore)
 // deals with a core launched by a previous containerd that still serves the run directory: containerd
 // (2.4) does not stop its pre-registered plugins, and such a core reconnects through the NRI socket.
 // serve is false when this process has nothing to do: ctx ended, or the old core is the same binary

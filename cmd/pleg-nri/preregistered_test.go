@@ -105,10 +105,14 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	corePID := func() int {
 		t.Helper()
 		var pid int
+		// Serving, and saying so in core.json (written just after the socket serves).
 		err := testutil.Poll(context.Background(), 20*time.Second, "a core serving "+runDir, func() (bool, error) {
 			var err error
-			pid, err = socketPeerPID(filepath.Join(runDir, front.CoreSocketName))
-			return err == nil, err
+			if pid, err = socketPeerPID(filepath.Join(runDir, front.CoreSocketName)); err != nil {
+				return false, err
+			}
+			info, err := readCoreInfo(runDir)
+			return err == nil && info.PID == pid, err
 		})
 		if err != nil {
 			t.Fatalf("%v\nNRI's log:\n%s", err, logs)
@@ -162,10 +166,10 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	if pid := corePID(); pid != third {
 		t.Errorf("a bad configuration: the core is %d, was %d", pid, third)
 	}
-	// containerd 2.4.2 logs it so: failed to start pre-installed NRI plugin "pleg-nri": failed to
-	// configure plugin: rpc error: code = Unknown desc = invalid NRI plugin configuration: unknown
-	// config key "relist_period" (known keys: ...)
-	if !strings.Contains(logs.String(), `failed to configure plugin: rpc error: code = Unknown desc = invalid NRI plugin configuration: unknown config key "relist_period"`) {
+	// containerd 2.4.2 logs it so: failed to synchronize pre-installed NRI plugin "10-pleg-nri": rpc
+	// error: code = Unknown desc = invalid NRI plugin configuration: unknown config key "relist_period"
+	// (known keys: ...)
+	if !strings.Contains(logs.String(), `failed to synchronize pre-installed NRI plugin "10-pleg-nri": rpc error: code = Unknown desc = invalid NRI plugin configuration: unknown config key "relist_period"`) {
 		t.Errorf("NRI's log does not say the configuration was refused:\n%s", logs)
 	}
 
