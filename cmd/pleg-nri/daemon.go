@@ -40,6 +40,10 @@ const preRegisteredConfigWait = 5 * time.Second
 // lingers before it exits, for the answer to reach containerd (which then stops it).
 const preRegisteredRefusalWait = time.Second
 
+// errLeftToRunningCore is what a pre-registered instance that leaves the work to the running core
+// (takeover.go) answers containerd, which logs it.
+var errLeftToRunningCore = errors.New("a pleg-nri core of the same binary and configuration already serves the run directory: leaving it the work")
+
 // coreStopTimeout is how long the core's event socket lets forwarded calls finish when it stops.
 const coreStopTimeout = 5 * time.Second
 
@@ -75,7 +79,11 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 			// A pre-registered plugin's output goes nowhere: containerd's log is where an error is
 			// seen, in the answer to its Synchronize. containerd stops the plugin once it has it;
 			// exiting at once could close the connection before the answer is written.
-			if err != nil && nri.Refuse(err, time.Second) {
+			why := err
+			if err == nil && ctx.Err() == nil {
+				why = errLeftToRunningCore // not this process's failure: it exits 0
+			}
+			if why != nil && nri.Refuse(why, time.Second) {
 				time.Sleep(preRegisteredRefusalWait)
 			}
 			return err

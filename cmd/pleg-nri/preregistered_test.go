@@ -46,7 +46,8 @@ func (l *nriLog) String() string {
 // plugin: NRI's own runtime side (the adaptation containerd embeds) launches <plugins>/10-pleg-nri with
 // <conf.d>/10-pleg-nri.conf, and, as containerd 2.4, never stops it. Each "containerd restart" is a new
 // adaptation launching the plugin again while the core launched before still serves:
-//   - the same file and configuration: the new instance leaves the old core the work;
+//   - the same file and configuration: the new instance leaves the old core the work, and says so in
+//     the runtime's log;
 //   - the binary replaced (an upgrade): the new instance stops the old core and serves (before, it
 //     exited and the upgrade never took effect);
 //   - a configuration change: the same;
@@ -136,6 +137,9 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	restart()
 	if pid := corePID(); pid != first {
 		t.Errorf("the same binary and configuration: the core is %d, was %d (want it left the work)", pid, first)
+	}
+	if want := "desc = " + errLeftToRunningCore.Error(); !strings.Contains(logs.String(), want) {
+		t.Errorf("NRI's log does not say %s:\n%s", want, logs)
 	}
 
 	// An upgrade: the new binary's instance takes over.
