@@ -98,9 +98,12 @@ func TestPreRegisteredTakeover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		start := time.Now()
 		if err := a.Start(); err != nil {
 			t.Fatalf("adaptation %d: %v", n, err)
 		}
+		// Start returns once the plugin it launched synchronized, or failed to.
+		t.Logf("containerd start %d: its plugins started in %s", n, time.Since(start).Round(time.Millisecond))
 		t.Cleanup(a.Stop)
 	}
 	corePID := func() int {
