@@ -5,7 +5,9 @@
 #   node.sh install     install or upgrade pleg-nri on the host, start it, wait for /readyz, switch the
 #                       kubelet when asked (PLEG_NRI_SWITCH_KUBELET=true), then stay (the DaemonSet)
 #   node.sh uninstall   put the kubelet back on containerd's socket first (if this chart switched it),
-#                       then stop and remove pleg-nri (the pre-delete hook)
+#                       then stop and remove pleg-nri, in both modes (the pre-delete hook)
+#   node.sh processes   list this install's pleg-nri processes on the host: "PID core|front EXE", a
+#                       process still running a replaced binary included
 #
 # Host commands run in the host's mount namespace (nsenter -t 1 -m): the host's systemctl talks to
 # the host's systemd.
@@ -31,6 +33,12 @@ KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
 SWITCHED=$HOST_ROOT/etc/pleg-nri/kubelet-switched
 BIN=/usr/local/bin/pleg-nri
 SRC=/opt/pleg-nri
+# The host's pleg-nri binaries of each mode, as /proc/PID/exe shows them (the host's paths: the host
+# service's mount namespace and containerd's have the host's /).
+SYSTEMD_BIN=/usr/local/bin/pleg-nri
+NRI_BIN=/opt/nri/plugins/10-pleg-nri
+# The host's processes (tests point it at a tree of their own).
+PROC=${PLEG_NRI_PROC:-/proc}
 
 log() { echo "pleg-nri node: $*"; }
 die() { log "$*" >&2; exit 1; }
@@ -69,6 +77,97 @@ kubelet_config() {
 	fi
 }
 
+# processes ROLE EXE...: the pids of the host's pleg-nri processes of role ROLE (core, front or all)
+# running one of EXE, with their role and binary: "PID ROLE EXE". A process whose binary was replaced
+# since it started (an upgrade: install.sh renames the new file over the old) shows "EXE (deleted)" in
+# /proc and is one of them. Processes of pods (a kubepods cgroup: this agent's own pleg-nri commands, an
+# image's pleg-nri run in a pod) are not.
+processes() {
+	role=$1
+	shift
+	for p in "$PROC"/[0-9]*; do
+		exe=$(readlink "$p/exe" 2>/dev/null) || continue
+		exe=${exe% (deleted)}
+		match=false
+		for want in "$@"; do
+			[ "$exe" = "$want" ] && match=true
+		done
+		$match || continue
+		if grep -q kubepods "$p/cgroup" 2>/dev/null; then continue; fi
+		# The front is "pleg-nri front ..."; the core is the daemon (no command).
+		args=$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null | sed -n 2p) || args=
+		if [ "$args" = front ]; then r=front; else r=core; fi
+		if [ "$role" = all ] || [ "$role" = "$r" ]; then echo "${p##*/} $r $exe"; fi
+	done
+}
+
+# stop_processes ROLE EXE...: SIGTERM to those processes, SIGKILL to any still there 15 s later.
+stop_processes() {
+	pids=$(processes "$@" | cut -d' ' -f1)
+	[ -n "$pids" ] || return 0
+	log "stopping pleg-nri processes: $(processes "$@" | tr '\n' ';')"
+	# shellcheck disable=SC2086 # one pid a word
+	kill $pids 2>/dev/null || true
+	i=0
+	while [ -n "$(processes "$@")" ]; do
+		i=$((i + 1))
+		if [ "$i" -gt 15 ]; then
+			pids=$(processes "$@" | cut -d' ' -f1)
+			log "still running after 15s, killing: $pids"
+			# shellcheck disable=SC2086
+			kill -9 $pids 2>/dev/null || true
+			break
+		fi
+		sleep 1
+	done
+}
+
+# remove_systemd: stop and remove the host service (its front stays: KillMode=process; a front of the
+# same configuration serves the next core of either mode).
+remove_systemd() {
+	if host systemctl cat pleg-nri.service >/dev/null 2>&1; then
+		log "removing pleg-nri.service"
+		host systemctl disable --now pleg-nri.service || true
+		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --uninstall
+		host systemctl daemon-reload
+	fi
+}
+
+# remove_nri: remove the pre-registered files and stop their core (containerd does not stop a plugin
+# whose file is gone); its front stays.
+remove_nri() {
+	if [ -e "$HOST_ROOT$NRI_BIN" ] || [ -n "$(processes core "$NRI_BIN")" ]; then
+		log "removing the pre-registered pleg-nri"
+		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --uninstall
+		stop_processes core "$NRI_BIN"
+	fi
+}
+
+# running_version: the version the core serving READYZ's /metrics reports (pleg_nri_build_info).
+running_version() {
+	rest=${READYZ#http://}
+	hostport=${rest%%/*}
+	printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' "$hostport" |
+		nc -w 2 "${hostport%:*}" "${hostport##*:}" 2>/dev/null |
+		sed -n 's/^pleg_nri_build_info{process="core",version="\([^"]*\)"} 1$/\1/p' | head -1
+}
+
+# image_version: this image's pleg-nri version.
+image_version() { "$BIN" version | sed -n '1s/^pleg-nri //p'; }
+
+# wait_version: the serving core runs this image's version, within READY_TIMEOUT seconds (a core of
+# the previous version may still answer /readyz for a moment).
+wait_version() {
+	want=$(image_version)
+	i=0
+	until [ "$(running_version)" = "$want" ]; do
+		i=$((i + 1))
+		[ "$i" -le "$READY_TIMEOUT" ] || die "the pleg-nri serving $READYZ runs version '$(running_version)', not this image's $want"
+		sleep 1
+	done
+	log "the serving core runs $want"
+}
+
 # same FILE1 FILE2: both exist with the same content.
 same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$2")" ]; }
 
@@ -76,9 +175,12 @@ install() {
 	restarted=false
 	case $MODE in
 	systemd)
+		# A switch from mode nri: the pre-registered core goes (else the service's core waits for its
+		# state directory's lock, in vain).
+		remove_nri
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
 			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
-			host systemctl is-active -q pleg-nri.service; then
+			host systemctl is-active -q pleg-nri.service && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --binary "$BIN" --config "$CONFIG"
@@ -90,12 +192,17 @@ install() {
 		fi
 		;;
 	nri)
+		# A switch from mode systemd: the service goes (the pre-registered core leaves another
+		# install's core alone).
+		remove_systemd
+		# The serving core's version too: the files can be in place while an older core still serves.
 		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
-			ready; then
+			ready && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running pre-registered"
 		else
 			sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --binary "$BIN" --config "$CONFIG"
-			# containerd starts pre-registered plugins only when it starts, and never restarts one.
+			# containerd starts pre-registered plugins only when it starts, and never restarts one; the
+			# one it starts takes over from a core of the previous binary or configuration.
 			log "restarting containerd.service, which starts pre-registered plugins"
 			host systemctl restart containerd.service
 			restarted=true
@@ -104,6 +211,7 @@ install() {
 	*) die "PLEG_NRI_MODE: want systemd or nri, got $MODE" ;;
 	esac
 	wait_ready
+	wait_version
 	if [ "$SWITCH" = true ]; then
 		was_switched=false
 		[ -e "$SWITCHED" ] && was_switched=true
@@ -136,29 +244,29 @@ uninstall() {
 			sleep 1
 		done
 	fi
-	case $MODE in
-	systemd)
-		if host systemctl cat pleg-nri.service >/dev/null 2>&1; then
-			# KillMode=process leaves detached helpers on stop: end them all, the kubelet is off pleg-nri.
-			host systemctl kill --kill-whom=all pleg-nri.service 2>/dev/null || true
-			host systemctl disable --now pleg-nri.service
-		fi
-		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --uninstall
-		host systemctl daemon-reload
-		;;
-	nri)
-		# containerd does not stop a plugin whose file is gone: end the one running.
-		for p in /proc/[0-9]*; do
-			if [ "$(readlink "$p/exe" 2>/dev/null)" = /opt/nri/plugins/10-pleg-nri ]; then kill "${p#/proc/}" || true; fi
-		done
-		sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --uninstall
-		;;
-	esac
+	# Both modes, whatever MODE says: a switch of mode, or an upgrade, may have left the other's files
+	# and processes (a front keeps running across both).
+	if host systemctl cat pleg-nri.service >/dev/null 2>&1; then
+		# The core first (while it runs, it starts a new front in place of one that ends), then what
+		# KillMode=process leaves on stop: the front; the kubelet is off pleg-nri.
+		host systemctl stop pleg-nri.service 2>/dev/null || true
+		host systemctl kill --kill-whom=all pleg-nri.service 2>/dev/null || true
+	fi
+	remove_systemd
+	remove_nri
+	# What is left of this install on the host, a process of a replaced binary included: fronts, and a
+	# core of either mode.
+	# The cores first: a core that runs starts a new front in place of one that ends.
+	stop_processes core "$SYSTEMD_BIN" "$NRI_BIN"
+	stop_processes all "$SYSTEMD_BIN" "$NRI_BIN"
+	sh "$SRC/install.sh" --root "$HOST_ROOT" --mode systemd --uninstall
+	sh "$SRC/install.sh" --root "$HOST_ROOT" --mode nri --uninstall
 	log "pleg-nri removed"
 }
 
 case ${1:-} in
 install) install ;;
 uninstall) uninstall ;;
-*) die "usage: node.sh install|uninstall" ;;
+processes) processes all "$SYSTEMD_BIN" "$NRI_BIN" ;;
+*) die "usage: node.sh install|uninstall|processes" ;;
 esac

@@ -47,14 +47,15 @@ type Config struct {
 	// false when that connection is gone. It must not block.
 	OnConnectionState func(up bool)
 	// Configure checks the configuration a runtime hands to a pre-registered plugin (its
-	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is logged and the
-	// configuration ignored: the plugin stays registered with the configuration it had. ctx ends
-	// configureMargin before the runtime gives up on the request.
+	// /etc/nri/conf.d file; the same schema as the daemon's --config file). An error is the plugin's
+	// answer to the runtime (with Hold, to its first Synchronize), which then stops the plugin (see
+	// Plugin.Configure). ctx ends configureMargin before the runtime gives up on the request.
 	Configure func(ctx context.Context, config []byte) error
 	// Hold makes the callbacks (Observer, OnSynchronized) wait until Release: a pre-registered plugin runs
-	// before the core it feeds, which is built from the configuration the runtime sends first. The first
-	// configuration Configure accepts is then handed on Configured, and the answer to the runtime waits
-	// for Release as long as the runtime waits for it (so that the runtime's Synchronize finds the core).
+	// before the core it feeds, which is built from the configuration the runtime sends first. That first
+	// configuration is then handed on Configured (with Configure's error, if it refused it), and the
+	// answer to an accepted one waits for Release as long as the runtime waits for it (so that the
+	// runtime's Synchronize finds the core).
 	Hold bool
 	// Metrics records the plugin's work; nil records nothing.
 	Metrics Metrics

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/containerd/log"
@@ -25,8 +26,13 @@ var (
 	_ stub.PostUpdateContainerInterface = (*Plugin)(nil)
 )
 
-// Configure applies the configuration the runtime hands to a pre-registered plugin. It never fails: an invalid
-// configuration is logged and ignored. The plugin subscribes to every request it handles.
+// Configure checks the configuration the runtime hands to a pre-registered plugin (Config.Configure;
+// containerd's is the plugin's /etc/nri/conf.d file, "" when there is none). With Hold (a pre-registered
+// plugin), the first configuration, accepted or refused, is handed on Configured: the daemon builds its
+// core from it, or exits with its error, rather than run with a configuration nobody wrote; a refused
+// one is refused to the runtime in the answer to its Synchronize (see Refuse for why not here), and the
+// daemon may refuse an accepted one too while it is held (Refuse). Without Hold, a refused configuration
+// is Configure's error. The plugin subscribes to every request it handles.
 //
 // The runtime waits for the answer only for its request timeout (NRI's default: 2 s; ctx carries it as
 // its deadline), and drops a plugin that does not answer in time: Config.Configure gets a context that
@@ -34,21 +40,34 @@ var (
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (stub.EventMask, error) {
 	entry := log.G(ctx).WithField("runtime", runtime+"/"+version)
 	entry.Info("NRI plugin configured by the runtime")
-	if config != "" && p.cfg.Configure != nil {
-		ctx, cancel := configureContext(ctx, time.Now())
-		defer cancel()
-		if err := p.cfg.Configure(ctx, []byte(config)); err != nil {
-			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config), ignored")
-		} else if p.cfg.Hold && p.handedConfig.CompareAndSwap(false, true) {
-			// The first configuration: hand it on, and hold the answer (and so the runtime's
-			// Synchronize) until the core is built from it, as long as the runtime waits for it (ctx).
-			p.configured <- []byte(config) // the channel's one slot: never blocks
-			select {
-			case <-p.released:
-			case <-ctx.Done():
-				entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
-			}
+	if p.cfg.Configure == nil {
+		return 0, nil
+	}
+	ctx, cancel := configureContext(ctx, time.Now())
+	defer cancel()
+	var err error
+	if config != "" {
+		if err = p.cfg.Configure(ctx, []byte(config)); err != nil {
+			entry.WithError(err).Error("invalid configuration from the runtime (NRI plugin config): refused")
+			err = fmt.Errorf("invalid NRI plugin configuration: %w", err)
 		}
+	}
+	if !p.cfg.Hold || !p.handedConfig.CompareAndSwap(false, true) {
+		return 0, err
+	}
+	// The first configuration: hand it on (the channel's one slot: never blocks). An accepted one's
+	// answer (and so the runtime's Synchronize) waits until the core is built from it, as long as the
+	// runtime waits for it (ctx).
+	p.configured <- Configuration{Data: []byte(config), Err: err}
+	if err != nil {
+		p.refuse(err)
+		return 0, nil
+	}
+	select {
+	case <-p.released:
+	case <-p.refusing:
+	case <-ctx.Done():
+		entry.Info("answering the runtime's Configure before the core is built: its callbacks wait for it")
 	}
 	return 0, nil
 }
@@ -68,7 +87,21 @@ func configureContext(ctx context.Context, now time.Time) (context.Context, cont
 }
 
 // Synchronize observes every sandbox and container the runtime reports, then calls the OnSynchronized hook.
+// With Hold, it first waits for Release, or answers with the refusal (Refuse).
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	if p.cfg.Hold {
+		select {
+		case <-p.released: // released: never a refusal
+		default:
+			select {
+			case <-p.released:
+			case err := <-p.refusal:
+				log.G(ctx).WithError(err).Error("refusing to start: answering the runtime's Synchronize with the error")
+				defer p.sentOnce.Do(func() { close(p.refusalSent) })
+				return nil, err
+			}
+		}
+	}
 	start := p.cfg.Clock()
 	n := 0
 	defer p.endHook(CallbackSynchronize, start, &n)

@@ -1,10 +1,12 @@
 // Package plugin is pleg-nri's NRI plugin: an observer that turns the runtime's NRI callbacks (Synchronize and
 // the pod and container lifecycle) into pleg.Observations.
 //
-// The plugin never adjusts a container and never fails a callback: each handler converts its arguments, hands
-// the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
+// The plugin never adjusts a container and never fails a lifecycle callback: each handler converts its
+// arguments, hands the observations to the Observer and returns nil, in a few microseconds (NRI calls the plugins one after the
 // other under one lock, and disconnects one that takes longer than its request timeout). The mapping from
-// callbacks to observations, with the containerd code it is based on, is at the top of convert.go.
+// callbacks to observations, with the containerd code it is based on, is at the top of convert.go. Only a
+// refusal to start fails: a configuration the daemon's check refuses, or the daemon's own (Plugin.Refuse),
+// answered to Configure or, for a pre-registered plugin, to the first Synchronize (Plugin.Configure).
 //
 // Run keeps the plugin connected: it dials the runtime's NRI socket (or, when the runtime launched the plugin,
 // uses the pre-connected socket it was given), registers, and when the connection closes (a runtime restart, a
@@ -46,10 +48,18 @@ type Plugin struct {
 	// released is closed by Release (at once without Config.Hold); releaseOnce guards it.
 	released    chan struct{}
 	releaseOnce sync.Once
-	// configured receives the first accepted configuration (Config.Hold), once: handedConfig is set
-	// when it was.
-	configured   chan []byte
+	// configured receives the first configuration (Config.Hold), once: handedConfig is set when it
+	// was.
+	configured   chan Configuration
 	handedConfig atomic.Bool
+	// refusal (Config.Hold) holds the error the first Synchronize answers the runtime with: the first
+	// configuration's refusal, or Refuse's. refuseOnce guards refusing, closed by Refuse to wake the
+	// held Configure; refusalSent is closed once Synchronize answered with the refusal.
+	refusal     chan error
+	refuseOnce  sync.Once
+	refusing    chan struct{}
+	refusalSent chan struct{}
+	sentOnce    sync.Once
 
 	// startTimeout bounds a stub's Start: registration plus the runtime's Configure request.
 	startTimeout time.Duration
@@ -74,9 +84,12 @@ func New(cfg Config) (*Plugin, error) {
 		return nil, fmt.Errorf("invalid NRI plugin configuration: %w", err)
 	}
 	p := &Plugin{
-		cfg:        cfg.withDefaults(),
-		released:   make(chan struct{}),
-		configured: make(chan []byte, 1),
+		cfg:         cfg.withDefaults(),
+		released:    make(chan struct{}),
+		configured:  make(chan Configuration, 1),
+		refusal:     make(chan error, 1),
+		refusing:    make(chan struct{}),
+		refusalSent: make(chan struct{}),
 		// containerd waits plugin_registration_timeout (5s) for the registration, then sends Configure
 		// with plugin_request_timeout (2s).
 		startTimeout: 10 * time.Second,
@@ -102,9 +115,49 @@ func New(cfg Config) (*Plugin, error) {
 // Release lets the callbacks held by Config.Hold go on. It may be called more than once.
 func (p *Plugin) Release() { p.releaseOnce.Do(func() { close(p.released) }) }
 
-// Configured delivers the first configuration the runtime sent and Config.Configure accepted, with
-// Config.Hold (the channel is never written to without it).
-func (p *Plugin) Configured() <-chan []byte { return p.configured }
+// Configuration is the first configuration a runtime sent a plugin with Config.Hold.
+type Configuration struct {
+	// Data is the configuration ("" when the runtime has none for the plugin).
+	Data []byte
+	// Err is why Config.Configure refused it; the runtime got the same answer.
+	Err error
+}
+
+// Configured delivers the first configuration the runtime sent, with Config.Hold (the channel is never
+// written to without it).
+func (p *Plugin) Configured() <-chan Configuration { return p.configured }
+
+// Refuse makes the plugin refuse to start (Config.Hold, before Release): the runtime's first Synchronize
+// is answered with err, so that the runtime logs why this process will not serve (containerd: "failed to
+// synchronize pre-installed NRI plugin ..."; it then stops the plugin). A held Configure answers at once.
+// It waits up to wait for that answer and says whether Synchronize answered with the refusal (err, or a
+// refused configuration's error if that came first): the caller should then give the answer time to
+// reach the runtime before it exits.
+//
+// NOTE: a refusal goes in the answer to Synchronize, not to Configure: the NRI stub (v0.12.5,
+// stub.Start) closes the connection as soon as the Configure handler returned an error, racing with the
+// stub's server writing that error to the runtime, which then often logs only "ttrpc: closed"
+// (TestPreRegisteredTakeover under -race saw it). A Synchronize error is written as any answer.
+func (p *Plugin) Refuse(err error, wait time.Duration) bool {
+	p.refuse(err)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-p.refusalSent:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// refuse records err as the refusal (the first one stays) and wakes a held Configure.
+func (p *Plugin) refuse(err error) {
+	select {
+	case p.refusal <- err:
+	default:
+	}
+	p.refuseOnce.Do(func() { close(p.refusing) })
+}
 
 // heldObserver hands observations on once released is closed.
 type heldObserver struct {

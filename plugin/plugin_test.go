@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -552,6 +553,8 @@ func TestPreconnectedFallsBackToSocket(t *testing.T) {
 	h.waitSynced()
 }
 
+// TestConfigure: a configuration the check refuses is refused to the runtime (the error it logs before it
+// stops the plugin), an accepted one is answered with no error, and an empty one is not checked.
 func TestConfigure(t *testing.T) {
 	var got []string
 	p, err := New(Config{Observer: &recorder{}, Configure: func(_ context.Context, b []byte) error {
@@ -564,10 +567,14 @@ func TestConfigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cfg := range []string{"relist_period: 5s", "bad", ""} {
-		mask, err := p.Configure(context.Background(), cfg, "containerd", "v2.4.2")
-		if mask != 0 || err != nil {
-			t.Errorf("Configure(%q) = %v, %v; want 0, nil", cfg, mask, err)
+	for _, tc := range []struct{ cfg, err string }{
+		{"relist_period: 5s", ""},
+		{"bad", `invalid NRI plugin configuration: unknown key "bad"`},
+		{"", ""},
+	} {
+		mask, err := p.Configure(context.Background(), tc.cfg, "containerd", "v2.4.2")
+		if gotErr := fmt.Sprint(err); mask != 0 || (tc.err == "" && err != nil) || (tc.err != "" && gotErr != tc.err) {
+			t.Errorf("Configure(%q) = %v, %v; want 0, %q", tc.cfg, mask, err, tc.err)
 		}
 	}
 	if want := []string{"relist_period: 5s", "bad"}; !slices.Equal(got, want) {
@@ -732,17 +739,13 @@ func testHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A refused configuration is not the first.
-	if _, err := p.Configure(context.Background(), "bad", "containerd", "v2.4.2"); err != nil {
-		t.Fatal(err)
-	}
 	answered := make(chan struct{})
 	go func() {
 		_, _ = p.Configure(context.Background(), "relist-period: 5s", "containerd", "v2.4.2")
 		close(answered)
 	}()
-	if got := <-p.Configured(); string(got) != "relist-period: 5s" {
-		t.Fatalf("Configured() = %q", got)
+	if got := <-p.Configured(); string(got.Data) != "relist-period: 5s" || got.Err != nil {
+		t.Fatalf("Configured() = %q, %v", got.Data, got.Err)
 	}
 	synchronized := make(chan struct{})
 	go func() {
@@ -783,8 +786,80 @@ func testHold(t *testing.T) {
 	}
 	select {
 	case got := <-p.Configured():
-		t.Errorf("a later configuration was handed on: %q", got)
+		t.Errorf("a later configuration was handed on: %q", got.Data)
 	default:
+	}
+
+	// A refused first configuration is handed on with its error, and refused to the runtime in the
+	// answer to its Synchronize (the stub tears the connection down on a Configure error before the
+	// error reaches the runtime): the daemon exits, the runtime stops the plugin.
+	refusing, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return errors.New("bad") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := refusing.Configure(context.Background(), "bad", "containerd", "v2.4.2"); err != nil {
+		t.Errorf("a refused configuration's Configure: %v, want the refusal in Synchronize", err)
+	}
+	select {
+	case got := <-refusing.Configured():
+		if string(got.Data) != "bad" || got.Err == nil {
+			t.Errorf("Configured() = %q, %v; want the refused configuration and its error", got.Data, got.Err)
+		}
+	default:
+		t.Error("a refused first configuration was not handed on")
+	}
+	if _, err := refusing.Synchronize(context.Background(), nil, nil); err == nil || err.Error() != "invalid NRI plugin configuration: bad" {
+		t.Errorf("Synchronize after a refused configuration: %v, want the refusal", err)
+	}
+	if !refusing.Refuse(errors.New("exiting"), 10*time.Millisecond) {
+		t.Error("Refuse after a refused configuration does not say the runtime got the refusal")
+	}
+
+	// The daemon refuses an accepted configuration while its answer is held (it will not serve): the
+	// held Configure answers at once, Synchronize with the refusal; after Release, a refusal is never
+	// answered.
+	refused, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan error, 1)
+	go func() {
+		_, err := refused.Configure(context.Background(), "relist-period: 5s", "containerd", "v2.4.2")
+		answer <- err
+	}()
+	<-refused.Configured()
+	syncAnswer := make(chan error, 1)
+	go func() {
+		_, err := refused.Synchronize(context.Background(), nil, nil)
+		syncAnswer <- err
+	}()
+	if !refused.Refuse(errors.New("another core serves"), 10*time.Second) {
+		t.Error("Refuse: Synchronize did not answer with the refusal")
+	}
+	if err := <-answer; err != nil {
+		t.Errorf("the held Configure answered %v", err)
+	}
+	if err := <-syncAnswer; err == nil || err.Error() != "another core serves" {
+		t.Errorf("Synchronize answered %v, want the refusal", err)
+	}
+	if p.Refuse(errors.New("late"), 10*time.Millisecond) {
+		t.Error("Refuse after Release says it reached the runtime")
+	}
+	if _, err := p.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Errorf("Synchronize after Release and a late refusal: %v", err)
+	}
+
+	// No configuration for the plugin ("") is a configuration: the defaults, at once.
+	empty, err := New(Config{Observer: rec, Hold: true, Configure: func(context.Context, []byte) error { return errors.New("not called") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty.Release()
+	if _, err := empty.Configure(context.Background(), "", "containerd", "v2.4.2"); err != nil {
+		t.Error(err)
+	}
+	if got := <-empty.Configured(); len(got.Data) != 0 || got.Err != nil {
+		t.Errorf("Configured() = %q, %v; want no data and no error", got.Data, got.Err)
 	}
 
 	// Without Release, the first answer waits only until the runtime's deadline.

@@ -119,8 +119,8 @@ func TestNewPlugin(t *testing.T) {
 		nri.Release() // the first answer waits for the core
 		<-answered
 	}
-	if got := <-nri.Configured(); string(got) != "relist-period: 7s\n" {
-		t.Errorf("Configured() = %q, want the first configuration", got)
+	if got := <-nri.Configured(); string(got.Data) != "relist-period: 7s\n" || got.Err != nil {
+		t.Errorf("Configured() = %q, %v; want the first configuration", got.Data, got.Err)
 	}
 	if _, err := nri.Synchronize(ctx, []*api.PodSandbox{{Id: "s1", Uid: "u1", Name: "web", Namespace: "default"}}, nil); err != nil {
 		t.Fatal(err)

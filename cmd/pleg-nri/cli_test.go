@@ -5,15 +5,15 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/pleg"
+	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
 // TestExitStatus: 0 on success, 2 for a usage error, 1 for any other failure, the error printed once.
@@ -79,36 +79,68 @@ func TestApp(t *testing.T) {
 }
 
 // TestConfigurePreRegistered: the configuration containerd sends is applied; a bad one stops the
-// process with an error; a core already serving the run directory leaves the work to it; an ended
-// context is no error and no work.
+// process with an error; then the takeover decides (takeover_test.go): with a core to leave the work
+// to, nothing is served, and its error is the process's; an ended context is no error and no work.
 func TestConfigurePreRegistered(t *testing.T) {
 	ctx := context.Background()
-	runDir := testutil.ShortTempDir(t, "pr-")
 	base := config.Default()
-	base.RunDir = runDir
-	send := func(data string) <-chan []byte {
-		ch := make(chan []byte, 1)
-		ch <- []byte(data)
+	base.RunDir = testutil.ShortTempDir(t, "pr-")
+	send := func(data string) <-chan plugin.Configuration {
+		ch := make(chan plugin.Configuration, 1)
+		ch <- plugin.Configuration{Data: []byte(data)}
 		return ch
 	}
-	cfg, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n"))
+	var takeoverCfg config.Config
+	serveAll := func(_ context.Context, cfg config.Config) (bool, error) { takeoverCfg = cfg; return true, nil }
+	cfg, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n"), serveAll)
 	if err != nil || !serve || time.Duration(cfg.RelistPeriod) != 7*time.Second {
 		t.Errorf("a good configuration: %v, serve %v, %v", time.Duration(cfg.RelistPeriod), serve, err)
 	}
-	if _, serve, err := configurePreRegistered(ctx, base, send("relist_period: 7s\n")); err == nil || serve {
+	if time.Duration(takeoverCfg.RelistPeriod) != 7*time.Second {
+		t.Errorf("the takeover decided with relist-period %s, want the configuration's 7s", takeoverCfg.RelistPeriod)
+	}
+	if _, serve, err := configurePreRegistered(ctx, base, send("relist_period: 7s\n"), serveAll); err == nil || serve {
 		t.Errorf("a bad configuration: serve %v, %v", serve, err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, serve, err := configurePreRegistered(cctx, base, make(chan []byte)); err != nil || serve {
+	if _, serve, err := configurePreRegistered(cctx, base, make(chan plugin.Configuration), serveAll); err != nil || serve {
 		t.Errorf("an ended context: serve %v, %v", serve, err)
 	}
-	l, err := net.Listen("unix", filepath.Join(runDir, front.CoreSocketName))
+	leave := func(context.Context, config.Config) (bool, error) { return false, nil }
+	if _, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n"), leave); err != nil || serve {
+		t.Errorf("a core to leave the work to: serve %v, %v", serve, err)
+	}
+	refuse := func(context.Context, config.Config) (bool, error) { return false, errors.New("another install") }
+	if _, serve, err := configurePreRegistered(ctx, base, send(""), refuse); err == nil || serve || !strings.Contains(err.Error(), "another install") {
+		t.Errorf("a core of another install: serve %v, %v", serve, err)
+	}
+}
+
+// TestPreRegisteredBadConfigurationFails (issue 56): a pre-registered plugin given a configuration it
+// cannot use refuses it to containerd in its answer to Synchronize (containerd logs the error and stops
+// the plugin) and the daemon stops with the error, naming the key, at once: it does not run with the
+// defaults.
+func TestPreRegisteredBadConfigurationFails(t *testing.T) {
+	ctx := context.Background()
+	base := config.Default()
+	base.RunDir = testutil.ShortTempDir(t, "pr-")
+	nri, err := newPlugin(base, true, func() *pleg.PLEG { return nil }, plugin.NopMetrics{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	if _, serve, err := configurePreRegistered(ctx, base, send("relist-period: 7s\n")); err != nil || serve {
-		t.Errorf("a core already serving: serve %v, %v", serve, err)
+	if _, err := nri.Configure(ctx, "relist_period: 7s\n", "containerd", "v2.4.2"); err != nil {
+		t.Errorf("Configure's answer to containerd: %v; want the refusal in Synchronize's", err)
+	}
+	if _, err := nri.Synchronize(ctx, nil, nil); err == nil || !strings.Contains(err.Error(), `"relist_period"`) {
+		t.Errorf("Synchronize's answer to containerd: %v; want the error naming the key", err)
+	}
+	start := time.Now()
+	_, serve, err := configurePreRegistered(ctx, base, nri.Configured(), func(context.Context, config.Config) (bool, error) { return true, nil })
+	if err == nil || serve || !strings.Contains(err.Error(), `unknown config key "relist_period"`) {
+		t.Errorf("configurePreRegistered: serve %v, %v; want the configuration's error", serve, err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("the daemon took %s to give up on the bad configuration", waited)
 	}
 }

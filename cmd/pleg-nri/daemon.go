@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -32,6 +32,14 @@ import (
 // preRegisteredConfigWait is how long a plugin launched by containerd waits for its Configure call
 // before it starts with the configuration it has.
 const preRegisteredConfigWait = 5 * time.Second
+
+// preRegisteredRefusalWait is how long a pre-registered plugin that refused to start (plugin.Refuse)
+// lingers before it exits, for the answer to reach containerd (which then stops it).
+const preRegisteredRefusalWait = time.Second
+
+// errLeftToRunningCore is what a pre-registered instance that leaves the work to the running core
+// (takeover.go) answers containerd, which logs it.
+var errLeftToRunningCore = errors.New("a pleg-nri core of the same binary and configuration already serves the run directory: leaving it the work")
 
 // coreStopTimeout is how long the core's event socket lets forwarded calls finish when it stops.
 const coreStopTimeout = 5 * time.Second
@@ -64,7 +72,17 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	if preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
-		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured()); !serve {
+		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
+			// A pre-registered plugin's output goes nowhere: containerd's log is where an error is
+			// seen, in the answer to its Synchronize. containerd stops the plugin once it has it;
+			// exiting at once could close the connection before the answer is written.
+			why := err
+			if err == nil && ctx.Err() == nil {
+				why = errLeftToRunningCore // not this process's failure: it exits 0
+			}
+			if why != nil && nri.Refuse(why, time.Second) {
+				time.Sleep(preRegisteredRefusalWait)
+			}
 			return err
 		}
 	}
@@ -98,13 +116,23 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	// A front that goes away while the core runs is replaced at once, on the same socket.
 	comps.run(ctx, "front supervisor", front.NewSupervisor(frontConfig(cfg), preRegistered,
 		frontHooks{front.NewSupervisorMetrics(reg), ready}).Run)
+	// What serves the run directory, for the next pre-registered instance (takeover.go) and `pleg-nri
+	// version`: written before the core's socket serves, so that whoever finds the socket finds it too.
+	if exe, err := os.Executable(); err == nil {
+		removeInfo, err := writeCoreInfo(cfg.RunDirectory(), coreInfo{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg})
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("failed to write " + coreInfoName)
+		} else {
+			defer removeInfo()
+		}
+	}
+
 	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams,
 		refused: kubelet.NewRefusedPeersMetric(reg).WithLabelValues(kubelet.SocketCore)})
 	if err != nil {
 		return err
 	}
 	defer stopSocket()
-
 	ctrd, err := conns.Get(cfg.ContainerdAddress)
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
@@ -126,6 +154,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	comps.run(ctx, "CRI endpoint", serverFailure(srv))
 
 	if cfg.MetricsAddress != "" {
+		registerBuildInfo(reg, cfg.RunDirectory())
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
 		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
 		if err != nil {
@@ -210,13 +239,21 @@ func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m 
 
 // configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
-// Configure and returns cfg with it. serve is false when this process has nothing to do: ctx ended,
-// or a core launched by a previous containerd still serves the run directory.
-func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan []byte) (_ config.Config, serve bool, err error) {
+// Configure and returns cfg with it. A configuration the plugin refused is this process's error: it
+// exits with it (containerd logs the same refusal, and stops the plugin). Then takeOver (takeOverCore)
+// deals with a core launched by a previous containerd that still serves the run directory: containerd
+// (2.4) does not stop its pre-registered plugins, and such a core reconnects through the NRI socket.
+// serve is false when this process has nothing to do: ctx ended, or the old core is the same binary
+// with the same configuration and goes on.
+func configurePreRegistered(ctx context.Context, cfg config.Config, configured <-chan plugin.Configuration,
+	takeOver func(context.Context, config.Config) (serve bool, err error)) (_ config.Config, serve bool, err error) {
 	select {
-	case data := <-configured:
-		if cfg, err = config.Parse(data, cfg); err != nil {
-			return cfg, false, fmt.Errorf("configuration from NRI: %w", err)
+	case c := <-configured:
+		if c.Err != nil {
+			return cfg, false, fmt.Errorf("configuration from NRI (containerd's NRI plugin config, /etc/nri/conf.d): %w", c.Err)
+		}
+		if cfg, err = config.Parse(c.Data, cfg); err != nil {
+			return cfg, false, fmt.Errorf("configuration from NRI (containerd's NRI plugin config, /etc/nri/conf.d): %w", err)
 		}
 		log.G(ctx).Info("configured by containerd through NRI")
 	case <-time.After(preRegisteredConfigWait):
@@ -224,15 +261,10 @@ func configurePreRegistered(ctx context.Context, cfg config.Config, configured <
 	case <-ctx.Done():
 		return cfg, false, nil
 	}
-	// containerd (2.4) does not stop its pre-registered plugins when it stops: a core launched by the
-	// previous containerd may have reconnected through the NRI socket and still serve. Then it goes on
-	// (its state is current) and this one ends.
-	if c, err := net.DialTimeout("unix", filepath.Join(cfg.RunDirectory(), front.CoreSocketName), time.Second); err == nil {
-		_ = c.Close()
-		log.G(ctx).WithField("run-dir", cfg.RunDirectory()).Info("a pleg-nri core already serves this run directory: leaving it the work and exiting")
-		return cfg, false, nil
+	if serve, err = takeOver(ctx, cfg); err != nil {
+		return cfg, false, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
-	return cfg, true, nil
+	return cfg, serve, nil
 }
 
 // newCore builds the core from cfg, with the CRI client and the OOM checker it reads containerd with

@@ -581,7 +581,8 @@ func freeLoopbackAddr(t *testing.T) string {
 }
 
 // TestRunDaemonStopsCleanly runs the daemon in the test process, with its upstreams absent, until its
-// context is canceled: it returns nil, removes its core socket, leaves the front serving (this test
+// context is canceled: while it serves, core.json names it; it returns nil, removes its core socket and
+// core.json, leaves the front serving (this test
 // binary, started as a front, see TestMain), and once the front is stopped (TestMain's goleak) no
 // goroutine is left.
 func TestRunDaemonStopsCleanly(t *testing.T) {
@@ -605,6 +606,10 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 		cancel()
 		t.Fatalf("%v: runDaemon: %v", err, <-errc)
 	}
+	// It says what serves the run directory (for the next pre-registered instance, takeover.go).
+	if info, err := readCoreInfo(filepath.Join(dir, "run")); err != nil || info.PID != os.Getpid() || info.Version != version || info.Config != cfg {
+		t.Errorf("core.json while serving: %+v, %v", info, err)
+	}
 	cancel()
 	select {
 	case err := <-errc:
@@ -616,6 +621,9 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "run", front.CoreSocketName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("core socket left: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "run", coreInfoName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("core.json left: %v", err)
 	}
 	if err := front.Stop(filepath.Join(dir, "run")); err != nil {
 		t.Errorf("stop the front: %v", err)

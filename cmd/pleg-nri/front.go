@@ -51,7 +51,7 @@ func runFront(ctx context.Context, args []string) error {
 func stopFrontCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "stop-front",
-		Usage:     "stop the front (ends the kubelet's event stream)",
+		Usage:     "stop the front (ends the kubelet's event stream; stop the core first, or it starts a new front)",
 		UsageText: "pleg-nri stop-front [--run-dir DIR]",
 		Flags: []cli.Flag{&cli.StringFlag{Name: "run-dir", Value: config.Default().RunDirectory(),
 			Usage: "run directory of the front to stop"}},

@@ -5,7 +5,7 @@
 //	pleg-nri front [flags]               the front (started by the daemon, package front; hidden)
 //	pleg-nri stop-front [--run-dir DIR]  stop the front (ends the kubelet's event stream)
 //	pleg-nri kubelet-config              point a kubelet's configuration at pleg-nri (pleg-nri kubelet-config -h)
-//	pleg-nri version                     print the version
+//	pleg-nri version [--run-dir DIR]     print the version, and the running core's and front's
 package main
 
 import (
@@ -63,14 +63,7 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 			frontCommand(),
 			stopFrontCommand(),
 			kubeletConfigCommand(),
-			{
-				Name:  "version",
-				Usage: "print the version",
-				Action: func(_ context.Context, cmd *cli.Command) error {
-					fmt.Fprintf(cmd.Root().Writer, "pleg-nri %s\n", version)
-					return nil
-				},
-			},
+			versionCommand(),
 		},
 	}
 }

@@ -46,6 +46,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
 	front.NewSupervisorMetrics(&reg)
 	kubelet.NewRefusedPeersMetric(&reg)
+	registerBuildInfo(&reg, "/nonexistent")
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {

@@ -52,7 +52,8 @@ func TestImage(t *testing.T) {
 		t.Fatalf("manifest.json of %s: %v %s", tarball, err, data)
 	}
 	tag := manifest[0].RepoTags[0]
-	version := strings.TrimSpace(runCmd(t, "", plegNRIBinary, "version"))
+	// Its first line is the binary's; the running core's and front's follow, if any.
+	version, _, _ := strings.Cut(runCmd(t, "", plegNRIBinary, "version"), "\n")
 	version = strings.TrimPrefix(version, "pleg-nri ")
 
 	// docker load, then run it.

@@ -161,8 +161,9 @@ func TestNodeAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	a = n.agent(image, cfgDir, "install", switchEnv, "-v", upgraded+":/usr/local/bin/pleg-nri:ro")
-	if v := strings.TrimSpace(n.exec("/usr/local/bin/pleg-nri", "version")); v != "pleg-nri deploy-test" {
-		t.Errorf("after the upgrade the node runs %q, want pleg-nri deploy-test", v)
+	// The binary on the node, and the core that serves (the front is kept across the upgrade).
+	if v := n.exec("/usr/local/bin/pleg-nri", "version"); !strings.HasPrefix(v, "pleg-nri deploy-test\n") || !strings.Contains(v, "\ncore: pid ") || !strings.Contains(v, ", version deploy-test\n") {
+		t.Errorf("after the upgrade the node runs %q, want pleg-nri deploy-test and its core", v)
 	}
 	if now := n.prop("pleg-nri.service", "MainPID"); now == plegPID || now == "0" {
 		t.Errorf("the upgrade did not restart pleg-nri (MainPID %s)", now)

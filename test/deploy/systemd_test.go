@@ -224,7 +224,8 @@ func TestSystemdUnits(t *testing.T) {
 	// The hardening is on, and pleg-nri still reaches everything it needs: ready means NRI registered,
 	// containerd's events subscribed and a relist done through containerd's CRI socket.
 	for p, want := range map[string]string{"ProtectSystem": "strict", "NoNewPrivileges": "yes", "KillMode": "process",
-		"Restart": "always", "CapabilityBoundingSet": "", "RestrictNamespaces": "yes"} {
+		"Restart": "always", "CapabilityBoundingSet": "", "RestrictNamespaces": "yes",
+		"StartLimitIntervalUSec": "0", "RestartUSec": "1s", "MemoryMax": "268435456"} {
 		if got := n.prop("pleg-nri.service", p); got != want {
 			t.Errorf("pleg-nri.service %s=%q, want %q", p, got, want)
 		}
