@@ -167,3 +167,36 @@ func (f *fanout) delivered() uint64 {
 	}
 	return w
 }
+
+// ReconnectReplay is how long after ReplayForReconnects the events are kept for subscribers that
+// subscribe again: the kubelet does within a second of its stream's end; a loaded node, within a few.
+const ReconnectReplay = 10 * time.Second
+
+// ReplayForReconnects keeps every event emitted from now on for ReconnectReplay, for the subscribers
+// that subscribe in that time: call it when subscribers lost their streams through no fault of theirs
+// (the front that relayed them went away: front.SupervisorHooks). A 1.35/1.36 kubelet relists at its
+// stream's end, before its new subscription reaches the core through the new front; an exit in between
+// would otherwise reach it only at its next relist, 300 s later with EventedPLEG. A replay already kept
+// (the startup replay, which holds every event since the start) is kept at least as long instead.
+// Duplicates are harmless: each event carries the whole pod status, and the kubelet keeps the newest.
+func (p *PLEG) ReplayForReconnects() { p.fan.reopenReplay(p.cfg.Clock, ReconnectReplay) }
+
+// reopenReplay keeps a replay of the events from now on for hold (see ReplayForReconnects). Like the
+// startup replay, it holds back the delivery watermark until a subscriber took it, is handed to every
+// subscriber that subscribes while it is kept, and is bounded by the subscribers' queue.
+func (f *fanout) reopenReplay(c Clock, hold time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r := &f.replay
+	until := c().Add(hold)
+	if r.open.Load() {
+		// The startup replay: its countdown starts at the startup reconciliation (until zero), or is
+		// made at least as long as this one.
+		if !r.until.IsZero() && r.until.Before(until) {
+			r.until = until
+		}
+		return
+	}
+	r.clock, r.hold, r.until, r.events, r.taken = c, hold, until, nil, false
+	r.open.Store(true)
+}

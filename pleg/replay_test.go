@@ -9,6 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -71,4 +73,42 @@ func TestReplayLeavesOutDeletedOfReplacedSandbox(t *testing.T) {
 	if slices.Contains(summary(replay), "DELETED old") {
 		t.Errorf("the startup replay has the DELETED of sandbox old while the pod's sandbox new is live: kubelet 1.36 would delete the pod's cache entry (replay %v)", summary(replay))
 	}
+}
+
+// TestReplayForReconnects (issue 56): once the front that relayed the subscribers' streams went away
+// (ReplayForReconnects), a subscriber that subscribes within ReconnectReplay, as the kubelet does
+// through the new front, gets every event since, then the new ones: an exit between the front's end
+// and the kubelet's new subscription is not lost (a 1.35/1.36 kubelet relists at the stream's end,
+// before it subscribes again, and then only every 300 s). The events are not recorded as received
+// (the checkpoint's watermark) until a subscriber took them; after the window, new subscribers get only
+// new events. It failed before: the reconnecting subscriber got nothing of the gap.
+func TestReplayForReconnects(t *testing.T) {
+	h := newHarness(t)
+	h.startPod("s1")
+	// h.sub is a subscriber that stays (a client of the core's own socket); the front's subscription
+	// is gone with it.
+	h.p.ReplayForReconnects()
+	gap := summary(h.startPod("s2", "c2"))
+	if len(gap) == 0 {
+		t.Fatal("no event in the gap")
+	}
+	if got, before := h.p.fan.delivered(), h.p.fan.seq; got >= before {
+		t.Errorf("delivery watermark %d with the gap's events kept for a reconnection, want below %d", got, before)
+	}
+	again := h.p.Subscribe()
+	if d := cmp.Diff(gap, summary(pending(again))); d != "" {
+		t.Errorf("the reconnecting subscriber's first events (-want +got):\n%s", d)
+	}
+	if got, want := h.p.fan.delivered(), h.p.fan.seq; got != want {
+		t.Errorf("delivery watermark %d once a subscriber took the gap's events, want %d", got, want)
+	}
+	h.clock.Advance(ReconnectReplay + time.Second)
+	h.p.drain(h.ctx)
+	if h.p.fan.replay.open.Load() {
+		t.Fatal("the reconnection replay is kept after its window")
+	}
+	if evs := pending(h.p.Subscribe()); len(evs) != 0 {
+		t.Errorf("a subscriber after the window got %v", summary(evs))
+	}
+	again.Close()
 }

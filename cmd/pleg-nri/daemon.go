@@ -115,7 +115,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	}
 	// A front that goes away while the core runs is replaced at once, on the same socket.
 	comps.run(ctx, "front supervisor", front.NewSupervisor(frontConfig(cfg), preRegistered,
-		frontHooks{front.NewSupervisorMetrics(reg), ready}).Run)
+		frontHooks{front.NewSupervisorMetrics(reg), ready, core}).Run)
 	// What serves the run directory, for the next pre-registered instance (takeover.go) and `pleg-nri
 	// version`: written before the core's socket serves, so that whoever finds the socket finds it too.
 	if exe, err := os.Executable(); err == nil {

@@ -98,11 +98,15 @@ func (h taskHooks) OnConnectionState(up bool) {
 	h.ready.setInput(&h.ready.events, up)
 }
 
-// frontHooks are the front supervisor's hooks: its metrics, and whether a front serves for readiness.
+// frontHooks are the front supervisor's hooks: its metrics, whether a front serves for readiness, and
+// the core's replay for the subscribers that reconnect through the next front.
 type frontHooks struct {
 	*front.SupervisorMetrics
 	ready *readiness
+	core  *pleg.PLEG
 }
+
+func (h frontHooks) FrontGone() { h.core.ReplayForReconnects() }
 
 func (h frontHooks) FrontUp(up bool) {
 	h.SupervisorMetrics.FrontUp(up)

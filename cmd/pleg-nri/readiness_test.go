@@ -23,7 +23,7 @@ func TestReadiness(t *testing.T) {
 	nri := nriHooks{plugin.NewPrometheusMetrics(reg, upstreams), ready}
 	events := taskHooks{upstreams: upstreams, ready: ready, relist: func() {}}
 	core := coreHooks{pleg.NewPrometheusMetrics(reg), ready}
-	fronts := frontHooks{front.NewSupervisorMetrics(reg), ready}
+	fronts := frontHooks{front.NewSupervisorMetrics(reg), ready, nil}
 	want := func(msg string) {
 		t.Helper()
 		err := ready.check()

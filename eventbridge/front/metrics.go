@@ -128,4 +128,7 @@ func (m *SupervisorMetrics) FrontUp(up bool) {
 
 func (m *SupervisorMetrics) FrontRespawned() { m.respawned.Inc() }
 
+// FrontGone does nothing: FrontUp(false) and FrontRespawned tell it.
+func (m *SupervisorMetrics) FrontGone() {}
+
 var _ SupervisorHooks = (*SupervisorMetrics)(nil)

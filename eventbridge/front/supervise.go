@@ -48,6 +48,9 @@ type SupervisorHooks interface {
 	// FrontUp is called with true when a front serves (the supervisor watches it), false when none
 	// does.
 	FrontUp(up bool)
+	// FrontGone is called when the front the supervisor watched went away: its event streams ended
+	// with it, and their clients (the kubelet) subscribe again through the next front.
+	FrontGone()
 	// FrontRespawned is called each time the supervisor starts a front in place of one that went
 	// away (before the start, which may fail).
 	FrontRespawned()
@@ -105,6 +108,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			gone := watch(ctx, conn)
 			if !gone {
 				return nil // ctx is done
+			}
+			if s.hooks != nil {
+				s.hooks.FrontGone()
 			}
 			// A stop of the whole service (systemctl kill, an uninstall's kill) signals the core and the
 			// front at once: a front that ends as the core is told to stop is not replaced.
