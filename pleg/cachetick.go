@@ -36,7 +36,7 @@ func (s *state) cacheTick(ctx context.Context) {
 		if p.dropped || sb.dropped || sb.emitted < PhaseCreated || sb.emitted >= PhaseRemoved {
 			continue
 		}
-		uid := sb.sbase.GetMetadata().GetUid()
+		uid := sb.sbAnswer.GetMetadata().GetUid()
 		if uid == "" {
 			uid = p.id // no uid to share
 		}
@@ -58,5 +58,5 @@ func (s *state) cacheTick(ctx context.Context) {
 
 // sandboxOrder orders two sandboxes of a pod by creation time, then id.
 func sandboxOrder(a, b *pod) int {
-	return containerOrder(a.sandbox.sbase.GetCreatedAt(), b.sandbox.sbase.GetCreatedAt(), a.id, b.id)
+	return containerOrder(a.sandbox.sbAnswer.GetCreatedAt(), b.sandbox.sbAnswer.GetCreatedAt(), a.id, b.id)
 }

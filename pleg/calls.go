@@ -60,7 +60,7 @@ func (s *state) startRefresh(o *object) {
 func (s *state) needOOMCheck(o *object) bool {
 	return s.oomCheck && !o.oomChecked && !o.oomChecking && o.emitted < PhaseExited && o.phase >= PhaseExited &&
 		o.facts.hasExit && o.facts.exitCode == oomExitCode && !o.facts.oom &&
-		o.ceff.GetReason() != reasonOOMKilled && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED
+		o.ctrSent.GetReason() != reasonOOMKilled && o.ctrAnswer.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED
 }
 
 // startOOMCheck asks whether o's cgroup recorded an OOM kill: inline when the checker can read the

@@ -206,7 +206,7 @@ func (s *state) restore(c *checkpoint) int {
 		p.lastEvent = cp.lastEvent
 		sb := p.sandbox
 		restoreObject(sb, &cp.sandbox)
-		sb.sbase, sb.seff = cp.sandbox.sandbox, cp.sandbox.sandbox
+		sb.sbAnswer, sb.sbSent = cp.sandbox.sandbox, cp.sandbox.sandbox
 		sb.complete = true
 		n++
 		for j := range cp.containers {
@@ -214,9 +214,9 @@ func (s *state) restore(c *checkpoint) int {
 			o := &object{id: cc.id, kind: KindContainer, pod: p, order: p.nextOrder}
 			p.nextOrder++
 			restoreObject(o, cc)
-			o.cbase, o.ceff = cc.container, cc.container
+			o.ctrAnswer, o.ctrSent = cc.container, cc.container
 			if o.phase >= PhaseExited {
-				o.stoppedSt = o.ceff // what its last STOPPED carried, as received
+				o.stoppedSt = o.ctrSent // what its last STOPPED carried, as received
 			}
 			o.complete = true
 			p.containers[o.id] = o
@@ -261,7 +261,7 @@ func received(o *object, w uint64) Phase {
 
 func snapshotObject(o *object, ph Phase) ckptObject {
 	c := ckptObject{id: o.id, phase: ph, created: o.created, stoppedReason: o.stoppedReason,
-		container: o.ceff, sandbox: o.seff}
+		container: o.ctrSent, sandbox: o.sbSent}
 	if o.started {
 		c.flags |= ckptStarted
 	}
@@ -289,7 +289,7 @@ func (s *state) snapshot(w uint64, scope string, now time.Time) *checkpoint {
 		return cp
 	}
 	addContainer := func(o *object) {
-		if ph := received(o, w); ph >= PhaseCreated && ph < PhaseRemoved && o.ceff != nil {
+		if ph := received(o, w); ph >= PhaseCreated && ph < PhaseRemoved && o.ctrSent != nil {
 			cp := podOf(o.pod)
 			if cp.containers == nil {
 				cp.containers = make([]ckptObject, 0, len(o.pod.listed))
@@ -300,7 +300,7 @@ func (s *state) snapshot(w uint64, scope string, now time.Time) *checkpoint {
 	addSandbox := func(p *pod) bool {
 		sb := p.sandbox
 		ph := received(sb, w)
-		if ph < PhaseCreated || ph == PhaseRemoved || sb.seff == nil {
+		if ph < PhaseCreated || ph == PhaseRemoved || sb.sbSent == nil {
 			return false
 		}
 		podOf(p).sandbox = snapshotObject(sb, ph)

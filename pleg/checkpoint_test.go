@@ -522,10 +522,10 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		if d := cmp.Diff(v(o), v(r)); d != "" {
 			t.Errorf("%s (-written +restored):\n%s", id, d)
 		}
-		if d := diffProto(o.ceff, r.ceff); d != "" {
+		if d := diffProto(o.ctrSent, r.ctrSent); d != "" {
 			t.Errorf("%s container status (-written +restored):\n%s", id, d)
 		}
-		if d := diffProto(o.seff, r.seff); d != "" {
+		if d := diffProto(o.sbSent, r.sbSent); d != "" {
 			t.Errorf("%s sandbox status (-written +restored):\n%s", id, d)
 		}
 	}

@@ -41,7 +41,7 @@ func (s *state) flush(ctx context.Context, p *pod) {
 // ready says whether o's pending events can be built now.
 func (s *state) ready(o *object) bool {
 	sb := o.pod.sandbox
-	if sb.seff == nil {
+	if sb.sbSent == nil {
 		return false // every event carries the sandbox status
 	}
 	if sb.stale {
@@ -57,7 +57,7 @@ func (s *state) ready(o *object) bool {
 	}
 	if o.phase == PhaseRemoved {
 		for _, c := range o.pod.containers {
-			if c.emitted < PhaseRemoved && ((c.cbase == nil && c.fetching) || (c.cbase != nil && !c.complete)) {
+			if c.emitted < PhaseRemoved && ((c.ctrAnswer == nil && c.fetching) || (c.ctrAnswer != nil && !c.complete)) {
 				return false
 			}
 		}
@@ -81,7 +81,7 @@ func (s *state) emitPending(ctx context.Context, o *object) {
 			if c.dropped || c.emitted == PhaseRemoved {
 				continue
 			}
-			if c.cbase == nil {
+			if c.ctrAnswer == nil {
 				s.drop(ctx, c, DropRemovedBeforeStatus)
 				continue
 			}
@@ -95,16 +95,16 @@ func (s *state) emitPending(ctx context.Context, o *object) {
 func (s *state) emitContainer(ctx context.Context, o *object, target Phase) {
 	if o.needCorrection {
 		o.needCorrection = false
-		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && exitDiffers(o.stoppedSt, o.ceff) {
+		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && exitDiffers(o.stoppedSt, o.ctrSent) {
 			c := o.statusCause
-			if o.ceff.GetReason() == reasonOOMKilled && o.stoppedSt.GetReason() != reasonOOMKilled {
+			if o.ctrSent.GetReason() == reasonOOMKilled && o.stoppedSt.GetReason() != reasonOOMKilled {
 				if c = o.oomCause; c.at.IsZero() {
 					c = o.causes[PhaseExited]
 				}
 			}
 			o.corrected = true
-			o.stoppedReason = o.ceff.GetReason()
-			o.stoppedSt = o.ceff
+			o.stoppedReason = o.ctrSent.GetReason()
+			o.stoppedSt = o.ctrSent
 			s.metrics.EventCorrected(o.kind, c.src)
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c)
 		}
@@ -130,7 +130,7 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				continue
 			}
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT, c)
-			if o.kind == KindContainer && target == PhaseRunning && o.cbase.State == runtimeapi.ContainerState_CONTAINER_CREATED &&
+			if o.kind == KindContainer && target == PhaseRunning && o.ctrAnswer.State == runtimeapi.ContainerState_CONTAINER_CREATED &&
 				!o.facts.startExact {
 				// The start time is not containerd's own (none was known): the verification brings it.
 				// NRI's start time is containerd's, and nothing else in the status changes at a start,
@@ -142,15 +142,15 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 				continue
 			}
 			if o.kind == KindContainer {
-				o.stoppedReason = o.ceff.GetReason()
-				o.stoppedSt = o.ceff
+				o.stoppedReason = o.ctrSent.GetReason()
+				o.stoppedSt = o.ctrSent
 				o.needCorrection = false
 			}
 			s.emit(ctx, o, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT, c)
-			if o.kind == KindContainer && o.cbase.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
+			if o.kind == KindContainer && o.ctrAnswer.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
 				s.verify(o, true) // the exit came from fast inputs: check it (and a late OOM) against the CRI
 			}
-			if o.kind == KindSandbox && s.serveReads && o.sbase.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY && target == PhaseExited {
+			if o.kind == KindSandbox && s.serveReads && o.sbAnswer.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY && target == PhaseExited {
 				s.verify(o, true) // for the reads (reads.go): until containerd's status shows the exit
 			}
 		case PhaseRemoved:
@@ -203,14 +203,14 @@ func (s *state) event(o *object, t runtimeapi.ContainerEventType, c cause) (time
 	p.lastEvent = ts
 	statuses := make([]*runtimeapi.ContainerStatus, len(p.listed))
 	for i, ct := range p.listed {
-		statuses[i] = ct.ceff
+		statuses[i] = ct.ctrSent
 	}
 	return now, Event{
 		Response: &runtimeapi.ContainerEventResponse{
 			ContainerId:        o.id,
 			ContainerEventType: t,
 			CreatedAt:          ts,
-			PodSandboxStatus:   p.sandbox.seff,
+			PodSandboxStatus:   p.sandbox.sbSent,
 			ContainersStatuses: statuses,
 		},
 		Source:     c.src,
@@ -222,13 +222,13 @@ func (s *state) event(o *object, t runtimeapi.ContainerEventType, c cause) (time
 // hasNewerLiveSandbox reports whether p's pod (uid) has another sandbox, created after p's, that is not
 // removed. It scans every pod: only the startup replay asks.
 func (s *state) hasNewerLiveSandbox(p *pod) bool {
-	uid := p.sandbox.sbase.GetMetadata().GetUid()
+	uid := p.sandbox.sbAnswer.GetMetadata().GetUid()
 	if uid == "" {
 		return false
 	}
 	for _, q := range s.pods {
-		if q != p && q.sandbox.phase < PhaseRemoved && q.sandbox.sbase.GetMetadata().GetUid() == uid &&
-			q.sandbox.sbase.GetCreatedAt() >= p.sandbox.sbase.GetCreatedAt() {
+		if q != p && q.sandbox.phase < PhaseRemoved && q.sandbox.sbAnswer.GetMetadata().GetUid() == uid &&
+			q.sandbox.sbAnswer.GetCreatedAt() >= p.sandbox.sbAnswer.GetCreatedAt() {
 			return true
 		}
 	}

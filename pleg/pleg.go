@@ -156,7 +156,7 @@ type PLEG struct {
 	fetch   *fetcher
 	fan     *fanout
 	// resync is Resync's schedule of relists.
-	resync *settler
+	resync *resyncer
 
 	// inboxMu guards inbox. It is held only to append or swap: Observe never waits on the state.
 	inboxMu sync.Mutex
@@ -230,7 +230,7 @@ func New(cfg Config) (*PLEG, error) {
 	if delays == nil {
 		delays = DefaultResyncDelays
 	}
-	p.resync = newSettler(func() {
+	p.resync = newResyncer(func() {
 		if cfg.Reconnect != nil {
 			cfg.Reconnect()
 		}

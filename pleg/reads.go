@@ -87,27 +87,27 @@ func settled(o *object) bool {
 	}
 	switch o.kind {
 	case KindContainer:
-		if o.cbase == nil || o.ceff == nil || !o.complete {
+		if o.ctrAnswer == nil || o.ctrSent == nil || !o.complete {
 			return false
 		}
 		switch o.phase {
 		case PhaseCreated:
-			return o.ceff.State == runtimeapi.ContainerState_CONTAINER_CREATED
+			return o.ctrSent.State == runtimeapi.ContainerState_CONTAINER_CREATED
 		case PhaseRunning:
-			return o.ceff.State == runtimeapi.ContainerState_CONTAINER_RUNNING
+			return o.ctrSent.State == runtimeapi.ContainerState_CONTAINER_RUNNING
 		case PhaseExited:
 			// Only containerd's own exit: it updates its status after its exit handling.
-			return o.cbase.State == runtimeapi.ContainerState_CONTAINER_EXITED
+			return o.ctrAnswer.State == runtimeapi.ContainerState_CONTAINER_EXITED
 		}
 	case KindSandbox:
-		if o.sbase == nil || o.seff == nil {
+		if o.sbAnswer == nil || o.sbSent == nil {
 			return false
 		}
 		switch o.phase {
 		case PhaseRunning:
-			return o.seff.State == runtimeapi.PodSandboxState_SANDBOX_READY
+			return o.sbSent.State == runtimeapi.PodSandboxState_SANDBOX_READY
 		case PhaseExited:
-			return o.sbase.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+			return o.sbAnswer.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY
 		}
 	}
 	return false
@@ -127,7 +127,7 @@ func (p *PLEG) ContainerStatus(ctx context.Context, r *runtimeapi.ContainerStatu
 	if o == nil || o.kind != KindContainer || !settled(o) {
 		return nil, false
 	}
-	return &runtimeapi.ContainerStatusResponse{Status: o.ceff}, true
+	return &runtimeapi.ContainerStatusResponse{Status: o.ctrSent}, true
 }
 
 // PodSandboxStatus answers a non-verbose PodSandboxStatus of a sandbox the state knows by its full id,
@@ -146,10 +146,10 @@ func (p *PLEG) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxSta
 	if o == nil || o.kind != KindSandbox || !settled(o) || o.info == nil {
 		return nil, false
 	}
-	if o.phase == PhaseExited && hasIPs(o.seff) {
+	if o.phase == PhaseExited && hasIPs(o.sbSent) {
 		return nil, false
 	}
-	return &runtimeapi.PodSandboxStatusResponse{Status: o.seff, Info: o.info}, true
+	return &runtimeapi.PodSandboxStatusResponse{Status: o.sbSent, Info: o.info}, true
 }
 
 // ListPodSandbox answers ListPodSandbox when the state is current for every sandbox the filter can
@@ -180,7 +180,7 @@ func (p *PLEG) ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandboxR
 		if !settled(sb) {
 			return nil, false
 		}
-		e := sandboxEntry(sb.seff)
+		e := sandboxEntry(sb.sbSent)
 		if (f.GetState() != nil && f.GetState().GetState() != e.State) || !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}
@@ -239,7 +239,7 @@ func (p *PLEG) ListContainers(ctx context.Context, r *runtimeapi.ListContainersR
 		if sb := f.GetPodSandboxId(); sb != "" && sb != o.pod.id {
 			continue
 		}
-		e := containerEntry(o.entry, o.ceff)
+		e := containerEntry(o.entry, o.ctrSent)
 		if (f.GetState() != nil && f.GetState().GetState() != e.State) || !labelsMatch(e.Labels, f.GetLabelSelector()) {
 			continue
 		}

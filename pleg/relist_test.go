@@ -107,9 +107,9 @@ func TestDiffRelist(t *testing.T) {
 				x := &object{id: o.id, kind: o.kind, pod: p, phase: o.phase, lastSeq: o.seq}
 				if o.hasStatus {
 					if o.kind == KindSandbox {
-						x.sbase = &runtimeapi.PodSandboxStatus{Id: o.id}
+						x.sbAnswer = &runtimeapi.PodSandboxStatus{Id: o.id}
 					} else {
-						x.cbase = &runtimeapi.ContainerStatus{Id: o.id}
+						x.ctrAnswer = &runtimeapi.ContainerStatus{Id: o.id}
 					}
 				}
 				objects[o.id] = x

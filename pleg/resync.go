@@ -18,20 +18,20 @@ import (
 // (about 0.6 ms for 1,000 containers), so a few in the seconds after a reconnection cost nothing.
 var DefaultResyncDelays = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second}
 
-// settler triggers relists at its delays after each kick, until its context is done. A kick during a
+// resyncer triggers relists at its delays after each kick, until its context is done. A kick during a
 // schedule starts it again.
-type settler struct {
+type resyncer struct {
 	relist func()
 	delays []time.Duration
 	kick   chan struct{}
 }
 
-func newSettler(relist func(), delays []time.Duration) *settler {
-	return &settler{relist: relist, delays: delays, kick: make(chan struct{}, 1)}
+func newResyncer(relist func(), delays []time.Duration) *resyncer {
+	return &resyncer{relist: relist, delays: delays, kick: make(chan struct{}, 1)}
 }
 
 // Kick relists at once and schedules the settle relists.
-func (s *settler) Kick() {
+func (s *resyncer) Kick() {
 	s.relist()
 	select {
 	case s.kick <- struct{}{}:
@@ -40,7 +40,7 @@ func (s *settler) Kick() {
 }
 
 // run runs the schedule until ctx is done.
-func (s *settler) run(ctx context.Context) error {
+func (s *resyncer) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():

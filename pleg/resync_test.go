@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// TestSettler: a kick relists at once and then at each delay after it; a kick during the schedule
+// TestResyncer: a kick relists at once and then at each delay after it; a kick during the schedule
 // relists at once and starts the schedule over. In a synctest bubble, so the times are exact.
-func TestSettler(t *testing.T) {
+func TestResyncer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		var mu sync.Mutex // guards relists: Kick relists on the caller's goroutine, the schedule on run's
 		var relists []time.Duration
-		s := newSettler(func() {
+		s := newResyncer(func() {
 			mu.Lock()
 			relists = append(relists, time.Since(start))
 			mu.Unlock()

@@ -82,11 +82,12 @@ type object struct {
 	// event input reports that phase: the input was then late, not missing (Metrics.RelistRepairLate).
 	repaired uint8
 
-	// The last CRI answer (immutable) and the status events carry (base with phase and facts applied;
-	// the same pointer as base when nothing had to change). Only one of each pair is used, by kind.
-	cbase, ceff *runtimeapi.ContainerStatus
-	sbase, seff *runtimeapi.PodSandboxStatus
-	complete    bool // ceff is complete enough for the pending event (an exit needs its exit code)
+	// ctrAnswer and sbAnswer are the last CRI answer (immutable); ctrSent and sbSent the status events
+	// carry (the answer with phase and facts applied; the same pointer as the answer when nothing had to
+	// change). Only one of each pair is used, by kind (container or sandbox).
+	ctrAnswer, ctrSent *runtimeapi.ContainerStatus
+	sbAnswer, sbSent   *runtimeapi.PodSandboxStatus
+	complete           bool // ctrSent is complete enough for the pending event (an exit needs its exit code)
 
 	fetching     bool      // a status call (not a verification) is outstanding
 	fetchAttempt int       // attempts of the current fetch
@@ -133,7 +134,7 @@ type object struct {
 	emitSeq [5]uint64
 }
 
-func (o *object) hasStatus() bool { return o.cbase != nil || o.sbase != nil }
+func (o *object) hasStatus() bool { return o.ctrAnswer != nil || o.sbAnswer != nil }
 
 // pod is a sandbox and its containers: the unit of ordering and of pod status.
 type pod struct {
@@ -326,7 +327,7 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 		// containerd builds each event's sandbox status when it sends it: once StopPodSandbox tore
 		// the network down, the IPs are gone. A container removed from a stopped sandbox whose status
 		// still has them: ask again before its DELETED.
-		if sb := o.pod.sandbox; sb.phase >= PhaseExited && sb.phase < PhaseRemoved && hasIPs(sb.seff) {
+		if sb := o.pod.sandbox; sb.phase >= PhaseExited && sb.phase < PhaseRemoved && hasIPs(sb.sbSent) {
 			s.startRefresh(sb)
 		}
 	}
@@ -365,11 +366,11 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 // setContainerBase caches a container status answer unless it is behind the cached one; it returns the
 // phase the answer implies.
 func (s *state) setContainerBase(o *object, st *runtimeapi.ContainerStatus, src Source) Phase {
-	if o.cbase != nil && containerStateRank(st.State) < containerStateRank(o.cbase.State) {
+	if o.ctrAnswer != nil && containerStateRank(st.State) < containerStateRank(o.ctrAnswer.State) {
 		s.metrics.ObservationSuppressed(src, SuppressStaleStatus)
 		return PhaseNone
 	}
-	o.cbase = st
+	o.ctrAnswer = st
 	o.restored = false
 	if o.created == 0 || st.CreatedAt != 0 {
 		o.created = st.CreatedAt
@@ -387,11 +388,11 @@ func (s *state) setContainerBase(o *object, st *runtimeapi.ContainerStatus, src 
 // setSandboxBase caches a sandbox status answer unless it is behind the cached one; it returns the phase
 // the answer implies.
 func (s *state) setSandboxBase(o *object, st *runtimeapi.PodSandboxStatus, src Source) Phase {
-	if o.sbase != nil && st.State == runtimeapi.PodSandboxState_SANDBOX_READY && o.sbase.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+	if o.sbAnswer != nil && st.State == runtimeapi.PodSandboxState_SANDBOX_READY && o.sbAnswer.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		s.metrics.ObservationSuppressed(src, SuppressStaleStatus)
 		return PhaseNone
 	}
-	o.sbase = st
+	o.sbAnswer = st
 	o.restored = false
 	// A sandbox the CRI has a status for has run its pause process (containerd rolls a failed
 	// RunPodSandbox back), even when this answer lands after its removal was observed: its end then
@@ -427,8 +428,8 @@ func (s *state) refresh(ctx context.Context, o *object) {
 	}
 	switch o.kind {
 	case KindSandbox:
-		o.seff = sandboxEffective(o.sbase, o.phase)
-		o.complete = o.seff != nil
+		o.sbSent = sandboxEffective(o.sbAnswer, o.phase)
+		o.complete = o.sbSent != nil
 	case KindContainer:
 		wantExit := o.phase == PhaseExited || (o.phase == PhaseRemoved && (o.started || o.exited))
 		synth := o.fetchGaveUp || (o.phase == PhaseRemoved && !o.fetching)
@@ -436,14 +437,14 @@ func (s *state) refresh(ctx context.Context, o *object) {
 		if at.IsZero() {
 			at = s.clock()
 		}
-		o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
+		o.ctrSent, o.complete = containerEffective(o.ctrAnswer, o.phase, wantExit, o.facts, synth, at.UnixNano())
 		if o.complete && s.needOOMCheck(o) && s.startOOMCheck(o) {
-			o.ceff, o.complete = containerEffective(o.cbase, o.phase, wantExit, o.facts, synth, at.UnixNano())
+			o.ctrSent, o.complete = containerEffective(o.ctrAnswer, o.phase, wantExit, o.facts, synth, at.UnixNano())
 		}
 		if o.oomChecking && !o.facts.oom {
 			o.complete = false // the STOPPED waits for the OOM check (bounded by its timeout)
 		}
-		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && o.complete && exitDiffers(o.stoppedSt, o.ceff) {
+		if o.emitted >= PhaseExited && o.emitted < PhaseRemoved && o.complete && exitDiffers(o.stoppedSt, o.ctrSent) {
 			o.needCorrection = true
 		}
 	}

@@ -65,18 +65,18 @@ func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
 		}
 		return
 	}
-	oldC, oldS := o.ceff, o.seff
+	oldC, oldS := o.ctrSent, o.sbSent
 	s.update(ctx, o, statusObs(o, r))
-	if (o.kind == KindContainer && !proto.Equal(oldC, o.ceff)) || (o.kind == KindSandbox && !proto.Equal(oldS, o.seff)) {
+	if (o.kind == KindContainer && !proto.Equal(oldC, o.ctrSent)) || (o.kind == KindSandbox && !proto.Equal(oldS, o.sbSent)) {
 		s.metrics.StatusMismatch(o.kind)
 		if log.GetLevel() >= log.DebugLevel {
 			logger.Debug("verified status differs from the one emitted: cache updated")
 		}
 	}
-	if o.verifyExit && o.kind == KindContainer && o.cbase.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+	if o.verifyExit && o.kind == KindContainer && o.ctrAnswer.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
 		s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
 	}
-	if o.verifyExit && o.kind == KindSandbox && o.sbase.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+	if o.verifyExit && o.kind == KindSandbox && o.sbAnswer.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
 		s.reverify(ctx, o) // a sandbox exit's confirmation, for the reads: ask again
 	}
 	s.flush(ctx, o.pod)

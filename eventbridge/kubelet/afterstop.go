@@ -41,7 +41,7 @@ const (
 	afterStopQuiet = 50 * time.Millisecond
 	// afterStopMax bounds the wait for that quiet.
 	afterStopMax = 2 * time.Second
-	// afterStopCallTimeout bounds each call the settler makes.
+	// afterStopCallTimeout bounds each call the stopRefresher makes.
 	afterStopCallTimeout = 2 * time.Second
 )
 
@@ -83,8 +83,8 @@ func firstString(b []byte) string {
 	return ""
 }
 
-// settler asks for the refreshes after the stops its proxy forwarded. It is safe for concurrent use.
-type settler struct {
+// stopRefresher asks for the refreshes after the stops its proxy forwarded. It is safe for concurrent use.
+type stopRefresher struct {
 	cri runtimeapi.RuntimeServiceClient
 	// refresh asks the core for the refresh of an object.
 	refresh func(ctx context.Context, id string) error
@@ -111,18 +111,18 @@ type settling struct {
 	last, start time.Time
 }
 
-func newSettler(cri runtimeapi.RuntimeServiceClient, refresh func(context.Context, string) error, now func() time.Time, done <-chan struct{}) *settler {
-	return &settler{cri: cri, refresh: refresh, now: now, done: done, quiet: afterStopQuiet, max: afterStopMax,
+func newStopRefresher(cri runtimeapi.RuntimeServiceClient, refresh func(context.Context, string) error, now func() time.Time, done <-chan struct{}) *stopRefresher {
+	return &stopRefresher{cri: cri, refresh: refresh, now: now, done: done, quiet: afterStopQuiet, max: afterStopMax,
 		pods: map[string]*settling{}, ids: map[string]*settling{}}
 }
 
 // wants says whether a call of method about id must be reported (called before the call).
-func (s *settler) wants(method string) bool {
+func (s *stopRefresher) wants(method string) bool {
 	return method == stopContainerMethod || method == stopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
 }
 
 // called reports a call of method about id that the runtime answered with err.
-func (s *settler) called(ctx context.Context, method, id string, err error) {
+func (s *stopRefresher) called(ctx context.Context, method, id string, err error) {
 	if id == "" {
 		return
 	}
@@ -142,7 +142,7 @@ func (s *settler) called(ctx context.Context, method, id string, err error) {
 }
 
 // begin starts settling the pod of the stopped object id, or joins its settling.
-func (s *settler) begin(ctx context.Context, id string, sandbox bool) {
+func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool) {
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	sandboxID := id
@@ -183,7 +183,7 @@ func (s *settler) begin(ctx context.Context, id string, sandbox bool) {
 
 // settle waits until the client's calls about p have been quiet for s.quiet (at most s.max after its
 // first stop), then asks for the refresh.
-func (s *settler) settle(ctx context.Context, p *settling) {
+func (s *stopRefresher) settle(ctx context.Context, p *settling) {
 	for {
 		s.mu.Lock()
 		now := s.now()
@@ -216,7 +216,7 @@ func (s *settler) settle(ctx context.Context, p *settling) {
 }
 
 // ask asks for the refresh of id.
-func (s *settler) ask(ctx context.Context, id string) {
+func (s *stopRefresher) ask(ctx context.Context, id string) {
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	logger := log.G(ctx).WithField("id", id)
@@ -228,7 +228,7 @@ func (s *settler) ask(ctx context.Context, id string) {
 }
 
 // callCtx is a call's context: bounded, and ended by the proxy's shutdown.
-func (s *settler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+func (s *stopRefresher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return boundedCtx(ctx, afterStopCallTimeout, s.done)
 }
 

@@ -46,7 +46,7 @@ type Proxy struct {
 	refresh *refresher
 	// settle, on the front, asks the core for a refresh after each stop its client made (see
 	// afterstop.go); refreshStopped, on the core, answers those requests.
-	settle         *settler
+	settle         *stopRefresher
 	refreshStopped func(id string)
 	// reads, unless nil (ReadSourceRuntime), answers the reads from the state or checks them
 	// (stateread.go, readcheck.go); serveState answers StateMethodPrefix (the core's socket).
@@ -160,7 +160,7 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		p.fresh = newStoppedTracker(now, stoppedTTL)
 	}
 	if cfg.RefreshAfterStop != nil {
-		p.settle = newSettler(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.RefreshAfterStop, now, p.shutdown)
+		p.settle = newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.RefreshAfterStop, now, p.shutdown)
 	}
 	p.refreshStopped = cfg.RefreshStopped
 	p.serveState = cfg.ServeState
