@@ -361,7 +361,7 @@ func serverFailure(srv *kubelet.Server) func(context.Context) error {
 // servingLog is logged once the daemon serves: every listener is open (the metrics server's too).
 const servingLog = "pleg-nri is serving"
 
-// observerFunc adapts a function to the plugin's and the event bridge's Observer interfaces.
+// observerFunc adapts a function to the plugin's and containerd's task events' Observer interfaces (plugin.Observer, containerd.Observer).
 type observerFunc func(pleg.Observation)
 
 func (f observerFunc) Observe(o pleg.Observation) { f(o) }
