@@ -53,11 +53,33 @@ const kubeletCacheWait = 5 * time.Second
 // ever run at once in a pod (the node's duplicate watcher); and at the end the kubelet still acts on
 // events.
 func TestRestartsKeepFastPath(t *testing.T) {
+	restartsKeepFastPath(t, []string{"pleg-nri SIGTERM", "containerd SIGTERM", "pleg-nri SIGKILL", "containerd SIGKILL",
+		"pleg-nri upgrade", "containerd SIGTERM", "pleg-nri SIGTERM", "containerd SIGKILL", "pleg-nri downgrade",
+		"containerd SIGTERM"})
+}
+
+// TestSoakRestartsKillsKeepFastPath (PLEG_NRI_SOAK=1, issue 56): the same with PLEG_NRI_SOAK_KILLS (10)
+// SIGKILLs of pleg-nri's core and as many of containerd, alternating, under the kubelet.
+func TestSoakRestartsKillsKeepFastPath(t *testing.T) {
+	if os.Getenv("PLEG_NRI_SOAK") != "1" {
+		t.Skip("a soak test: PLEG_NRI_SOAK=1 (make soak) runs it")
+	}
+	kills := 10
+	if v := os.Getenv("PLEG_NRI_SOAK_KILLS"); v != "" {
+		if _, err := fmt.Sscan(v, &kills); err != nil || kills < 1 {
+			t.Fatalf("PLEG_NRI_SOAK_KILLS=%q: want a positive number", v)
+		}
+	}
+	var steps []string
+	for range kills {
+		steps = append(steps, "pleg-nri SIGKILL", "containerd SIGKILL")
+	}
+	restartsKeepFastPath(t, steps)
+}
+
+func restartsKeepFastPath(t *testing.T, steps []string) {
 	upgraded := plegnribin.Binary(t, plegnribin.Upgraded)
 	n := startNode(t, setupEventedPlegNRI)
-	steps := []string{"pleg-nri SIGTERM", "containerd SIGTERM", "pleg-nri SIGKILL", "containerd SIGKILL",
-		"pleg-nri upgrade", "containerd SIGTERM", "pleg-nri SIGTERM", "containerd SIGKILL", "pleg-nri downgrade",
-		"containerd SIGTERM"}
 	// containerd must run again when the test ends, whatever happens.
 	t.Cleanup(func() {
 		if !env.Running() {
