@@ -704,6 +704,11 @@ func runBurst(t *testing.T, pods, containers, readers, workers int) {
 		pods, containers, pods, want, got, up.Round(time.Second), total.Round(time.Second), float64(want)/total.Seconds())
 	t.Logf("%d pleg-nri subscribers and containerd's own stream: every one received all %d events; coalesced %v, evicted %v", readers, want, coalesced, evicted)
 	t.Logf("pleg-nri RSS %.1f MiB (peak %.1f MiB; peak with all pods up %.1f MiB)", mib(rss), mib(hwm), mib(hwmUp))
+	// The unit's MemoryMax holds both processes (deploy/systemd/pleg-nri.service).
+	if fpid, err := p.FrontPID(); err == nil {
+		frss, fhwm := processMemory(t, fpid)
+		t.Logf("pleg-nri front RSS %.1f MiB (peak %.1f MiB); core and front peak together %.1f MiB", mib(frss), mib(fhwm), mib(hwm+fhwm))
+	}
 }
 
 // diffMultiset describes how two multisets differ, or returns "".
