@@ -21,7 +21,7 @@ import (
 // which cap, not with an EOF a client would take for the server's end of a working stream.
 const (
 	// DefaultMaxEventStreams bounds the event streams open at once on one endpoint.
-	DefaultMaxEventStreams = 64
+	DefaultMaxEventStreams = 256
 	// DefaultMaxEventStreamsPerConnection bounds the event streams open at once on one client
 	// connection.
 	DefaultMaxEventStreamsPerConnection = 16

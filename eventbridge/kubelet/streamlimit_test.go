@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,7 +70,7 @@ func TestEventStreamCaps(t *testing.T) {
 		accepted(conn)
 	}
 	late := connect(t, e.server.Addr().String())
-	refused(late, "at most 64 in all")
+	refused(late, fmt.Sprintf("at most %d in all", DefaultMaxEventStreams))
 
 	// The streams open go on.
 	e.source.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
@@ -106,7 +107,7 @@ func TestEventStreamCapsThroughTheFront(t *testing.T) {
 		accepted  int // the front's streams that get events
 		says      string
 	}{
-		{"core caps", CoreMaxEventStreams, DefaultMaxEventStreams, "at most 64 in all"},
+		{"core caps", CoreMaxEventStreams, DefaultMaxEventStreams, fmt.Sprintf("at most %d in all", DefaultMaxEventStreams)},
 		{"front caps on the core", DefaultMaxEventStreamsPerConnection, DefaultMaxEventStreamsPerConnection, "at most 16 per connection"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
