@@ -20,6 +20,7 @@ import (
 const (
 	floodScrapers = 64
 	floodIdle     = 10000
+	floodDialers  = 100
 	// floodRounds rounds of one quiet and one flooded phase (their order alternating), floodCalls
 	// ListContainers calls through the front in each phase.
 	floodRounds = 24
@@ -61,15 +62,27 @@ func BenchmarkScrapeFlood(b *testing.B) {
 	}
 	flooded := func() (p50, p99 float64, idle, scrapes int) {
 		ctx, cancel := context.WithCancel(b.Context())
+		// The idle connections, made by floodDialers at once: past the listen backlog (the server
+		// accepts at most its connection limit) a dial waits for its SYN's retry: it gives up after
+		// 20 ms and the flood goes on with the connections made.
 		var conns []net.Conn
-		d := net.Dialer{Timeout: 50 * time.Millisecond}
-		for range floodIdle {
-			c, err := d.DialContext(ctx, "tcp", p.MetricsAddr)
-			if err != nil {
-				continue // the listen backlog is full: the rest of the flood waits in SYN retries
-			}
-			conns = append(conns, c)
+		var cmu sync.Mutex
+		var dials sync.WaitGroup
+		d := net.Dialer{Timeout: 20 * time.Millisecond}
+		for range floodDialers {
+			dials.Go(func() {
+				for range floodIdle / floodDialers {
+					c, err := d.DialContext(ctx, "tcp", p.MetricsAddr)
+					if err != nil {
+						continue
+					}
+					cmu.Lock()
+					conns = append(conns, c)
+					cmu.Unlock()
+				}
+			})
 		}
+		dials.Wait()
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: floodScrapers}}
