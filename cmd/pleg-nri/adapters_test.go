@@ -9,8 +9,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/containerd/log"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
 
 	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
@@ -110,6 +112,12 @@ func TestNewPlugin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the plugin logs, to see that the later change is logged.
+	var logged syncBuffer
+	logged.mu = make(chan struct{}, 1)
+	logger := logrus.New()
+	logger.SetOutput(&logged)
+	ctx = log.WithLogger(ctx, logrus.NewEntry(logger))
 	for _, data := range []string{"relist-period: 7s\n", "relist-period: 8s\n", "relist_period: 8s\n"} {
 		answered := make(chan struct{})
 		go func() {
@@ -121,6 +129,9 @@ func TestNewPlugin(t *testing.T) {
 	}
 	if got := <-nri.Configured(); string(got.Data) != "relist-period: 7s\n" || got.Err != nil {
 		t.Errorf("Configured() = %q, %v; want the first configuration", got.Data, got.Err)
+	}
+	if out := logged.String(); !strings.Contains(out, "changed keys that need a restart") || !strings.Contains(out, "relist-period") {
+		t.Errorf("the later change of relist-period was not logged: %q", out)
 	}
 	if _, err := nri.Synchronize(ctx, []*api.PodSandbox{{Id: "s1", Uid: "u1", Name: "web", Namespace: "default"}}, nil); err != nil {
 		t.Fatal(err)

@@ -348,11 +348,27 @@ func TestRun(t *testing.T) {
 }
 
 // TestTakeover: a front started with Takeover serves on its predecessor's sockets, which never go
-// away; the predecessor returns.
+// away (both socket files are checked every millisecond from before the takeover to after the
+// predecessor returned); the predecessor returns.
 func TestTakeover(t *testing.T) {
 	n := newNode(t)
 	cfg := n.config()
 	first := run(t, cfg)
+	socks := []string{strings.TrimPrefix(cfg.Listen, "unix://"), filepath.Join(cfg.RunDir, ControlSocketName)}
+	watching, stopWatching := context.WithCancel(context.Background())
+	missing := make(chan error, 1)
+	go func() {
+		for watching.Err() == nil {
+			for _, sock := range socks {
+				if _, err := os.Lstat(sock); err != nil {
+					missing <- err
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+		missing <- nil
+	}()
 	next := cfg
 	next.Takeover, next.Version = true, "v-next"
 	run(t, next)
@@ -363,6 +379,10 @@ func TestTakeover(t *testing.T) {
 		}
 	case <-time.After(waitTimeout):
 		t.Fatal("the first front did not hand over")
+	}
+	stopWatching()
+	if err := <-missing; err != nil {
+		t.Errorf("a socket file went away during the takeover: %v", err)
 	}
 	info, err := Query(cfg.RunDir, "info")
 	if err != nil || info.Version != "v-next" {

@@ -153,7 +153,8 @@ func TestRefreshAfterStop(t *testing.T) {
 	e.noAsk(t, 3*quiet)
 }
 
-// TestRefreshAfterStopBounded: calls about the pod that never stop do not hold the refresh past the
+// TestRefreshAfterStopBounded: calls about the pod that never stop do not hold the refresh for ever:
+// it comes while they go on (without the bound it would wait for them to stop), and not before the
 // bound.
 func TestRefreshAfterStopBounded(t *testing.T) {
 	const quiet, maxWait = 200 * time.Millisecond, 500 * time.Millisecond
