@@ -105,3 +105,22 @@ func TestCacheTickNoSubscriber(t *testing.T) {
 		t.Errorf("a tick with no subscriber published %d events", h.p.fan.seq-seq)
 	}
 }
+
+// TestCacheTickNeverReplayed: a tick is sent to the subscribers connected when it is made, never
+// kept in a replay for later ones (a late subscriber would take a stale pod status for news): with a
+// replay kept (here the one for reconnections, ReplayForReconnects), a subscriber that comes after a
+// tick gets the pods' events from the replay but not the tick.
+func TestCacheTickNeverReplayed(t *testing.T) {
+	h := newHarness(t)
+	h.p.ReplayForReconnects()
+	started := summary(h.startPod("s1", "c1"))
+	h.clock.Advance(time.Second)
+	if got := summary(h.tick()); !slices.Equal(got, []string{"CREATED s1"}) {
+		t.Fatalf("tick: %v, want s1's", got)
+	}
+	late := h.p.Subscribe()
+	defer late.Close()
+	if d := cmp.Diff(started, summary(pending(late))); d != "" {
+		t.Errorf("a subscriber after the tick got (-want +got):\n%s", d)
+	}
+}
