@@ -209,3 +209,29 @@ func TestFrontRespawned(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSecondCoreLeavesTheFront (issue 56): a second core started by hand on the run directory of a
+// running one (another state directory, so the state lock does not stop it, and a setting that makes
+// the running front incompatible) exits with an error that names the running core, and leaves the
+// production front alone: the same process serves the kubelet's socket. It failed before: the second
+// core replaced the front (ending the kubelet's stream) and only then found it could not serve.
+func TestSecondCoreLeavesTheFront(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "pn-")
+	runDir := filepath.Join(dir, "run")
+	sock := filepath.Join(runDir, "cri.sock")
+	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock)...)
+	before, err := front.Query(runDir, "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--state-dir", filepath.Join(dir, "state2"),
+		"--read-freshness", "hold")
+	code, out := runToExit(t, args...)
+	if code == 0 || !strings.Contains(lastLine(out), "already serves") {
+		t.Errorf("second core: exit %d, last line %q; want a failure naming the running core", code, lastLine(out))
+	}
+	after, err := front.Query(runDir, "info")
+	if err != nil || after.PID != before.PID {
+		t.Errorf("the production front after a second core: %+v, %v; want pid %d still", after, err, before.PID)
+	}
+}
