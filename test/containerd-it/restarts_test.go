@@ -13,6 +13,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -202,6 +203,10 @@ func TestRestartsKeepStream(t *testing.T) {
 	}
 	first := map[key]int{}
 	var dups []string
+	interruptedRemoval := map[string]bool{}
+	for id, types := range ch.uncertain() {
+		interruptedRemoval[id] = slices.Contains(types, evDeleted)
+	}
 	for i, ev := range evs {
 		if !strings.HasPrefix(ev.GetPodSandboxStatus().GetMetadata().GetName(), prefix) {
 			continue
@@ -227,6 +232,12 @@ func TestRestartsKeepStream(t *testing.T) {
 				explained = fmt.Sprintf("received before the %s (event %d), after its checkpoint's last write (it held %s)", kp.step, kp.at, kp.base[k.id])
 				break
 			}
+		}
+		// containerd tells NRI of a removal before it deletes the object from its store: killed in
+		// between (the churn's removal call failed), it lists the object again once it is back, and
+		// pleg-nri, which had sent its DELETED, reports it again from CREATED on.
+		if explained == "" && interruptedRemoval[k.id] && deletedBetween(evs, k.id, f, i) {
+			explained = "containerd was killed during its removal, after it told NRI: it listed the container again after its restart"
 		}
 		if explained == "" {
 			t.Errorf("%s of %s twice (events %d and %d), which no checkpoint allows", k.typ, short(k.id), f, i)
@@ -424,4 +435,14 @@ func BenchmarkFrontProxy(b *testing.B) {
 			method, proxyCalls, d50, f50, f50-d50, c50, c50-d50, (f50-d50)/(c50-d50))
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// deletedBetween says whether evs holds a DELETED of id after event from and before event to.
+func deletedBetween(evs []*runtimeapi.ContainerEventResponse, id string, from, to int) bool {
+	for _, ev := range evs[from+1 : to] {
+		if ev.ContainerId == id && ev.ContainerEventType == evDeleted {
+			return true
+		}
+	}
+	return false
 }
