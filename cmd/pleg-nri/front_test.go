@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -146,18 +145,7 @@ func TestFrontRespawned(t *testing.T) {
 		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
 
 	// The socket file is watched for the whole test: it must never be missing.
-	watching, stopWatching := context.WithCancel(context.Background())
-	missing := make(chan error, 1)
-	go func() {
-		for watching.Err() == nil {
-			if _, err := os.Lstat(sock); err != nil {
-				missing <- err
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-		missing <- nil
-	}()
+	stopWatching := testutil.WatchPresent(sock)
 
 	const kills = 3
 	for i := range kills {
@@ -191,8 +179,7 @@ func TestFrontRespawned(t *testing.T) {
 		}
 		t.Logf("kill %d: front %d killed, call answered by front %d %v later", i+1, before.PID, after.PID, time.Since(start).Round(time.Millisecond))
 	}
-	stopWatching()
-	if err := <-missing; err != nil {
+	if err := stopWatching(); err != nil {
 		t.Errorf("the socket file went away: %v", err)
 	}
 	err := testutil.Poll(context.Background(), 10*time.Second, "the respawns in the metrics", func() (bool, error) {

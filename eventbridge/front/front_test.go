@@ -355,20 +355,7 @@ func TestTakeover(t *testing.T) {
 	cfg := n.config()
 	first := run(t, cfg)
 	socks := []string{strings.TrimPrefix(cfg.Listen, "unix://"), filepath.Join(cfg.RunDir, ControlSocketName)}
-	watching, stopWatching := context.WithCancel(context.Background())
-	missing := make(chan error, 1)
-	go func() {
-		for watching.Err() == nil {
-			for _, sock := range socks {
-				if _, err := os.Lstat(sock); err != nil {
-					missing <- err
-					return
-				}
-			}
-			time.Sleep(time.Millisecond)
-		}
-		missing <- nil
-	}()
+	stopWatching := testutil.WatchPresent(socks...)
 	next := cfg
 	next.Takeover, next.Version = true, "v-next"
 	run(t, next)
@@ -380,8 +367,7 @@ func TestTakeover(t *testing.T) {
 	case <-time.After(waitTimeout):
 		t.Fatal("the first front did not hand over")
 	}
-	stopWatching()
-	if err := <-missing; err != nil {
+	if err := stopWatching(); err != nil {
 		t.Errorf("a socket file went away during the takeover: %v", err)
 	}
 	info, err := Query(cfg.RunDir, "info")

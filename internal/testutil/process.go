@@ -32,3 +32,29 @@ func WaitGone(ctx context.Context, pid int, timeout time.Duration) error {
 		return !Alive(pid), nil
 	})
 }
+
+// WatchPresent checks every millisecond, until the returned function is called, that every path
+// exists (a socket file that must never go away, say); that function returns the first miss.
+func WatchPresent(paths ...string) (stop func() error) {
+	done, missing := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			for _, p := range paths {
+				if _, err := os.Lstat(p); err != nil {
+					missing <- err
+					return
+				}
+			}
+			select {
+			case <-done:
+				missing <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	return func() error {
+		close(done)
+		return <-missing
+	}
+}
