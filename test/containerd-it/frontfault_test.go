@@ -3,7 +3,9 @@ package containerdit
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -45,6 +47,7 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 	core := recordEvents(t, p.coreSocket())
 	sub := recordAcrossEnds(t, p.Socket)
 	calls := startPoller(t, p.Socket)
+	ready := watchReadyz(t, "http://"+p.MetricsAddr+"/readyz")
 	ch := startChurn(t, prefix, workers)
 	// Settle before counting the core's descriptors: its connections are made by then.
 	time.Sleep(time.Second)
@@ -85,6 +88,36 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 	calls.halt()
 	t.Logf("churn: %s", ch)
 	t.Logf("front SIGKILL to a call answered on a new connection: %s", spread(answered))
+
+	// /readyz, asked every 2 ms throughout: not ready only in the gap of a kill (from the kill to a second
+	// after the probe's answer), and seen not ready in at least one gap (the gap is
+	// tens of ms; a poll can miss one under load, not all of them).
+	windows := ready.halt()
+	seen := make([]bool, len(killedAt))
+	var notReady []time.Duration
+	for _, w := range windows {
+		notReady = append(notReady, w.to.Sub(w.from))
+		in := false
+		for i, k := range killedAt {
+			if !w.from.Before(k) && !w.to.After(k.Add(answered[i]+time.Second)) {
+				in, seen[i] = true, true
+			}
+		}
+		if !in {
+			t.Errorf("/readyz said not ready from %s to %s (%s), outside the gap of any kill: %s",
+				w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000"), w.to.Sub(w.from).Round(time.Millisecond), w.body)
+		}
+	}
+	caught := 0
+	for _, ok := range seen {
+		if ok {
+			caught++
+		}
+	}
+	t.Logf("/readyz (asked every 2 ms, %d answers) said not ready in the gap of %d of %d kills, for %s", ready.asked(), caught, kills, spread(notReady))
+	if caught == 0 {
+		t.Errorf("/readyz never said not ready in %d front kills", kills)
+	}
 
 	// The forwarded calls: UNAVAILABLE only, and only within a second of a kill (the poller's
 	// connection to the dead front breaks; it reconnects to the new one).
@@ -163,6 +196,89 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 	if n := p.metric(t, "pleg_nri_front_respawns_total"); n != float64(kills) {
 		t.Errorf("pleg_nri_front_respawns_total %v, want %d", n, kills)
 	}
+}
+
+// readyzWatch asks a /readyz every 2 ms and records the windows in which it was not ready.
+type readyzWatch struct {
+	stop func()
+	// mu guards everything below.
+	mu      sync.Mutex
+	windows []notReadyWindow
+	open    *notReadyWindow // the window still open, if any
+	n       int
+}
+
+// notReadyWindow is a time /readyz answered something else than 200, from its first such answer to
+// the first 200 after it; body is its first answer's.
+type notReadyWindow struct {
+	from, to time.Time
+	body     string
+}
+
+func watchReadyz(t *testing.T, url string) *readyzWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w := &readyzWatch{}
+	w.stop = func() {
+		cancel()
+		<-done
+	}
+	client := &http.Client{Timeout: time.Second}
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			resp, err := client.Do(req)
+			now := time.Now()
+			if ctx.Err() != nil {
+				return
+			}
+			ok, body := false, ""
+			if err != nil {
+				body = err.Error()
+			} else {
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+				_ = resp.Body.Close()
+				ok, body = resp.StatusCode == http.StatusOK, fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+			}
+			w.mu.Lock()
+			w.n++
+			switch {
+			case !ok && w.open == nil:
+				w.open = &notReadyWindow{from: now, to: now, body: body}
+			case !ok:
+				w.open.to = now
+			case w.open != nil:
+				w.open.to = now
+				w.windows = append(w.windows, *w.open)
+				w.open = nil
+			}
+			w.mu.Unlock()
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+// halt stops the watch and returns the windows in which /readyz was not ready, the one still open at
+// the end included.
+func (w *readyzWatch) halt() []notReadyWindow {
+	w.stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := slices.Clone(w.windows)
+	if w.open != nil {
+		out = append(out, *w.open)
+	}
+	return out
+}
+
+func (w *readyzWatch) asked() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
 }
 
 // countFDs counts the open descriptors of pid.
