@@ -3,11 +3,15 @@ package kubelete2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/kubelet"
 )
 
 // frontKills is how many times TestFrontKillsUnderKubelet kills the front: each costs the kubelet one
@@ -131,4 +135,122 @@ func TestCoreGoneUnderKubelet(t *testing.T) {
 	if err := n.p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSoakFrontKillsUnderKubelet (PLEG_NRI_SOAK=1, issue 56) is TestFrontKillsUnderKubelet at the
+// issue's size and at random moments: PLEG_NRI_SOAK_KILLS (10) SIGKILLs of the front, each at a random
+// moment from 400 ms before to 600 ms after a container's exit (so that some land while the kubelet
+// stops and starts that container, some while the exit is on its way), while a crasher pod
+// crash-loops beside. A kubelet gives up on events after 5 stream ends in its life and a front's death
+// costs one, so the kubelet is restarted after every frontKills kills (a kubelet restart is how an
+// operator resets it: KubeletEventedPLEGGaveUp). Per kill: the container restarted (a call in flight
+// at the kill fails, and the kubelet may restart that container once more or back off: counted, not
+// failed), a new front, exactly one stream end, the stream back.
+func TestSoakFrontKillsUnderKubelet(t *testing.T) {
+	if os.Getenv("PLEG_NRI_SOAK") != "1" {
+		t.Skip("a soak test: PLEG_NRI_SOAK=1 (make soak) runs it")
+	}
+	kills := 10
+	if v := os.Getenv("PLEG_NRI_SOAK_KILLS"); v != "" {
+		if _, err := fmt.Sscan(v, &kills); err != nil || kills < 1 {
+			t.Fatalf("PLEG_NRI_SOAK_KILLS=%q: want a positive number", v)
+		}
+	}
+	n := startNode(t, setupEventedPlegNRI)
+	crasher := kubelet.Pod{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", Script: "sleep 1; exit 1"}}}
+	if err := n.k.WritePod(crasher); err != nil {
+		t.Fatal(err)
+	}
+	for i := range kills {
+		if err := n.k.WritePod(gapPod(fmt.Sprintf("fsoak%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range kills {
+		n.waitPod(fmt.Sprintf("fsoak%d", i), "running", running)
+	}
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, seed>>7))
+	t.Logf("random moments from seed %d", seed)
+
+	ctx := context.Background()
+	before, life, lives := n.plegMetrics(), 0, 1
+	var lags []time.Duration
+	var extraRestarts int32
+	for i := range kills {
+		if life == frontKills {
+			// A new kubelet life: its metrics start from nothing.
+			n.k.Stop()
+			if err := n.k.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			err := testutil.Poll(ctx, restartLagLimit, "the restarted kubelet's event stream", func() (bool, error) {
+				return n.metric(metricConnSuccess) >= 1, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, life = n.plegMetrics(), 0
+			lives++
+		}
+		name := fmt.Sprintf("fsoak%d", i)
+		p := n.waitPod(name, "running", running)
+		pid := n.waiterPID(p)
+		front, err := n.p.FrontPID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kill := func() time.Time {
+			if err := syscall.Kill(front, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			return time.Now()
+		}
+		offset := time.Duration(rng.IntN(1000)-400) * time.Millisecond
+		var killed time.Time
+		if offset < 0 {
+			killed = kill()
+			time.Sleep(-offset)
+			n.triggerExit(p, pid)
+		} else {
+			n.triggerExit(p, pid)
+			time.Sleep(offset)
+			killed = kill()
+		}
+		var restarts int32
+		n.waitPod(name, "waiter restarted and running", func(p *kubelet.PodStatus) (bool, error) {
+			c := p.Container("waiter")
+			if c == nil || c.State.Running == nil || c.RestartCount < 1 {
+				return false, nil
+			}
+			restarts = c.RestartCount
+			return true, nil
+		})
+		lags = append(lags, time.Since(killed))
+		extraRestarts += restarts - 1
+		if now, err := n.p.FrontPID(); err != nil || now == front {
+			t.Errorf("kill %d: the front is pid %d (%v), the killed one was %d", i+1, now, err, front)
+		}
+		err = testutil.Poll(ctx, restartLagLimit, "the kubelet to reconnect its event stream", func() (bool, error) {
+			return n.plegMetrics().ConnSuccess >= before.ConnSuccess+float64(life+1), nil
+		})
+		m := n.plegMetrics()
+		t.Logf("kill %d (kubelet life %d, exit %+v from the kill): container restarted %s after the kill, %d restarts; %s",
+			i+1, lives, -offset, lags[i].Round(time.Millisecond), restarts, m)
+		if err != nil {
+			t.Errorf("kill %d: %v: %s", i+1, err, m)
+		}
+		if m.ConnError != before.ConnError+float64(life+1) {
+			t.Errorf("kill %d: the kubelet's stream errors went from %g to %g in %d kills of this kubelet's life, want one per kill",
+				i+1, before.ConnError, m.ConnError, life+1)
+		}
+		life++
+	}
+	if c := n.k.CountLog("disabling container-termination fast path"); c > 0 {
+		t.Errorf("the kubelet disabled its container-termination fast path")
+	}
+	sorted := slices.Clone(lags)
+	slices.Sort(sorted)
+	t.Logf("%d front SIGKILLs in %d kubelet lives: kill to the exited container's restart min %s, median %s, max %s; %d restarts beyond one (a call in flight at a kill)",
+		kills, lives, sorted[0].Round(time.Millisecond), sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond), extraRestarts)
 }
