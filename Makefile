@@ -306,7 +306,7 @@ test-deploy-kind: image helm ## The Helm chart installed, upgraded and uninstall
 	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
 
 .PHONY: soak
-soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour), then the kubelet suite's on KUBELET_VERSION (10 SIGKILLs each of the core and containerd under a kubelet).
+soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour), then the kubelet suite's on KUBELET_VERSION (10 SIGKILLs each of the core, containerd and the front under a kubelet).
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
 	PLEG_NRI_SOAK=1 KUBELET_VERSION=$(KUBELET_VERSION) $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(KUBELET_E2E_PKG)
 
