@@ -178,6 +178,11 @@ type kindStep struct {
 	// the rate of the core's relists (a configuration change).
 	relist         time.Duration
 	measureRelists bool
+	// coreGrace is the core-grace both processes must run with (a setting the front serves with).
+	coreGrace string
+	// frontReplaced: the step must replace the front (a setting it serves with changed), which costs
+	// the kubelet's stream one end (docs/restarts.md); else the front before it must be kept.
+	frontReplaced bool
 }
 
 // TestHelmKind installs the chart into a kind cluster (Kubernetes 1.37.2) with the kubelet switch on,
@@ -276,10 +281,11 @@ func TestHelmKind(t *testing.T) {
 		return ok >= 1 && errs < 5 && subs == "1", "kubelet stream connections " + strconv.FormatFloat(ok, 'f', -1, 64) +
 			", errors " + strconv.FormatFloat(errs, 'f', -1, 64) + ", pleg-nri subscribers " + subs
 	}
-	// What the install left running, which every step keeps: the front (pid, version).
+	// The front that must serve (the install's until a step replaces it), its version, and the
+	// kubelet's stream errors and connections that the steps allow so far (one each per replacement).
 	var theFront nodeProc
 	frontVersion := version
-	var connInstall float64
+	var wantErrs, wantConns float64
 
 	// check checks the node after step st.
 	check := func(t *testing.T, st kindStep) {
@@ -309,9 +315,11 @@ func TestHelmKind(t *testing.T) {
 				}
 			}
 		}
-		// One core, the mode's new binary (not a replaced one), and the install's front.
+		// One core, the mode's new binary (not a replaced one), and the front: the one before the step,
+		// or a new one when the step must replace it.
 		var core nodeProc
-		err := pollDetail(30*time.Second, time.Second, "one core running "+bin+" and the install's front", func() (bool, string) {
+		prev := theFront
+		err := pollDetail(30*time.Second, time.Second, "one core running "+bin+" and the expected front", func() (bool, string) {
 			var cores, fronts []nodeProc
 			var all []string
 			for _, p := range nodeProcs(n) {
@@ -329,13 +337,24 @@ func TestHelmKind(t *testing.T) {
 				return false, detail
 			}
 			core = cores[0]
-			if theFront.pid == 0 {
-				theFront = fronts[0]
+			if prev.pid == 0 || st.frontReplaced {
+				// The install's front, or the replacement of the one before.
+				return fronts[0].pid != prev.pid, detail + fmt.Sprintf("\n(want a new front, not pid %d)", prev.pid)
 			}
-			return fronts[0].pid == theFront.pid, detail + fmt.Sprintf("\n(want the front of the install, pid %d)", theFront.pid)
+			return fronts[0].pid == prev.pid, detail + fmt.Sprintf("\n(want the front kept, pid %d)", prev.pid)
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, p := range nodeProcs(n) {
+			if !p.pod && p.isFront() {
+				theFront = p
+			}
+		}
+		if prev.pid != 0 && st.frontReplaced {
+			frontVersion = st.version
+			wantErrs++
+			wantConns++
 		}
 		if st.mode == "nri" {
 			// Pre-registered: containerd launched it.
@@ -348,12 +367,12 @@ func TestHelmKind(t *testing.T) {
 		if got := n.exec(bin, "version"); got != want {
 			t.Errorf("%s version:\n%s\nwant:\n%s", bin, got, want)
 		}
-		// The front's own answer: the front revision of this tree (every image is of it), which is why
-		// the design keeps it (a core replaces a front of another revision).
+		// The front's own answer: the front revision of this tree (every image is of it: the design
+		// keeps a front of the new core's revision and settings), and the core-grace it serves with.
 		var info front.Info
 		if out := n.sh(`printf '{"op":"info"}\n' | socat -t 5 - UNIX-CONNECT:` + kindRunDir + "/front.sock"); json.Unmarshal([]byte(out), &info) != nil ||
-			info.PID != theFront.pid || info.Revision != front.Revision {
-			t.Errorf("the front's info: %q, want pid %d and revision %s", out, theFront.pid, front.Revision)
+			info.PID != theFront.pid || info.Revision != front.Revision || info.CoreGrace != st.coreGrace {
+			t.Errorf("the front's info: %q, want pid %d, revision %s, core_grace %s", out, theFront.pid, front.Revision, st.coreGrace)
 		}
 		// The core's configuration, and its effect.
 		var ci struct {
@@ -363,8 +382,9 @@ func TestHelmKind(t *testing.T) {
 			Config     map[string]any `json:"config"`
 		}
 		if out := n.exec("cat", kindRunDir+"/core.json"); json.Unmarshal([]byte(out), &ci) != nil || ci.PID != core.pid ||
-			ci.Version != st.version || ci.Executable != bin || ci.Config["relist-period"] != st.relist.String() {
-			t.Errorf("core.json:\n%s\nwant pid %d, version %s, executable %s, relist-period %s", out, core.pid, st.version, bin, st.relist)
+			ci.Version != st.version || ci.Executable != bin || ci.Config["relist-period"] != st.relist.String() || ci.Config["core-grace"] != st.coreGrace {
+			t.Errorf("core.json:\n%s\nwant pid %d, version %s, executable %s, relist-period %s, core-grace %s",
+				out, core.pid, st.version, bin, st.relist, st.coreGrace)
 		}
 		metrics := n.sh("curl -sf 127.0.0.1:9810/metrics")
 		for _, m := range []string{
@@ -390,38 +410,48 @@ func TestHelmKind(t *testing.T) {
 					got, window, max(exp-2, 0), exp+3, st.relist)
 			}
 		}
-		// The kubelet: still on pleg-nri, its event stream never ended.
+		// The kubelet: still on pleg-nri, its event stream ended only by the front's replacements.
 		if kcfg := n.exec("cat", "/var/lib/kubelet/config.yaml"); !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") {
 			t.Errorf("the kubelet's configuration:\n%s", kcfg)
 		}
 		if err := pollDetail(time.Minute, 2*time.Second, "the kubelet's event stream from pleg-nri", func() (bool, string) { return streaming(t) }); err != nil {
 			t.Error(err)
 		}
-		errs := kubeletMetricOf(t, "kubelet_evented_pleg_connection_error_count")
-		conns := kubeletMetricOf(t, "kubelet_evented_pleg_connection_success_count")
-		if connInstall == 0 {
-			connInstall = conns
+		if wantConns == 0 {
+			wantConns = kubeletMetricOf(t, "kubelet_evented_pleg_connection_success_count")
 		}
-		t.Logf("%s: kubelet stream connections %v (%v at install), errors %v (it gives up at 5)", st.name, conns, connInstall, errs)
-		if errs != 0 || conns != connInstall {
-			t.Errorf("%s ended the kubelet's event stream: connections %v (%v at install), errors %v, want unchanged and 0",
-				st.name, conns, connInstall, errs)
+		var errs, conns float64
+		err = pollDetail(30*time.Second, time.Second, "the kubelet's stream errors and connections", func() (bool, string) {
+			errs = kubeletMetricOf(t, "kubelet_evented_pleg_connection_error_count")
+			conns = kubeletMetricOf(t, "kubelet_evented_pleg_connection_success_count")
+			return errs == wantErrs && conns == wantConns, ""
+		})
+		t.Logf("%s: kubelet stream errors %v, connections %v (it gives up at 5 errors)", st.name, errs, conns)
+		if err != nil {
+			t.Errorf("%s: the kubelet's event stream: errors %v, connections %v, want %v and %v (an end only where the front is replaced)",
+				st.name, errs, conns, wantErrs, wantConns)
 		}
 		kubectl(t, "wait", "--for=condition=Ready", "node/"+nodeName, "--timeout=3m")
 	}
 
 	steps := []kindStep{
-		{name: "install", mode: "systemd", version: version, relist: 10 * time.Second, measureRelists: true,
+		{name: "install", mode: "systemd", version: version, relist: 10 * time.Second, measureRelists: true, coreGrace: "20s",
 			set: []string{"image.repository=" + repo, "image.tag=" + version, "image.pullPolicy=Never", "kubelet.switchEndpoint=true"}},
-		{name: "upgrade-systemd", mode: "systemd", version: "kind-upgrade", relist: 2 * time.Second, measureRelists: true,
+		// Another image and a configuration change the front does not serve with: the front is kept.
+		{name: "upgrade-systemd", mode: "systemd", version: "kind-upgrade", relist: 2 * time.Second, measureRelists: true, coreGrace: "20s",
 			set: []string{"image.tag=kind-upgrade", "config.relist-period=2s"}},
-		{name: "switch-to-nri", mode: "nri", version: "kind-upgrade", relist: 2 * time.Second,
+		// A setting the front serves with: the new core replaces the front (one stream end).
+		{name: "front-setting-systemd", mode: "systemd", version: "kind-upgrade", relist: 2 * time.Second, coreGrace: "25s", frontReplaced: true,
+			set: []string{"config.core-grace=25s"}},
+		{name: "switch-to-nri", mode: "nri", version: "kind-upgrade", relist: 2 * time.Second, coreGrace: "25s",
 			set: []string{"mode=nri"}},
-		{name: "upgrade-nri", mode: "nri", version: "kind-upgrade2", relist: 10 * time.Second, measureRelists: true,
+		// Pre-registered: the installer restarts containerd, whose new instance takes over from the core.
+		{name: "upgrade-nri", mode: "nri", version: "kind-upgrade2", relist: 10 * time.Second, measureRelists: true, coreGrace: "25s",
 			set: []string{"image.tag=kind-upgrade2", "config.relist-period=10s"}},
-		{name: "switch-to-systemd", mode: "systemd", version: "kind-upgrade2", relist: 10 * time.Second,
+		{name: "switch-to-systemd", mode: "systemd", version: "kind-upgrade2", relist: 10 * time.Second, coreGrace: "25s",
 			set: []string{"mode=systemd"}},
-		{name: "switch-to-nri-again", mode: "nri", version: "kind-upgrade2", relist: 10 * time.Second,
+		// Uninstall then starts from mode nri, with a front of a removed binary.
+		{name: "switch-to-nri-again", mode: "nri", version: "kind-upgrade2", relist: 10 * time.Second, coreGrace: "25s",
 			set: []string{"mode=nri"}},
 	}
 	for i, st := range steps {
@@ -471,8 +501,13 @@ func TestHelmKind(t *testing.T) {
 		if out, err := n.tryExec("systemctl", "cat", "pleg-nri.service"); err == nil {
 			t.Errorf("pleg-nri.service is still on the node:\n%s", out)
 		}
-		if out := strings.TrimSpace(n.exec("systemctl", "list-units", "--all", "--plain", "--no-legend", "pleg-nri*")); out != "" {
-			t.Errorf("systemd still knows pleg-nri units:\n%s", out)
+		// systemd forgets a unit whose file is gone once its cgroup is empty (a front left in it by
+		// KillMode=process keeps it loaded).
+		if err := pollDetail(15*time.Second, time.Second, "systemd knows no pleg-nri unit", func() (bool, string) {
+			out := strings.TrimSpace(n.exec("systemctl", "list-units", "--all", "--plain", "--no-legend", "pleg-nri*"))
+			return out == "", out
+		}); err != nil {
+			t.Error(err)
 		}
 		for _, f := range []string{kindSystemdBin, "/etc/systemd/system/pleg-nri.service", "/etc/systemd/system/kubelet.service.d/10-pleg-nri.conf",
 			kindNRIBin, "/etc/nri/conf.d/10-pleg-nri.conf", "/etc/pleg-nri/kubelet-switched"} {
