@@ -302,7 +302,7 @@ test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr imp
 	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: test-deploy-kind
-test-deploy-kind: image helm ## The Helm chart installed, upgraded and uninstalled in a kind cluster (make e2e-kind's node image; ~5 min).
+test-deploy-kind: image helm ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled (make e2e-kind's node image; ~3 min).
 	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
 
 .PHONY: soak
