@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"syscall"
 	"testing"
@@ -147,15 +146,7 @@ func TestCoreGoneUnderKubelet(t *testing.T) {
 // at the kill fails, and the kubelet may restart that container once more or back off: counted, not
 // failed), a new front, exactly one stream end, the stream back.
 func TestSoakFrontKillsUnderKubelet(t *testing.T) {
-	if os.Getenv("PLEG_NRI_SOAK") != "1" {
-		t.Skip("a soak test: PLEG_NRI_SOAK=1 (make soak) runs it")
-	}
-	kills := 10
-	if v := os.Getenv("PLEG_NRI_SOAK_KILLS"); v != "" {
-		if _, err := fmt.Sscan(v, &kills); err != nil || kills < 1 {
-			t.Fatalf("PLEG_NRI_SOAK_KILLS=%q: want a positive number", v)
-		}
-	}
+	kills := soakKills(t)
 	n := startNode(t, setupEventedPlegNRI)
 	crasher := kubelet.Pod{Name: "crasher", Containers: []kubelet.Container{{Name: "crash", Script: "sleep 1; exit 1"}}}
 	if err := n.k.WritePod(crasher); err != nil {

@@ -61,6 +61,18 @@ func TestRestartsKeepFastPath(t *testing.T) {
 // TestSoakRestartsKillsKeepFastPath (PLEG_NRI_SOAK=1, issue 56): the same with PLEG_NRI_SOAK_KILLS (10)
 // SIGKILLs of pleg-nri's core and as many of containerd, alternating, under the kubelet.
 func TestSoakRestartsKillsKeepFastPath(t *testing.T) {
+	kills := soakKills(t)
+	var steps []string
+	for range kills {
+		steps = append(steps, "pleg-nri SIGKILL", "containerd SIGKILL")
+	}
+	restartsKeepFastPath(t, steps)
+}
+
+// soakKills skips a soak test unless PLEG_NRI_SOAK=1 (make soak), and returns how many times it kills
+// each process: PLEG_NRI_SOAK_KILLS, 10 by default.
+func soakKills(t *testing.T) int {
+	t.Helper()
 	if os.Getenv("PLEG_NRI_SOAK") != "1" {
 		t.Skip("a soak test: PLEG_NRI_SOAK=1 (make soak) runs it")
 	}
@@ -70,11 +82,7 @@ func TestSoakRestartsKillsKeepFastPath(t *testing.T) {
 			t.Fatalf("PLEG_NRI_SOAK_KILLS=%q: want a positive number", v)
 		}
 	}
-	var steps []string
-	for range kills {
-		steps = append(steps, "pleg-nri SIGKILL", "containerd SIGKILL")
-	}
-	restartsKeepFastPath(t, steps)
+	return kills
 }
 
 func restartsKeepFastPath(t *testing.T, steps []string) {
