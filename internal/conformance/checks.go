@@ -46,6 +46,21 @@ var specs = []spec{
 	{"runtime-restart", "across a restart of the runtime the stream ends with a status or carries on, and what changed shows", checkRestart},
 }
 
+// Check names one check.
+type Check struct {
+	// ID is what Options.Checks selects; Name the sentence its failure contradicts.
+	ID, Name string
+}
+
+// Checks are every check, in the order they run.
+func Checks() []Check {
+	out := make([]Check, len(specs))
+	for i, sp := range specs {
+		out[i] = Check{sp.id, sp.name}
+	}
+	return out
+}
+
 // CheckIDs are the ids of every check, in the order they run.
 func CheckIDs() []string {
 	ids := make([]string, len(specs))

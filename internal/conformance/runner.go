@@ -27,7 +27,10 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultEndpoint   = "unix:///run/containerd/containerd.sock"
+	DefaultEndpoint = "unix:///run/containerd/containerd.sock"
+	// DefaultImage is the busybox image the project's harness builds offline and imports
+	// (test/containerd-it/harness.BusyboxImage; the integration test checks they agree).
+	DefaultImage      = "docker.io/library/busybox:plegit"
 	DefaultNamespace  = "pleg-nri-conformance"
 	DefaultLoad       = 20
 	DefaultEventWait  = 30 * time.Second
