@@ -462,10 +462,3 @@ func checkLoad(ctx context.Context, s *suite) (string, error) {
 		got, want, len(lr.evs), percentile(lat, 0.5).Round(time.Microsecond), percentile(lat, 0.99).Round(time.Microsecond))
 	return figure, first
 }
-
-func checkRestart(ctx context.Context, s *suite) (string, error) {
-	if s.opts.RestartRuntime == nil {
-		return "", skipf("the suite was not told how to restart the runtime")
-	}
-	return "", skipf("not built in this suite yet")
-}

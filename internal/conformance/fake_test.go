@@ -94,6 +94,27 @@ type fakeSub struct {
 	wake  chan struct{}
 	// sending is when the send in progress began (zero: none).
 	sending time.Time
+	// ended ends the stream with Unavailable (a restart of the runtime).
+	ended bool
+}
+
+// restart ends every stream with Unavailable, as a runtime's restart does; with hang, the streams stay
+// open and get nothing more.
+func (fr *fakeRuntime) restart(hang bool) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	for s := range fr.subs {
+		delete(fr.subs, s)
+		if !hang {
+			s.mu.Lock()
+			s.ended = true
+			s.mu.Unlock()
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 func newFake(t *testing.T, f faults) (*fakeRuntime, string) {
@@ -204,9 +225,12 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 	}()
 	for {
 		s.mu.Lock()
-		q := s.queue
+		q, ended := s.queue, s.ended
 		s.queue = nil
 		s.mu.Unlock()
+		if ended {
+			return status.Error(codes.Unavailable, "the runtime restarted")
+		}
 		for _, ev := range q {
 			s.mu.Lock()
 			s.sending = time.Now()

@@ -39,6 +39,24 @@ func run(t *testing.T, fr *fakeRuntime, opts Options) *Report {
 // notBuiltChecks skip in every run until they are built.
 var notBuiltChecks = map[string]bool{"once/pause-killed": true, "late-subscriber": true, "runtime-restart": true}
 
+// TestRuntimeRestart: a stream that ends at the restart passes, as one that carries on would; one that
+// stays open and silent fails.
+func TestRuntimeRestart(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		fr, endpoint := newFake(t, faults{})
+		opts := testOptions(endpoint, "runtime-restart")
+		opts.RestartRuntime = func(context.Context) error { fr.restart(hang); return nil }
+		rep := run(t, fr, opts)
+		r, _ := rep.Result("runtime-restart")
+		if !hang && (r.Outcome != Pass || !strings.Contains(r.Figure, "ended with Unavailable")) {
+			t.Errorf("a restart that ends the stream: %+v", r)
+		}
+		if hang && (r.Outcome != Fail || !strings.Contains(r.Failure, "did not carry")) {
+			t.Errorf("a restart that leaves the stream silent: %+v", r)
+		}
+	}
+}
+
 // TestCorrectStreamPasses: a stream that keeps the contract passes every check built, so a failure
 // below is the fault's doing.
 func TestCorrectStreamPasses(t *testing.T) {
