@@ -17,14 +17,11 @@ func checkRestart(ctx context.Context, s *suite) (string, error) {
 	if s.opts.RestartRuntime == nil {
 		return "", skipf("the suite was not told how to restart the runtime")
 	}
-	rec, err := subscribe(ctx, s.rt, s.opts.Now, nil)
+	rec, err := s.subscribeSynced(ctx)
 	if err != nil {
 		return "", err
 	}
 	defer rec.stop()
-	if err := s.sync(ctx, rec); err != nil {
-		return "", err
-	}
 	podID, podCfg, err := s.drv.runPod(ctx, "restart")
 	if err != nil {
 		return "", err

@@ -127,10 +127,8 @@ type suite struct {
 	support     Support
 	unsupported error
 
-	lifecycle *lifecycleRun
-	lifeErr   error
-	load      *loadRun
-	loadErr   error
+	lifecycle memo[*lifecycleRun]
+	load      memo[*loadRun]
 }
 
 // Run runs the selected checks against opts.Endpoint and returns the report. Whatever the run made is

@@ -95,14 +95,37 @@ func (r *readLog) add(v ...string) {
 // exit 0, exit non-zero, StopContainer, an OOM kill, a start that fails, StopPodSandbox; then removes
 // them all, and returns what two subscribers received.
 func (s *suite) lifecycleScenario(ctx context.Context) (*lifecycleRun, error) {
-	if s.lifecycle != nil || s.lifeErr != nil {
-		return s.lifecycle, s.lifeErr
+	return s.lifecycle.get("lifecycle", func() (*lifecycleRun, error) { return s.runLifecycle(ctx) })
+}
+
+// memo is a scenario's recording, made at most once per run.
+type memo[T any] struct {
+	done bool
+	v    T
+	err  error
+}
+
+func (m *memo[T]) get(scenario string, run func() (T, error)) (T, error) {
+	if !m.done {
+		m.done = true
+		if m.v, m.err = run(); m.err != nil {
+			m.err = fmt.Errorf("the %s scenario failed: %w", scenario, m.err)
+		}
 	}
-	s.lifecycle, s.lifeErr = s.runLifecycle(ctx)
-	if s.lifeErr != nil {
-		s.lifeErr = fmt.Errorf("the lifecycle scenario failed: %w", s.lifeErr)
+	return m.v, m.err
+}
+
+// subscribeSynced subscribes and returns once the subscription is live (sync).
+func (s *suite) subscribeSynced(ctx context.Context) (*recorder, error) {
+	rec, err := subscribe(ctx, s.rt, s.opts.Now, nil)
+	if err != nil {
+		return nil, err
 	}
-	return s.lifecycle, s.lifeErr
+	if err := s.sync(ctx, rec); err != nil {
+		rec.stop()
+		return nil, err
+	}
+	return rec, nil
 }
 
 func (s *suite) runLifecycle(ctx context.Context) (*lifecycleRun, error) {
@@ -305,25 +328,15 @@ type loadRun struct {
 
 // loadScenario runs (once per run) a pod with Options.Load sleeping containers, stops and removes it.
 func (s *suite) loadScenario(ctx context.Context) (*loadRun, error) {
-	if s.load != nil || s.loadErr != nil {
-		return s.load, s.loadErr
-	}
-	s.load, s.loadErr = s.runLoad(ctx)
-	if s.loadErr != nil {
-		s.loadErr = fmt.Errorf("the load scenario failed: %w", s.loadErr)
-	}
-	return s.load, s.loadErr
+	return s.load.get("load", func() (*loadRun, error) { return s.runLoad(ctx) })
 }
 
 func (s *suite) runLoad(ctx context.Context) (*loadRun, error) {
-	rec, err := subscribe(ctx, s.rt, s.opts.Now, nil)
+	rec, err := s.subscribeSynced(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer rec.stop()
-	if err := s.sync(ctx, rec); err != nil {
-		return nil, err
-	}
 	run := &loadRun{}
 	podID, podCfg, err := s.drv.runPod(ctx, "load")
 	if err != nil {

@@ -97,14 +97,11 @@ func p50(d []time.Duration) time.Duration {
 // slowPhase starts SlowPods pods of one sleeping container each, measuring each start, with a
 // subscriber that reads; then removes them, and waits until the subscriber has every event.
 func (s *suite) slowPhase(ctx context.Context, name string) (*phase, error) {
-	rec, err := subscribe(ctx, s.rt, s.opts.Now, nil)
+	rec, err := s.subscribeSynced(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer rec.stop()
-	if err := s.sync(ctx, rec); err != nil {
-		return nil, err
-	}
 	ph := &phase{}
 	var pods []string
 	for i := 0; i < s.opts.SlowPods; i++ {
