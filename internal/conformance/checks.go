@@ -30,7 +30,7 @@ var specs = []spec{
 	{"once/stop-pod", "a container stopped by StopPodSandbox gets CREATED, STARTED, STOPPED and DELETED exactly once each", onceContainer(casePodStop)},
 	{"once/start-fails", "a container whose start fails gets CREATED and DELETED exactly once each and no event twice", onceContainer(caseStartFail)},
 	{"once/sandbox", "a sandbox gets CREATED, STARTED, STOPPED and DELETED exactly once each", onceSandbox},
-	{"once/pause-killed", "a sandbox whose pause process is killed gets its STOPPED exactly once", notBuilt("killing the pause process needs its pid from the runtime's verbose info and the right to signal it")},
+	{"once/pause-killed", "a sandbox whose pause process is killed gets its STOPPED exactly once", checkPauseKilled},
 	{"order/container", "each container's events come in the order CREATED < STARTED < STOPPED < DELETED", orderContainer},
 	{"order/pod", "a sandbox's STARTED comes before its containers' CREATED, and its STOPPED after their STOPPED", orderPod},
 	{"order/created-at", "created_at is in nanoseconds, within seconds of the wall clock, and never decreases on a stream", orderCreatedAt},

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,11 +52,16 @@ type faults struct {
 	subscribeErr error
 	// endAtOnce ends every stream at once with io.EOF.
 	endAtOnce bool
+	// pauseStopTwice leaves a sandbox READY after its pause process was killed, so StopPodSandbox
+	// sends its STOPPED again.
+	pauseStopTwice bool
 	// onRunPod is called after each RunPodSandbox.
 	onRunPod func()
 }
 
 type fakePod struct {
+	// pid is its pause process's pid, for the verbose status and killPause.
+	pid     int
 	cfg     *runtimeapi.PodSandboxConfig
 	id      string
 	state   runtimeapi.PodSandboxState
@@ -85,6 +91,24 @@ type fakeRuntime struct {
 	subs map[*fakeSub]bool
 	held *runtimeapi.ContainerEventResponse
 	last int64
+	pids int
+}
+
+// killPause kills the pause process pid: its sandbox stops (twice with faults.pauseStopTwice).
+func (fr *fakeRuntime) killPause(pid int, _ string) error {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	for _, p := range fr.pods {
+		if p.pid == pid {
+			p.state = runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+			fr.emit(p.id, p.id, "sandbox", stopped)
+			if fr.f.pauseStopTwice {
+				p.state = runtimeapi.PodSandboxState_SANDBOX_READY
+			}
+			return nil
+		}
+	}
+	return syscall.ESRCH
 }
 
 // fakeSub is one subscriber: its queue, unbounded unless faults.queue.
@@ -253,7 +277,8 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 
 func (fr *fakeRuntime) RunPodSandbox(_ context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
 	fr.mu.Lock()
-	p := &fakePod{cfg: req.Config, id: newID(), state: runtimeapi.PodSandboxState_SANDBOX_READY, created: time.Now().UnixNano()}
+	fr.pids++
+	p := &fakePod{pid: 1000 + fr.pids, cfg: req.Config, id: newID(), state: runtimeapi.PodSandboxState_SANDBOX_READY, created: time.Now().UnixNano()}
 	fr.pods[p.id] = p
 	fr.emit(p.id, p.id, "sandbox", created)
 	fr.emit(p.id, p.id, "sandbox", started)
@@ -435,6 +460,9 @@ func (fr *fakeRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSa
 		return nil, status.Errorf(codes.NotFound, "pod %s", req.PodSandboxId)
 	}
 	resp := &runtimeapi.PodSandboxStatusResponse{Status: fr.podStatus(p), Timestamp: time.Now().UnixNano()}
+	if req.Verbose {
+		resp.Info = map[string]string{"info": fmt.Sprintf(`{"pid": %d}`, p.pid)}
+	}
 	if !fr.f.timestampAlone {
 		resp.ContainersStatuses = fr.statusesOf(p.id)
 	}

@@ -71,6 +71,10 @@ type Options struct {
 	// RestartRuntime, if set, restarts the runtime behind the endpoint and returns once it answers
 	// again; the restart check is skipped without it.
 	RestartRuntime func(context.Context) error
+	// KillPause kills the pause process pid of sandbox sandboxID (the pid the runtime gives in its
+	// verbose status); by default killPause, which kills it only if this host's /proc shows that pid in
+	// the sandbox's cgroup.
+	KillPause func(pid int, sandboxID string) error
 	// Now is the clock events are stamped with on receipt (time.Now by default).
 	Now func() time.Time
 }
@@ -106,6 +110,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.ProbeWait <= 0 {
 		o.ProbeWait = DefaultProbeWait
+	}
+	if o.KillPause == nil {
+		o.KillPause = killPause
 	}
 	if o.Now == nil {
 		o.Now = time.Now

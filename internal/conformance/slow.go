@@ -59,7 +59,7 @@ func checkSlowConsumer(ctx context.Context, s *suite) (string, error) {
 	}
 	loaded, err := s.slowPhase(ctx, "slow")
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("with a subscriber that does not read: %w", err)
 	}
 	bc, lc, bl, ll := p50(base.calls), p50(loaded.calls), p50(base.lat), p50(loaded.lat)
 	figure := fmt.Sprintf("pod start p50 %s (alone %s), other subscriber p50 %s (alone %s)",

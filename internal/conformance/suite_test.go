@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +20,9 @@ import (
 // testOptions runs the suite against the fake quickly: a dropped event costs EventWait.
 func testOptions(endpoint string, checks ...string) Options {
 	return Options{Endpoint: endpoint, Image: "busybox", Checks: checks, Load: 5, SlowPods: 20,
-		EventWait: time.Second, Quiet: 50 * time.Millisecond, ProbeWait: 200 * time.Millisecond}
+		EventWait: time.Second, Quiet: 50 * time.Millisecond, ProbeWait: 200 * time.Millisecond,
+		// The fake's pause pids are made up: never signal a real process.
+		KillPause: func(int, string) error { return syscall.EPERM }}
 }
 
 func run(t *testing.T, fr *fakeRuntime, opts Options) *Report {
@@ -37,7 +41,27 @@ func run(t *testing.T, fr *fakeRuntime, opts Options) *Report {
 }
 
 // notBuiltChecks skip in every run until they are built.
-var notBuiltChecks = map[string]bool{"once/pause-killed": true, "late-subscriber": true, "runtime-restart": true}
+var notBuiltChecks = map[string]bool{"late-subscriber": true, "runtime-restart": true}
+
+// TestPauseKilled: the sandbox's STOPPED once after its pause process is killed passes; twice fails;
+// a pause process the suite cannot kill skips.
+func TestPauseKilled(t *testing.T) {
+	for _, tc := range []struct {
+		twice, cannot bool
+		want          Outcome
+	}{{false, false, Pass}, {true, false, Fail}, {false, true, Skip}} {
+		fr, endpoint := newFake(t, faults{pauseStopTwice: tc.twice})
+		opts := testOptions(endpoint, "once/pause-killed")
+		opts.KillPause = fr.killPause
+		if tc.cannot {
+			opts.KillPause = func(int, string) error { return syscall.EPERM }
+		}
+		rep := run(t, fr, opts)
+		if r, _ := rep.Result("once/pause-killed"); r.Outcome != tc.want {
+			t.Errorf("twice %v cannot %v: %+v, want %s", tc.twice, tc.cannot, r, tc.want)
+		}
+	}
+}
 
 // TestRuntimeRestart: a stream that ends at the restart passes, as one that carries on would; one that
 // stays open and silent fails.
@@ -61,7 +85,9 @@ func TestRuntimeRestart(t *testing.T) {
 // below is the fault's doing.
 func TestCorrectStreamPasses(t *testing.T) {
 	fr, endpoint := newFake(t, faults{})
-	rep := run(t, fr, testOptions(endpoint))
+	opts := testOptions(endpoint)
+	opts.KillPause = fr.killPause
+	rep := run(t, fr, opts)
 	if len(rep.Results) != len(specs) {
 		t.Fatalf("%d results, want %d", len(rep.Results), len(specs))
 	}
@@ -81,7 +107,7 @@ func TestCorrectStreamPasses(t *testing.T) {
 	if err := rep.WriteTable(&buf); err != nil {
 		t.Fatal(err)
 	}
-	if !hasRow(buf.String(), "PASS", "once/exit-0") || !strings.Contains(buf.String(), fmt.Sprintf("%d passed, 0 failed, 3 skipped", len(specs)-3)) {
+	if !hasRow(buf.String(), "PASS", "once/exit-0") || !strings.Contains(buf.String(), fmt.Sprintf("%d passed, 0 failed, 2 skipped", len(specs)-2)) {
 		t.Errorf("table:\n%s", buf.String())
 	}
 	t.Logf("\n%s", buf.String())
@@ -243,5 +269,14 @@ func TestReportJSON(t *testing.T) {
 	}
 	if !rep.Failed() {
 		t.Error("a failed cleanup is a failed run")
+	}
+}
+
+func TestKillPauseChecksTheCgroup(t *testing.T) {
+	if err := killPause(os.Getpid(), "not-this-sandbox"); err == nil || !strings.Contains(err.Error(), "not in sandbox") {
+		t.Errorf("killPause of a process outside the sandbox: %v", err)
+	}
+	if err := killPause(-5, "x"); err == nil {
+		t.Error("killPause of no process succeeded")
 	}
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // conformanceOptions run the suite's short version on the harness: host-network pods in the harness's
-// cgroup parent and log directory, 10 containers of load, 5 pods a slow-consumer phase, the harness's
+// cgroup parent and log directory, 10 containers of load, 20 pods a slow-consumer phase (160 events: more
+// than containerd's queue of 100 per subscriber and the HTTP/2 window hold), the harness's
 // containerd restarted for the restart check, and deadlines far above what any event takes here (the
 // suite asserts no timing but the slow consumer's loose bound).
 func conformanceOptions(endpoint string) conformance.Options {
@@ -21,7 +22,7 @@ func conformanceOptions(endpoint string) conformance.Options {
 		Endpoint:  endpoint,
 		Image:     harness.BusyboxImage,
 		Load:      10,
-		SlowPods:  5,
+		SlowPods:  20,
 		EventWait: 30 * time.Second,
 		RestartRuntime: func(ctx context.Context) error {
 			return env.Restart(ctx)
