@@ -432,15 +432,24 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
 }
 
+// latencies are the created_at → receipt times of the events about ids (not those of other objects,
+// which an endpoint may replay to a new subscriber long after their created_at).
+func latencies(evs []received, ids []string) []time.Duration {
+	var out []time.Duration
+	for _, e := range evs {
+		if slices.Contains(ids, e.ev.ContainerId) {
+			out = append(out, e.at.Sub(time.Unix(0, e.ev.CreatedAt)))
+		}
+	}
+	return out
+}
+
 func checkLoad(ctx context.Context, s *suite) (string, error) {
 	lr, err := s.loadScenario(ctx)
 	if err != nil {
 		return "", err
 	}
-	var lat []time.Duration
-	for _, e := range lr.evs {
-		lat = append(lat, e.at.Sub(time.Unix(0, e.ev.CreatedAt)))
-	}
+	lat := latencies(lr.evs, append(slices.Clone(lr.ids), lr.podID))
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	want := 4*len(lr.ids) + 4
 	got := 0
@@ -458,7 +467,7 @@ func checkLoad(ctx context.Context, s *suite) (string, error) {
 			first = err
 		}
 	}
-	figure := fmt.Sprintf("%d of %d events (%d received), created_at to receipt p50 %s p99 %s",
-		got, want, len(lr.evs), percentile(lat, 0.5).Round(time.Microsecond), percentile(lat, 0.99).Round(time.Microsecond))
+	figure := fmt.Sprintf("%d of %d events, created_at to receipt p50 %s p99 %s",
+		got, want, percentile(lat, 0.5).Round(time.Microsecond), percentile(lat, 0.99).Round(time.Microsecond))
 	return figure, first
 }

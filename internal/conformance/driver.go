@@ -84,6 +84,8 @@ func (d *driver) podConfig(name string) *runtimeapi.PodSandboxConfig {
 // not removed it.
 func (d *driver) runPod(ctx context.Context, name string) (string, *runtimeapi.PodSandboxConfig, error) {
 	cfg := d.podConfig(name)
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
 	resp, err := d.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
 		return "", nil, fmt.Errorf("failed to run pod %s: %w", name, err)
@@ -102,6 +104,8 @@ func (d *driver) runSyncPod(ctx context.Context) (string, error) {
 	d.mu.Unlock()
 	cfg := d.podConfig(name)
 	cfg.Labels[SyncLabel] = "true"
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
 	resp, err := d.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
 		return "", fmt.Errorf("failed to run pod %s: %w", name, err)
@@ -126,6 +130,8 @@ func (d *driver) containerConfig(name string, command ...string) *runtimeapi.Con
 
 // create creates a container in a pod of the run (RemovePodSandbox removes it).
 func (d *driver) create(ctx context.Context, podID string, podCfg *runtimeapi.PodSandboxConfig, cfg *runtimeapi.ContainerConfig) (string, error) {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
 	resp, err := d.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: podCfg})
 	if err != nil {
 		return "", fmt.Errorf("failed to create container %s: %w", cfg.GetMetadata().GetName(), err)
@@ -167,7 +173,9 @@ func (d *driver) cleanup(ctx context.Context) error {
 	for i := len(cleanups) - 1; i >= 0; i-- {
 		errs = append(errs, cleanups[i](ctx))
 	}
-	resp, err := d.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	lctx, cancel := callCtx(ctx)
+	defer cancel()
+	resp, err := d.rt.ListPodSandbox(lctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{RunLabel: d.runID}}})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("failed to list the pods of run %s: %w", d.runID, err))
@@ -178,8 +186,10 @@ func (d *driver) cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// removePod stops and removes a pod; a pod already gone is no error.
+// removePod stops and removes a pod; a pod already gone is no error. Each call is bounded (callCtx).
 func removePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
 	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil && !isNotFound(err) {
 		return fmt.Errorf("failed to stop pod %s: %w", short(id), err)
 	}

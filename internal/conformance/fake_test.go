@@ -31,8 +31,8 @@ type faults struct {
 	reorder string
 	// leaveOutExited leaves exited containers out of containers_statuses.
 	leaveOutExited bool
-	// queue, if set, is each subscriber's queue while a send to it is in progress (a consumer that does
-	// not read blocks it for good): an event that does not fit is dropped silently.
+	// queue, if set, is each subscriber's queue once a send to it has been blocked for 20 ms (a
+	// consumer that does not read blocks it for good): an event that does not fit is dropped silently.
 	queue int
 	// seconds sends created_at in seconds.
 	seconds bool
@@ -219,7 +219,7 @@ func (fr *fakeRuntime) emit(id, podID, name string, typ runtimeapi.ContainerEven
 func (fr *fakeRuntime) send(ev *runtimeapi.ContainerEventResponse) {
 	for s := range fr.subs {
 		s.mu.Lock()
-		stuck := !s.sending.IsZero()
+		stuck := !s.sending.IsZero() && time.Since(s.sending) > 20*time.Millisecond
 		if fr.f.queue == 0 || !stuck || len(s.queue) < fr.f.queue {
 			s.queue = append(s.queue, ev)
 		}

@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,7 +48,7 @@ type lifecycleCase struct {
 type lifecycleRun struct {
 	podID string
 	cases []*lifecycleCase
-	// evs is what the first subscriber received of the run's objects; all is what it received in all
+	// evs is what the first subscriber received of the scenario's objects; all is what it received in all
 	// (for created_at's order per subscriber); reader's are the second subscriber's.
 	evs, all, readerAll []received
 	// reads are the second subscriber's reads after each STOPPED it got.
@@ -233,7 +234,9 @@ func (s *suite) runLifecycle(ctx context.Context) (*lifecycleRun, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	run.evs, run.all, run.readerAll = main.events(s.keep), main.events(everything), reader.events(everything)
+	ids := append(run.containerIDs(), podID)
+	run.evs = main.events(func(ev *runtimeapi.ContainerEventResponse) bool { return slices.Contains(ids, ev.ContainerId) })
+	run.all, run.readerAll = main.events(everything), reader.events(everything)
 	return run, nil
 }
 

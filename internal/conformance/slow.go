@@ -151,9 +151,7 @@ func (s *suite) slowPhase(ctx context.Context, name string) (*phase, error) {
 	rec.waitFor(ctx, s.opts.EventWait, func(evs []received) bool { return complete(evs) == "" })
 	evs := rec.events(s.keep)
 	ph.missing = complete(evs)
-	for _, e := range evs {
-		ph.lat = append(ph.lat, e.at.Sub(time.Unix(0, e.ev.CreatedAt)))
-	}
+	ph.lat = latencies(evs, ph.ids)
 	return ph, ctx.Err()
 }
 

@@ -142,13 +142,15 @@ func TestBrokenStreamsFail(t *testing.T) {
 		{"a timestamp without statuses", faults{timestampAlone: true}, "content/status-timestamp", "no containers_statuses"},
 		{"ListContainers stale after a STOPPED", faults{staleList: true}, "read-after-event", "ListContainers says container"},
 		{"a load container's DELETED dropped", faults{drop: func(n string, typ runtimeapi.ContainerEventType) bool { return n == "load-3" && typ == deleted }}, "load", "container load-3's DELETED was received 0 times"},
-		{"a blocked consumer loses events silently", faults{queue: 64}, "slow-consumer", "events lost silently"},
+		{"a blocked consumer loses events silently", faults{queue: 100}, "slow-consumer", "events lost silently"},
 		{"a stream that ends at once", faults{endAtOnce: true}, "unsupported", "ended at once with EOF"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			fr, endpoint := newFake(t, tc.f)
-			rep := run(t, fr, testOptions(endpoint, tc.check))
+			opts := testOptions(endpoint, tc.check)
+			opts.SlowPods = 50 // 400 events: far more than the window and the fault's queue hold
+			rep := run(t, fr, opts)
 			r, ok := rep.Result(tc.check)
 			if !ok {
 				t.Fatalf("no result for %s: %+v", tc.check, rep.Results)

@@ -56,7 +56,9 @@ func runConformance(t *testing.T, endpoint string) *conformance.Report {
 	if rep.Cleanup != "" {
 		t.Errorf("the suite's cleanup failed: %s", rep.Cleanup)
 	}
-	list, err := newCRI(t, env.Address).rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer lcancel()
+	list, err := newCRI(t, env.Address).rt.ListPodSandbox(lctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{conformance.RunLabel: rep.RunID}}})
 	if err != nil {
 		t.Fatal(err)
