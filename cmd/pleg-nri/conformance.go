@@ -69,7 +69,7 @@ func runConformance(stdout io.Writer) func(context.Context, conformance.Options,
 		defer cancel()
 		rep, err := conformance.Run(ctx, o)
 		if err != nil {
-			return usageError{err}
+			return err
 		}
 		if asJSON {
 			err = rep.WriteJSON(stdout)
@@ -79,8 +79,11 @@ func runConformance(stdout io.Writer) func(context.Context, conformance.Options,
 		if err != nil {
 			return err
 		}
-		if rep.Failed() {
-			return fmt.Errorf("%d of %d checks failed against %s", rep.Count(conformance.Fail), len(rep.Results), rep.Endpoint)
+		if n := rep.Count(conformance.Fail); n > 0 {
+			return fmt.Errorf("%d of %d checks failed against %s", n, len(rep.Results), rep.Endpoint)
+		}
+		if rep.Cleanup != "" {
+			return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", conformance.RunLabel, rep.RunID, rep.Cleanup)
 		}
 		return nil
 	}

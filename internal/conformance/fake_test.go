@@ -55,6 +55,9 @@ type faults struct {
 	// pauseStopTwice leaves a sandbox READY after its pause process was killed, so StopPodSandbox
 	// sends its STOPPED again.
 	pauseStopTwice bool
+	// delay is slept in each RunPodSandbox and RemovePodSandbox: a runtime that takes its time, so
+	// that a blocked send to a consumer that does not read lasts long enough to count as stuck.
+	delay time.Duration
 	// onRunPod is called after each RunPodSandbox.
 	onRunPod func()
 }
@@ -276,6 +279,7 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 }
 
 func (fr *fakeRuntime) RunPodSandbox(_ context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	time.Sleep(fr.f.delay)
 	fr.mu.Lock()
 	fr.pids++
 	p := &fakePod{pid: 1000 + fr.pids, cfg: req.Config, id: newID(), state: runtimeapi.PodSandboxState_SANDBOX_READY, created: time.Now().UnixNano()}
@@ -409,6 +413,7 @@ func (fr *fakeRuntime) StopPodSandbox(_ context.Context, req *runtimeapi.StopPod
 }
 
 func (fr *fakeRuntime) RemovePodSandbox(_ context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
+	time.Sleep(fr.f.delay)
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	p := fr.pods[req.PodSandboxId]

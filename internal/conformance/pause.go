@@ -20,19 +20,12 @@ func checkPauseKilled(ctx context.Context, s *suite) (string, error) {
 		return "", err
 	}
 	defer rec.stop()
-	podID, podCfg, err := s.drv.runPod(ctx, "pause-killed")
-	if err != nil {
-		return "", err
-	}
-	id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig("sleeper", "sleep", "3600"))
+	podID, _, err := s.sleeperPod(ctx, "pause-killed")
 	if err != nil {
 		return "", err
 	}
 	cctx, cancel := callCtx(ctx)
 	defer cancel()
-	if _, err := s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		return "", fmt.Errorf("failed to start container sleeper: %w", err)
-	}
 	st, err := s.rt.PodSandboxStatus(cctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID, Verbose: true})
 	if err != nil {
 		return "", fmt.Errorf("failed to get the verbose status of pod %s: %w", short(podID), err)

@@ -22,19 +22,9 @@ func checkRestart(ctx context.Context, s *suite) (string, error) {
 		return "", err
 	}
 	defer rec.stop()
-	podID, podCfg, err := s.drv.runPod(ctx, "restart")
+	_, id, err := s.sleeperPod(ctx, "restart")
 	if err != nil {
 		return "", err
-	}
-	id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig("sleeper", "sleep", "3600"))
-	if err != nil {
-		return "", err
-	}
-	cctx, cancel := callCtx(ctx)
-	_, err = s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id})
-	cancel()
-	if err != nil {
-		return "", fmt.Errorf("failed to start container sleeper: %w", err)
 	}
 	if err := s.opts.RestartRuntime(ctx); err != nil {
 		return "", fmt.Errorf("failed to restart the runtime: %w", err)
@@ -86,4 +76,21 @@ func (s *suite) retry(ctx context.Context, what string, call func(context.Contex
 		case <-ctx.Done():
 		}
 	}
+}
+
+// sleeperPod runs a pod of the run with one container running sleep, and returns their ids.
+func (s *suite) sleeperPod(ctx context.Context, name string) (podID, id string, err error) {
+	podID, podCfg, err := s.drv.runPod(ctx, name)
+	if err != nil {
+		return "", "", err
+	}
+	if id, err = s.drv.create(ctx, podID, podCfg, s.drv.containerConfig("sleeper", "sleep", "3600")); err != nil {
+		return "", "", err
+	}
+	cctx, cancel := callCtx(ctx)
+	defer cancel()
+	if _, err := s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
+		return "", "", fmt.Errorf("failed to start container sleeper of pod %s: %w", name, err)
+	}
+	return podID, id, nil
 }

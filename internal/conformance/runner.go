@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
@@ -140,7 +142,8 @@ type suite struct {
 
 // Run runs the selected checks against opts.Endpoint and returns the report. Whatever the run made is
 // removed before it returns, with a context of its own when ctx was cancelled (an interrupt); an error
-// is returned only when the suite could not run at all.
+// is returned only when the suite could not run at all (bad options, an endpoint that cannot be
+// reached).
 func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
@@ -156,6 +159,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	log.G(ctx).WithField("endpoint", opts.Endpoint).WithField("run", opts.RunID).Info("conformance run starting")
 
 	s.unsupported = probe(ctx, rt, opts.ProbeWait)
+	if status.Code(s.unsupported) == codes.Unavailable {
+		return nil, fmt.Errorf("cannot reach the CRI endpoint %s: %w", opts.Endpoint, s.unsupported)
+	}
 	s.support = Classify(s.unsupported)
 	for _, sp := range selected(opts.Checks) {
 		res := Result{ID: sp.id, Name: sp.name}

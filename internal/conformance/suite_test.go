@@ -142,7 +142,7 @@ func TestBrokenStreamsFail(t *testing.T) {
 		{"a timestamp without statuses", faults{timestampAlone: true}, "content/status-timestamp", "no containers_statuses"},
 		{"ListContainers stale after a STOPPED", faults{staleList: true}, "read-after-event", "ListContainers says container"},
 		{"a load container's DELETED dropped", faults{drop: func(n string, typ runtimeapi.ContainerEventType) bool { return n == "load-3" && typ == deleted }}, "load", "container load-3's DELETED was received 0 times"},
-		{"a blocked consumer loses events silently", faults{queue: 100}, "slow-consumer", "events lost silently"},
+		{"a blocked consumer loses events silently", faults{queue: 100, delay: 2 * time.Millisecond}, "slow-consumer", "events lost silently"},
 		{"a stream that ends at once", faults{endAtOnce: true}, "unsupported", "ended at once with EOF"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -226,6 +226,10 @@ func TestOptions(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Options{Image: "x", Checks: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), `no check is named "nope"`) {
 		t.Errorf("unknown check: %v", err)
+	}
+	sock := "unix:///nonexistent/pleg-nri-conformance.sock"
+	if _, err := Run(context.Background(), Options{Image: "x", Endpoint: sock}); err == nil || !strings.Contains(err.Error(), "cannot reach the CRI endpoint "+sock) {
+		t.Errorf("no endpoint: %v", err)
 	}
 	o := Options{Image: "x"}
 	if err := o.setDefaults(); err != nil {
