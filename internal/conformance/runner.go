@@ -174,6 +174,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			err = skipf("the endpoint does not serve events: %v", s.unsupported)
 		default:
 			figure, err = sp.check(ctx, s)
+			if err != nil && ctx.Err() != nil {
+				// What the interrupt cut short is not the endpoint's failure.
+				err = skipf("the run was interrupted: %v", ctx.Err())
+			}
 		}
 		res.Figure = figure
 		var skip skipError

@@ -215,6 +215,9 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 	if rep.Count(Pass) != 1 { // the probe's check ran before the first pod
 		t.Errorf("%d checks passed, want 1 (unsupported)", rep.Count(Pass))
 	}
+	if r, _ := rep.Result("once/exit-0"); r.Outcome != Skip || !strings.Contains(r.Failure, "interrupted") {
+		t.Errorf("the check the interrupt cut short: %+v, want a skip", r)
+	}
 	if r, _ := rep.Result("load"); r.Outcome != Skip || !strings.Contains(r.Failure, "interrupted") {
 		t.Errorf("load after the interrupt: %+v", r)
 	}
