@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -187,7 +189,33 @@ func (d *driver) cleanup(ctx context.Context) error {
 }
 
 // removePod stops and removes a pod; a pod already gone is no error. Each call is bounded (callCtx).
+// A removal that fails is tried again, after another stop, a few times: containerd can answer
+// StopPodSandbox before its containers are seen stopped, and then refuses RemovePodSandbox ("container
+// is still running, to stop first"; seen once after the pause process was killed).
 func removePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
+	var err error
+	for attempt := 0; attempt < removeAttempts; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-time.After(removeRetryWait):
+			case <-ctx.Done():
+				return fmt.Errorf("failed to remove pod %s: %w", short(id), err)
+			}
+		}
+		if err = stopAndRemove(ctx, rt, id); err == nil || status.Code(err) == codes.DeadlineExceeded {
+			// A call that timed out is a runtime that hangs: no use waiting for it again.
+			return err
+		}
+	}
+	return err
+}
+
+const (
+	removeAttempts  = 5
+	removeRetryWait = 500 * time.Millisecond
+)
+
+func stopAndRemove(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) error {
 	ctx, cancel := callCtx(ctx)
 	defer cancel()
 	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil && !isNotFound(err) {
