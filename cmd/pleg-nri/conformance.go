@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/pleg-nri/pleg-nri/internal/conformance"
+)
+
+// conformanceCommand is `pleg-nri conformance`: run the conformance suite of CRI container event
+// streams against an endpoint and print one row per check. run gets the suite's options, the
+// timeout and whether to print JSON.
+func conformanceCommand(run func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error) *cli.Command {
+	return &cli.Command{
+		Name:  "conformance",
+		Usage: "check a CRI endpoint's container event stream (containerd's, pleg-nri's, any runtime's) against what a kubelet relies on",
+		UsageText: "pleg-nri conformance [flags]\n\n" +
+			"It runs pods and containers through the endpoint's runtime (labeled " + conformance.RunLabel + "=<run id>, all\n" +
+			"removed at the end, also when interrupted), prints pass / fail / skip for each check, and exits 1 if any failed.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"}, Value: conformance.DefaultEndpoint,
+				Usage: "CRI endpoint: unix:///path, /path or tcp://host:port"},
+			&cli.StringFlag{Name: "image", Value: conformance.DefaultImage,
+				Usage: "image of every container, already on the node, with sh, sleep and tail (busybox)"},
+			&cli.StringFlag{Name: "namespace", Value: conformance.DefaultNamespace, Usage: "Kubernetes namespace of the run's pods"},
+			&cli.StringFlag{Name: "run-id", Usage: "value of the run's label on every pod (random by default)"},
+			&cli.StringSliceFlag{Name: "checks", Usage: "run only these checks: ids or prefixes (once, order/pod, ...; comma-separated, repeatable)"},
+			&cli.IntFlag{Name: "load", Value: conformance.DefaultLoad, Usage: "containers in the load check's pod"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "end the run (and clean up) after this long"},
+			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+			&cli.BoolFlag{Name: "list", Usage: "print the checks' ids and sentences, run nothing"},
+		},
+		OnUsageError: onUsageError,
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Args().Len() > 0 {
+				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
+			}
+			if cmd.Bool("list") {
+				for _, c := range conformance.Checks() {
+					fmt.Fprintf(cmd.Root().Writer, "%-26s %s\n", c.ID, c.Name)
+				}
+				return nil
+			}
+			if cmd.Duration("timeout") <= 0 {
+				return usageError{errors.New("--timeout must be positive")}
+			}
+			o := conformance.Options{
+				Endpoint:  cmd.String("runtime-endpoint"),
+				Image:     cmd.String("image"),
+				Namespace: cmd.String("namespace"),
+				RunID:     cmd.String("run-id"),
+				Checks:    trimmed(cmd.StringSlice("checks")),
+				Load:      int(cmd.Int("load")),
+			}
+			return run(ctx, o, cmd.Duration("timeout"), cmd.Bool("json"))
+		},
+	}
+}
+
+// runConformance runs the suite and prints its report to stdout; it fails if a check failed.
+func runConformance(stdout io.Writer) func(context.Context, conformance.Options, time.Duration, bool) error {
+	return func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		rep, err := conformance.Run(ctx, o)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			err = rep.WriteJSON(stdout)
+		} else {
+			err = rep.WriteTable(stdout)
+		}
+		if err != nil {
+			return err
+		}
+		if n := rep.Count(conformance.Fail); n > 0 {
+			return fmt.Errorf("%d of %d checks failed against %s", n, len(rep.Results), rep.Endpoint)
+		}
+		if rep.Cleanup != "" {
+			return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", conformance.RunLabel, rep.RunID, rep.Cleanup)
+		}
+		return nil
+	}
+}

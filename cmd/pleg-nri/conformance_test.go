@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/internal/conformance"
+)
+
+// runConformanceCmd runs `pleg-nri conformance args...` with run standing in for the suite.
+func runConformanceCmd(args []string, run func(context.Context, conformance.Options, time.Duration, bool) error) (string, error) {
+	var out bytes.Buffer
+	cmd := conformanceCommand(run)
+	cmd.Writer, cmd.ErrWriter = &out, &out
+	err := cmd.Run(context.Background(), append([]string{"conformance"}, args...))
+	return out.String(), err
+}
+
+func TestConformanceFlags(t *testing.T) {
+	var got conformance.Options
+	var timeout time.Duration
+	var asJSON bool
+	capture := func(_ context.Context, o conformance.Options, d time.Duration, j bool) error {
+		got, timeout, asJSON = o, d, j
+		return nil
+	}
+	if _, err := runConformanceCmd(nil, capture); err != nil {
+		t.Fatal(err)
+	}
+	if got.Endpoint != "unix:///run/containerd/containerd.sock" || got.Image != conformance.DefaultImage ||
+		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 {
+		t.Errorf("defaults: %+v timeout %s json %v", got, timeout, asJSON)
+	}
+	args := []string{"-r", "unix:///run/pleg-nri/cri.sock", "--image", "busybox:x", "--namespace", "ns", "--run-id", "r1",
+		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json"}
+	if _, err := runConformanceCmd(args, capture); err != nil {
+		t.Fatal(err)
+	}
+	if got.Endpoint != "unix:///run/pleg-nri/cri.sock" || got.Image != "busybox:x" || got.Namespace != "ns" || got.RunID != "r1" ||
+		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON {
+		t.Errorf("flags: %+v timeout %s json %v", got, timeout, asJSON)
+	}
+	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}} {
+		if _, err := runConformanceCmd(bad, capture); !errors.As(err, new(usageError)) {
+			t.Errorf("%v: %v, want a usage error", bad, err)
+		}
+	}
+	out, err := runConformanceCmd([]string{"--list"}, capture)
+	if err != nil || !strings.Contains(out, "once/exit-0") || !strings.Contains(out, "exactly once") {
+		t.Errorf("--list: %v\n%s", err, out)
+	}
+}
+
+// TestRunConformance: an unknown check fails; an endpoint where nothing serves fails the command,
+// naming it.
+func TestRunConformance(t *testing.T) {
+	ctx := context.Background()
+	var out bytes.Buffer
+	err := runConformance(&out)(ctx, conformance.Options{Image: "x", Checks: []string{"nope"}}, time.Minute, false)
+	if err == nil || !strings.Contains(err.Error(), `no check is named "nope"`) {
+		t.Errorf("unknown check: %v", err)
+	}
+	sock := "unix://" + filepath.Join(t.TempDir(), "cri.sock")
+	err = runConformance(&out)(ctx, conformance.Options{Endpoint: sock, Image: "x"}, time.Minute, false)
+	if err == nil || !strings.Contains(err.Error(), "cannot reach the CRI endpoint "+sock) {
+		t.Errorf("no endpoint: %v", err)
+	}
+}

@@ -1,0 +1,291 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// testOptions runs the suite against the fake quickly: a dropped event costs EventWait.
+func testOptions(endpoint string, checks ...string) Options {
+	return Options{Endpoint: endpoint, Image: "busybox", Checks: checks, Load: 5, SlowPods: 20,
+		EventWait: time.Second, Quiet: 50 * time.Millisecond, ProbeWait: 200 * time.Millisecond,
+		// The fake's pause pids are made up: never signal a real process.
+		KillPause: func(int, string) error { return syscall.EPERM }}
+}
+
+func run(t *testing.T, fr *fakeRuntime, opts Options) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Cleanup != "" {
+		t.Errorf("cleanup: %s", rep.Cleanup)
+	}
+	if n := fr.podCount(); n != 0 {
+		t.Errorf("%d pods left behind", n)
+	}
+	return rep
+}
+
+// notBuiltChecks skip in every run until they are built.
+var notBuiltChecks = map[string]bool{"late-subscriber": true, "runtime-restart": true}
+
+// TestPauseKilled: the sandbox's STOPPED once after its pause process is killed passes; twice fails;
+// a pause process the suite cannot kill skips.
+func TestPauseKilled(t *testing.T) {
+	for _, tc := range []struct {
+		twice, cannot bool
+		want          Outcome
+	}{{false, false, Pass}, {true, false, Fail}, {false, true, Skip}} {
+		fr, endpoint := newFake(t, faults{pauseStopTwice: tc.twice})
+		opts := testOptions(endpoint, "once/pause-killed")
+		opts.KillPause = fr.killPause
+		if tc.cannot {
+			opts.KillPause = func(int, string) error { return syscall.EPERM }
+		}
+		rep := run(t, fr, opts)
+		if r, _ := rep.Result("once/pause-killed"); r.Outcome != tc.want {
+			t.Errorf("twice %v cannot %v: %+v, want %s", tc.twice, tc.cannot, r, tc.want)
+		}
+	}
+}
+
+// TestRuntimeRestart: a stream that ends at the restart passes, as one that carries on would; one that
+// stays open and silent fails.
+func TestRuntimeRestart(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		fr, endpoint := newFake(t, faults{})
+		opts := testOptions(endpoint, "runtime-restart")
+		opts.RestartRuntime = func(context.Context) error { fr.restart(hang); return nil }
+		rep := run(t, fr, opts)
+		r, _ := rep.Result("runtime-restart")
+		if !hang && (r.Outcome != Pass || !strings.Contains(r.Figure, "ended with Unavailable")) {
+			t.Errorf("a restart that ends the stream: %+v", r)
+		}
+		if hang && (r.Outcome != Fail || !strings.Contains(r.Failure, "did not carry")) {
+			t.Errorf("a restart that leaves the stream silent: %+v", r)
+		}
+	}
+}
+
+// TestCorrectStreamPasses: a stream that keeps the contract passes every check built, so a failure
+// below is the fault's doing.
+func TestCorrectStreamPasses(t *testing.T) {
+	fr, endpoint := newFake(t, faults{})
+	opts := testOptions(endpoint)
+	opts.KillPause = fr.killPause
+	rep := run(t, fr, opts)
+	if len(rep.Results) != len(specs) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(specs))
+	}
+	for _, r := range rep.Results {
+		want := Pass
+		if notBuiltChecks[r.ID] {
+			want = Skip
+		}
+		if r.Outcome != want {
+			t.Errorf("%s: %s (%s; figure %q), want %s", r.ID, r.Outcome, r.Failure, r.Figure, want)
+		}
+	}
+	if rep.Failed() {
+		t.Error("the report says failed")
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !hasRow(buf.String(), "PASS", "once/exit-0") || !strings.Contains(buf.String(), fmt.Sprintf("%d passed, 0 failed, 2 skipped", len(specs)-2)) {
+		t.Errorf("table:\n%s", buf.String())
+	}
+	t.Logf("\n%s", buf.String())
+}
+
+// TestBrokenStreamsFail: each way of breaking the stream makes the check about it fail (the suite's
+// own test: drop an event, reorder two, leave a status out, block a consumer, ...).
+func TestBrokenStreamsFail(t *testing.T) {
+	name := func(n string) func(string, runtimeapi.ContainerEventType) bool {
+		return func(got string, typ runtimeapi.ContainerEventType) bool { return got == n && typ == stopped }
+	}
+	for _, tc := range []struct {
+		name   string
+		f      faults
+		check  string
+		reason string
+	}{
+		{"a STOPPED dropped", faults{drop: name(caseExit0)}, "once/exit-0", "STOPPED was received 0 times"},
+		{"a STOPPED sent twice", faults{duplicate: name(caseExitNon0)}, "once/exit-nonzero", "STOPPED was received 2 times"},
+		{"a StopContainer's STOPPED dropped", faults{drop: name(caseStop)}, "once/stop-container", "received 0 times"},
+		{"an OOM kill's STOPPED dropped", faults{drop: name(caseOOM)}, "once/oom-kill", "received 0 times"},
+		{"a StopPodSandbox's STOPPED dropped", faults{drop: name(casePodStop)}, "once/stop-pod", "received 0 times"},
+		{"a failed start's DELETED dropped", faults{drop: func(n string, typ runtimeapi.ContainerEventType) bool { return n == caseStartFail && typ == deleted }}, "once/start-fails", "DELETED was received 0 times"},
+		{"a sandbox STOPPED dropped", faults{drop: name("sandbox")}, "once/sandbox", "STOPPED was received 0 times"},
+		{"CREATED and STARTED reordered", faults{reorder: caseExitNon0}, "order/container", "CREATED came after its STARTED"},
+		{"the sandbox stopped before its containers", faults{sandboxStopFirst: true}, "order/pod", "came after the sandbox's STOPPED"},
+		{"created_at in seconds", faults{seconds: true}, "order/created-at", "not nanoseconds"},
+		{"no pod status", faults{nilPodStatus: true}, "content/pod-status", "no pod_sandbox_status"},
+		{"a sandbox event with another id", faults{sandboxIDPrefix: "x"}, "content/sandbox-id", "no event has the sandbox id"},
+		{"exited containers left out", faults{leaveOutExited: true}, "content/all-containers", "does not list"},
+		{"a wrong reason", faults{wrongReason: true}, "content/stopped-status", `reason "Completed", want "Error"`},
+		{"a timestamp without statuses", faults{timestampAlone: true}, "content/status-timestamp", "no containers_statuses"},
+		{"ListContainers stale after a STOPPED", faults{staleList: true}, "read-after-event", "ListContainers says container"},
+		{"a load container's DELETED dropped", faults{drop: func(n string, typ runtimeapi.ContainerEventType) bool { return n == "load-3" && typ == deleted }}, "load", "container load-3's DELETED was received 0 times"},
+		{"a blocked consumer loses events silently", faults{queue: 100, delay: 2 * time.Millisecond}, "slow-consumer", "events lost silently"},
+		{"a stream that ends at once", faults{endAtOnce: true}, "unsupported", "ended at once with EOF"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			fr, endpoint := newFake(t, tc.f)
+			opts := testOptions(endpoint, tc.check)
+			opts.SlowPods = 50 // 400 events: far more than the window and the fault's queue hold
+			rep := run(t, fr, opts)
+			r, ok := rep.Result(tc.check)
+			if !ok {
+				t.Fatalf("no result for %s: %+v", tc.check, rep.Results)
+			}
+			if r.Outcome != Fail || !strings.Contains(r.Failure, tc.reason) {
+				t.Errorf("%s: %s %q (figure %q), want fail with %q", tc.check, r.Outcome, r.Failure, r.Figure, tc.reason)
+			}
+			if !rep.Failed() {
+				t.Error("the report does not say failed")
+			}
+		})
+	}
+}
+
+// TestUnsupportedStream: a runtime that says it does not serve events passes the check, and every
+// other check skips saying why.
+func TestUnsupportedStream(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unimplemented, codes.FailedPrecondition} {
+		t.Run(code.String(), func(t *testing.T) {
+			fr, endpoint := newFake(t, faults{subscribeErr: status.Error(code, "events are disabled")})
+			rep := run(t, fr, testOptions(endpoint, "unsupported", "once/exit-0"))
+			if r, _ := rep.Result("unsupported"); r.Outcome != Pass || !strings.Contains(r.Figure, "not served") {
+				t.Errorf("unsupported: %+v", r)
+			}
+			if r, _ := rep.Result("once/exit-0"); r.Outcome != Skip || !strings.Contains(r.Failure, "does not serve events") {
+				t.Errorf("once/exit-0: %+v", r)
+			}
+		})
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want Support
+	}{
+		{nil, Supported},
+		{io.EOF, EndsAtOnce},
+		{status.Error(codes.Unimplemented, ""), SaysUnsupported},
+		{status.Error(codes.FailedPrecondition, ""), SaysUnsupported},
+		{status.Error(codes.Unavailable, ""), EndsAtOnce},
+	} {
+		if got := Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestInterruptedRunCleansUp: a run cancelled while its first pod runs skips the rest and removes
+// every pod it made.
+func TestInterruptedRunCleansUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fr, endpoint := newFake(t, faults{onRunPod: cancel})
+	rep, err := Run(ctx, testOptions(endpoint))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fr.podCount(); n != 0 {
+		t.Errorf("%d pods left behind", n)
+	}
+	if rep.Count(Pass) != 1 { // the probe's check ran before the first pod
+		t.Errorf("%d checks passed, want 1 (unsupported)", rep.Count(Pass))
+	}
+	if r, _ := rep.Result("once/exit-0"); r.Outcome != Skip || !strings.Contains(r.Failure, "interrupted") {
+		t.Errorf("the check the interrupt cut short: %+v, want a skip", r)
+	}
+	if r, _ := rep.Result("load"); r.Outcome != Skip || !strings.Contains(r.Failure, "interrupted") {
+		t.Errorf("load after the interrupt: %+v", r)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	if _, err := Run(context.Background(), Options{}); err == nil || !strings.Contains(err.Error(), "no image") {
+		t.Errorf("no image: %v", err)
+	}
+	if _, err := Run(context.Background(), Options{Image: "x", Checks: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), `no check is named "nope"`) {
+		t.Errorf("unknown check: %v", err)
+	}
+	sock := "unix:///nonexistent/pleg-nri-conformance.sock"
+	if _, err := Run(context.Background(), Options{Image: "x", Endpoint: sock}); err == nil || !strings.Contains(err.Error(), "cannot reach the CRI endpoint "+sock) {
+		t.Errorf("no endpoint: %v", err)
+	}
+	o := Options{Image: "x"}
+	if err := o.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if o.Endpoint != DefaultEndpoint || o.Namespace != DefaultNamespace || len(o.RunID) != 8 || o.Load != DefaultLoad {
+		t.Errorf("defaults: %+v", o)
+	}
+	if got := selected([]string{"once", "load"}); len(got) != 9 || got[8].id != "load" {
+		t.Errorf("once and load select %d checks", len(got))
+	}
+	if !matches("order/", "order/pod") || matches("order", "orderly") {
+		t.Error("matches")
+	}
+}
+
+// hasRow reports whether the table has a row of outcome and check.
+func hasRow(table, outcome, check string) bool {
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == outcome && f[1] == check {
+			return true
+		}
+	}
+	return false
+}
+
+func TestReportJSON(t *testing.T) {
+	rep := &Report{Endpoint: "e", RunID: "r", Results: []Result{{ID: "a", Outcome: Pass}, {ID: "b", Outcome: Fail, Failure: "x\ny"}}, Cleanup: "left"}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || len(back.Results) != 2 || back.Results[1].Failure != "x\ny" {
+		t.Errorf("round trip: %v %+v", err, back)
+	}
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !hasRow(buf.String(), "FAIL", "b") || !strings.Contains(buf.String(), "x y") || !strings.Contains(buf.String(), "cleanup failed: left") {
+		t.Errorf("table:\n%s", buf.String())
+	}
+	if !rep.Failed() {
+		t.Error("a failed cleanup is a failed run")
+	}
+}
+
+func TestKillPauseChecksTheCgroup(t *testing.T) {
+	if err := killPause(os.Getpid(), "not-this-sandbox"); err == nil || !strings.Contains(err.Error(), "not in sandbox") {
+		t.Errorf("killPause of a process outside the sandbox: %v", err)
+	}
+	if err := killPause(-5, "x"); err == nil {
+		t.Error("killPause of no process succeeded")
+	}
+}
