@@ -40,7 +40,7 @@ const (
 	DefaultProbeWait  = 2 * time.Second
 	DefaultSlowPods   = 10
 	cleanupTimeout    = 2 * time.Minute
-	defaultCallTimout = 30 * time.Second
+	defaultCallTimeout = 30 * time.Second
 )
 
 // Options say what to run against and how.
@@ -234,5 +234,5 @@ func (s *suite) sync(ctx context.Context, recs ...*recorder) error {
 
 // callCtx bounds one CRI call of a scenario.
 func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, defaultCallTimout)
+	return context.WithTimeout(ctx, defaultCallTimeout)
 }
