@@ -32,14 +32,14 @@ const (
 	DefaultEndpoint = "unix:///run/containerd/containerd.sock"
 	// DefaultImage is the busybox image the project's harness builds offline and imports
 	// (test/containerd-it/harness.BusyboxImage; the integration test checks they agree).
-	DefaultImage      = "docker.io/library/busybox:plegit"
-	DefaultNamespace  = "pleg-nri-conformance"
-	DefaultLoad       = 20
-	DefaultEventWait  = 30 * time.Second
-	DefaultQuiet      = time.Second
-	DefaultProbeWait  = 2 * time.Second
-	DefaultSlowPods   = 10
-	cleanupTimeout    = 2 * time.Minute
+	DefaultImage       = "docker.io/library/busybox:plegit"
+	DefaultNamespace   = "pleg-nri-conformance"
+	DefaultLoad        = 20
+	DefaultEventWait   = 30 * time.Second
+	DefaultQuiet       = time.Second
+	DefaultProbeWait   = 2 * time.Second
+	DefaultSlowPods    = 10
+	cleanupTimeout     = 2 * time.Minute
 	defaultCallTimeout = 30 * time.Second
 )
 
