@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pleg-nri/pleg-nri/internal/httpbounds"
 )
 
 // metricsTestWait bounds the waits of the metrics server's tests for what it does at once.
 const metricsTestWait = 10 * time.Second
 
-// TestMetricsServerConnectionLimit: connections beyond metricsMaxConns wait unserved (in the
-// listener's backlog, no goroutine, no file descriptor) while metricsMaxConns idle ones are open, and
+// TestMetricsServerConnectionLimit: connections beyond httpbounds.MaxConns wait unserved (in the
+// listener's backlog, no goroutine, no file descriptor) while httpbounds.MaxConns idle ones are open, and
 // are served once one closes.
 func TestMetricsServerConnectionLimit(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -52,7 +54,7 @@ func TestMetricsServerConnectionLimit(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for range metricsMaxConns {
+	for range httpbounds.MaxConns {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +66,7 @@ func TestMetricsServerConnectionLimit(t *testing.T) {
 	r := bufio.NewReader(c)
 	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	if line, err := r.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("with %d idle connections open, another was served: %q, %v", metricsMaxConns, line, err)
+		t.Fatalf("with %d idle connections open, another was served: %q, %v", httpbounds.MaxConns, line, err)
 	}
 	idle[0].Close()
 	_ = c.SetReadDeadline(time.Now().Add(metricsTestWait))

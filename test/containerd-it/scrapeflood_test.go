@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/netutil"
-
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/httpbounds"
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 )
 
@@ -214,7 +213,7 @@ func startStandinMetrics(tb testing.TB, addr string) string {
 }
 
 // serveStandinMetrics is the stand-in's process: it serves the bytes of the file body at /metrics on a
-// loopback port with pleg-nri's metrics server's bounds (16 connections at once, the same timeouts),
+// loopback port with pleg-nri's metrics server's bounds (httpbounds),
 // prints its address and serves until killed.
 func serveStandinMetrics(body string) int {
 	data, err := os.ReadFile(body)
@@ -233,8 +232,6 @@ func serveStandinMetrics(body string) int {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		_, _ = w.Write(data)
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second, MaxHeaderBytes: 8 << 10}
-	_ = hs.Serve(netutil.LimitListener(l, 16))
+	_ = httpbounds.Server(mux).Serve(httpbounds.Listener(l))
 	return 0
 }
