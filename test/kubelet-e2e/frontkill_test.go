@@ -60,19 +60,8 @@ func TestFrontKillsUnderKubelet(t *testing.T) {
 		if now, err := n.p.FrontPID(); err != nil || now == front {
 			t.Errorf("kill %d: the front is pid %d (%v), the killed one was %d", i+1, now, err, front)
 		}
-		// The kubelet's stream: ended once by the kill, then connected again.
-		err = testutil.Poll(context.Background(), restartLagLimit, "the kubelet to reconnect its event stream", func() (bool, error) {
-			m := n.plegMetrics()
-			return m.ConnSuccess >= before.ConnSuccess+float64(i+1), nil
-		})
-		m := n.plegMetrics()
+		m := n.streamBackAfterFrontKill(i+1, before, i+1)
 		t.Logf("kill %d: container restarted %s after the kill; %s", i+1, lags[i].Round(time.Millisecond), m)
-		if err != nil {
-			t.Errorf("kill %d: %v: %s", i+1, err, m)
-		}
-		if m.ConnError != before.ConnError+float64(i+1) {
-			t.Errorf("kill %d: the kubelet's stream errors went from %g to %g, want one per kill", i+1, before.ConnError, m.ConnError)
-		}
 	}
 
 	// The kubelet still acts on pleg-nri's events.
@@ -92,6 +81,25 @@ func TestFrontKillsUnderKubelet(t *testing.T) {
 		t.Errorf("the kubelet disabled its container-termination fast path")
 	}
 	t.Logf("front SIGKILL to the exited container's restart: %v", lags)
+}
+
+// streamBackAfterFrontKill checks the kubelet's event stream after the kill-th front kill of a test,
+// the kills-th of this kubelet's life since before: it was ended once per kill (no more), and it
+// connected again (within restartLagLimit). It returns the kubelet's metrics then.
+func (n *node) streamBackAfterFrontKill(kill int, before plegMetrics, kills int) plegMetrics {
+	n.t.Helper()
+	err := testutil.Poll(context.Background(), restartLagLimit, "the kubelet to reconnect its event stream", func() (bool, error) {
+		return n.plegMetrics().ConnSuccess >= before.ConnSuccess+float64(kills), nil
+	})
+	m := n.plegMetrics()
+	if err != nil {
+		n.t.Errorf("kill %d: %v: %s", kill, err, m)
+	}
+	if m.ConnError != before.ConnError+float64(kills) {
+		n.t.Errorf("kill %d: the kubelet's stream errors went from %g to %g in %d kills of this kubelet's life, want one per kill",
+			kill, before.ConnError, m.ConnError, kills)
+	}
+	return m
 }
 
 // coreGraceInTest is the core-grace TestCoreGoneUnderKubelet gives pleg-nri (20 s by default): short,
@@ -231,19 +239,9 @@ func TestSoakFrontKillsUnderKubelet(t *testing.T) {
 		if err != nil {
 			t.Errorf("kill %d: %v: the front is pid %d, the killed one was %d", i+1, err, now, front)
 		}
-		err = testutil.Poll(ctx, restartLagLimit, "the kubelet to reconnect its event stream", func() (bool, error) {
-			return n.plegMetrics().ConnSuccess >= before.ConnSuccess+float64(life+1), nil
-		})
-		m := n.plegMetrics()
+		m := n.streamBackAfterFrontKill(i+1, before, life+1)
 		t.Logf("kill %d (kubelet life %d, the exit %s after the kill): container restarted %s after its exit, %d restarts; %s",
 			i+1, lives, exited.Sub(killed).Round(time.Millisecond), lags[i].Round(time.Millisecond), restarts, m)
-		if err != nil {
-			t.Errorf("kill %d: %v: %s", i+1, err, m)
-		}
-		if m.ConnError != before.ConnError+float64(life+1) {
-			t.Errorf("kill %d: the kubelet's stream errors went from %g to %g in %d kills of this kubelet's life, want one per kill",
-				i+1, before.ConnError, m.ConnError, life+1)
-		}
 		life++
 	}
 	if c := n.k.CountLog("disabling container-termination fast path"); c > 0 {
