@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"sync"
 	"sync/atomic"
@@ -234,23 +236,22 @@ func (s *stopRefresher) callCtx(ctx context.Context) (context.Context, context.C
 
 // serveRefreshStopped answers RefreshStoppedMethod on the core's socket.
 func (p *Proxy) serveRefreshStopped(ss grpc.ServerStream) error {
-	var req frame
+	var req grpcraw.Frame
 	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	b := req.bytes()
-	req.free()
+	b := req.Keep()
 	var id wrapperspb.StringValue
 	if err := proto.Unmarshal(b, &id); err != nil || id.GetValue() == "" {
 		return status.Error(codes.InvalidArgument, "RefreshStopped: want a google.protobuf.StringValue with an id")
 	}
 	p.refreshStopped(id.GetValue())
 	// An empty frame is google.protobuf.Empty encoded.
-	return ss.SendMsg(&frame{})
+	return ss.SendMsg(&grpcraw.Frame{})
 }
 
 // RefreshStopped asks the core behind the relay for a refresh of id's STOPPED (RefreshStoppedMethod).
 func (r *Relay) RefreshStopped(ctx context.Context, id string) error {
 	var out emptypb.Empty
-	return r.conn.Invoke(ctx, RefreshStoppedMethod, wrapperspb.String(id), &out, grpc.ForceCodecV2(rawCodec{}))
+	return r.conn.Invoke(ctx, RefreshStoppedMethod, wrapperspb.String(id), &out, grpc.ForceCodecV2(grpcraw.Codec{}))
 }

@@ -5,6 +5,8 @@ package kubelet
 // already connected keep their event stream and their calls.
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"encoding/binary"
 	"errors"
@@ -170,9 +172,9 @@ func TestServerSurvivesBadClients(t *testing.T) {
 		big := make([]byte, dial.MaxMsgSize+1)
 		ctx := testCtx(t)
 		for _, method := range []string{"/runtime.v1.RuntimeService/Version", GetContainerEventsMethod} {
-			var out frame
-			err := conn.Invoke(ctx, method, &frame{data: big}, &out, grpc.ForceCodecV2(rawCodec{}))
-			out.free()
+			var out grpcraw.Frame
+			err := conn.Invoke(ctx, method, &grpcraw.Frame{Data: big}, &out, grpc.ForceCodecV2(grpcraw.Codec{}))
+			out.Free()
 			if status.Code(err) != codes.ResourceExhausted {
 				t.Errorf("%s with a %d-byte request: %v, want ResourceExhausted", method, len(big), err)
 			}

@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"errors"
 	"fmt"
@@ -116,13 +118,13 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	if p.refresh != nil {
 		refreshSeq, wake = p.refresh.position()
 	}
-	var f frame
+	var f grpcraw.Frame
 	send := func(b []byte) error {
 		if p.fresh != nil {
 			// Before the send: a read the event causes must find the object tracked.
 			p.fresh.observe(b)
 		}
-		f.data = b
+		f.Data = b
 		return ss.SendMsg(&f)
 	}
 	for {

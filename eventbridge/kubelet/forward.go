@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"errors"
 	"io"
@@ -15,16 +17,16 @@ import (
 // event stream is ahead of the runtime (fix, see readFixOf) goes through invokeFresh.
 func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {
 	c := unaryCall{method: method}
-	defer c.free()
+	defer c.release()
 	if err := ss.RecvMsg(&c.req); err != nil {
 		return err
 	}
 	if p.reads != nil && mutating(method) {
-		defer p.reads.muts.begin(method, firstString(c.req.bytes()))()
+		defer p.reads.muts.begin(method, firstString(c.req.Bytes()))()
 	}
 	var settleID string
 	if p.settle != nil && p.settle.wants(method) {
-		settleID = firstString(c.req.bytes())
+		settleID = firstString(c.req.Bytes())
 	}
 	ctx := outgoingContext(ss.Context())
 	if fix == nil {
@@ -42,8 +44,8 @@ func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) 
 // (message, header, trailer, error) as the client is to get it.
 type unaryCall struct {
 	method   string
-	req      frame
-	resp     frame
+	req      grpcraw.Frame
+	resp     grpcraw.Frame
 	hdr, trl metadata.MD
 	err      error
 	// raw is the runtime's answer before the overlay rewrote it (nil: resp is the runtime's answer).
@@ -56,17 +58,15 @@ func (c *unaryCall) recv(ss grpc.ServerStream) error {
 	if err := ss.RecvMsg(&c.req); err != nil {
 		return err
 	}
-	b := c.req.bytes()
-	c.req.free()
-	c.req.data = b
+	c.req.Keep()
 	return nil
 }
 
 // invoke sends the request to the runtime; its answer replaces the previous one.
 func (c *unaryCall) invoke(ctx context.Context, backend *grpc.ClientConn) {
-	c.resp.free()
+	c.resp.Free()
 	c.hdr, c.trl, c.raw = nil, nil, nil
-	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(rawCodec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
+	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(grpcraw.Codec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
 }
 
 // reply gives the client the answer: the runtime's header and trailer (see forwardableMD), then its
@@ -85,9 +85,9 @@ func (c *unaryCall) reply(ss grpc.ServerStream) error {
 }
 
 // free releases the buffers the call still holds.
-func (c *unaryCall) free() {
-	c.req.free()
-	c.resp.free()
+func (c *unaryCall) release() {
+	c.req.Free()
+	c.resp.Free()
 }
 
 // streamDesc describes every forwarded call: a bidirectional stream is the general form of all four
@@ -100,7 +100,7 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 	ctx, cancel := context.WithCancel(outgoingContext(ss.Context()))
 	defer cancel()
 
-	cs, err := p.backend.NewStream(ctx, streamDesc, method, grpc.ForceCodecV2(rawCodec{}))
+	cs, err := p.backend.NewStream(ctx, streamDesc, method, grpc.ForceCodecV2(grpcraw.Codec{}))
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 	// call: ctx is canceled when this handler returns).
 	go func() {
 		for {
-			var f frame
+			var f grpcraw.Frame
 			if err := ss.RecvMsg(&f); err != nil {
 				if errors.Is(err, io.EOF) {
 					_ = cs.CloseSend()
@@ -117,7 +117,7 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 				return
 			}
 			err := cs.SendMsg(&f)
-			f.free()
+			f.Free()
 			if err != nil {
 				// The backend ended the call; RecvMsg below returns its status.
 				return
@@ -132,7 +132,7 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 		}
 	}
 	for {
-		var f frame
+		var f grpcraw.Frame
 		if err := cs.RecvMsg(&f); err != nil {
 			ss.SetTrailer(forwardableMD(cs.Trailer()))
 			if errors.Is(err, io.EOF) {
@@ -141,7 +141,7 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string) error {
 			return err
 		}
 		err := ss.SendMsg(&f)
-		f.free()
+		f.Free()
 		if err != nil {
 			return err
 		}

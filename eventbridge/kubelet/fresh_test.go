@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"fmt"
 	"path/filepath"
@@ -410,7 +412,7 @@ func (s *sendCheck) RecvMsg(m any) error {
 	return proto.Unmarshal(s.req, m.(proto.Message))
 }
 func (s *sendCheck) SendMsg(m any) error {
-	id, _, _, _ := peekEvent(m.(*frame).data)
+	id, _, _, _ := peekEvent(m.(*grpcraw.Frame).Data)
 	s.sent <- s.tracker.container(id) != nil || s.tracker.sandbox(id)
 	return nil
 }

@@ -36,10 +36,8 @@ func (p *Proxy) readFixOf(method string) *readFix {
 // The calls are made on the caller's goroutine. It returns an error only when ctx ends while the read is
 // held: the client gets that error and none of the runtime's answers.
 func (p *Proxy) invokeFresh(ctx context.Context, c *unaryCall, fix *readFix) error {
-	// The request may be sent more than once, or read: keep its bytes (a sent buffer goes to gRPC).
-	b := c.req.bytes()
-	c.req.free()
-	c.req.data = b
+	// The request may be sent more than once, or read.
+	c.req.Keep()
 	if p.freshMode == ReadFreshnessOverlay {
 		p.invokeOverlaid(ctx, c, fix)
 		return nil
@@ -53,13 +51,13 @@ func (p *Proxy) invokeOverlaid(ctx context.Context, c *unaryCall, fix *readFix) 
 	if c.err != nil {
 		return
 	}
-	answer := c.resp.bytes()
+	answer := c.resp.Bytes()
 	if !p.fresh.mentioned(answer) {
 		return // nothing in it is ahead of the runtime
 	}
-	if b := fix.overlay(p.fresh, c.req.data, answer); b != nil {
-		c.resp.free()
-		c.resp.data = b
+	if b := fix.overlay(p.fresh, c.req.Data, answer); b != nil {
+		c.resp.Free()
+		c.resp.Data = b
 		c.raw = answer
 		if m, ok := p.metrics.(FreshnessMetrics); ok {
 			m.OverlaidRead(c.method)
@@ -76,7 +74,7 @@ func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) erro
 		c.invoke(ctx, p.backend)
 		var stale []string
 		if c.err == nil {
-			if answer := c.resp.bytes(); p.fresh.mentioned(answer) {
+			if answer := c.resp.Bytes(); p.fresh.mentioned(answer) {
 				stale = fix.stale(p.fresh, answer)
 			}
 		}
@@ -101,7 +99,7 @@ func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) erro
 			return nil
 		}
 		held = true
-		c.resp.free()
+		c.resp.Free()
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():

@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"fmt"
 	"runtime"
@@ -184,7 +186,7 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 func (p *Proxy) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.Creds(p.creds),
-		grpc.ForceServerCodecV2(rawCodec{}),
+		grpc.ForceServerCodecV2(grpcraw.Codec{}),
 		grpc.UnknownServiceHandler(p.handleRecovering),
 		grpc.MaxRecvMsgSize(dial.MaxMsgSize),
 		grpc.MaxSendMsgSize(dial.MaxMsgSize),

@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"fmt"
 	"io"
@@ -27,10 +29,10 @@ func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req prot
 	if err != nil {
 		return nil, err
 	}
-	var out frame
-	defer out.free()
-	err = conn.Invoke(ctx, method, &frame{data: in}, &out, append(opts, grpc.ForceCodecV2(rawCodec{}))...)
-	return out.bytes(), err
+	var out grpcraw.Frame
+	defer out.Free()
+	err = conn.Invoke(ctx, method, &grpcraw.Frame{Data: in}, &out, append(opts, grpc.ForceCodecV2(grpcraw.Codec{}))...)
+	return out.Bytes(), err
 }
 
 func TestProxyUnaryByteEqual(t *testing.T) {

@@ -68,12 +68,12 @@ func (p *Proxy) stateRead(method, result string) {
 // compared with the state's (check mode).
 func (p *Proxy) serveRead(ss grpc.ServerStream, method string, fix *readFix) error {
 	c := unaryCall{method: method}
-	defer c.free()
+	defer c.release()
 	if err := c.recv(ss); err != nil {
 		return err
 	}
 	ctx := ss.Context()
-	req := c.req.data
+	req := c.req.Data
 	blocked, begun := p.reads.muts.blocks(method, firstString(req))
 	var before []byte
 	ok := false
@@ -84,7 +84,7 @@ func (p *Proxy) serveRead(ss grpc.ServerStream, method string, fix *readFix) err
 	// or after its change, is one the runtime could give.
 	if ok && p.reads.source == ReadSourceState {
 		p.stateRead(method, StateReadState)
-		c.resp.data = before
+		c.resp.Data = before
 		return c.reply(ss)
 	}
 	start := p.now()
@@ -108,7 +108,7 @@ func (p *Proxy) serveRead(ss grpc.ServerStream, method string, fix *readFix) err
 // check compares the state's answer (before, asked before the runtime) with the runtime's in c, when
 // nothing changed meanwhile: no mutating call began, and the state answers the same after.
 func (p *Proxy) check(ctx context.Context, c *unaryCall, begun uint64, before []byte) {
-	after, ok := p.reads.state.ReadState(ctx, c.method, c.req.data)
+	after, ok := p.reads.state.ReadState(ctx, c.method, c.req.Data)
 	if !ok || !bytes.Equal(before, after) || !p.reads.muts.quietSince(begun) {
 		p.stateRead(c.method, StateReadInconclusive)
 		return
@@ -123,7 +123,7 @@ func (p *Proxy) check(ctx context.Context, c *unaryCall, begun uint64, before []
 	default:
 		runtimeAnswer := c.raw
 		if runtimeAnswer == nil {
-			runtimeAnswer = c.resp.bytes()
+			runtimeAnswer = c.resp.Bytes()
 		}
 		var err error
 		if diffs, err = compareAnswers(c.method, before, runtimeAnswer); err != nil {

@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"path/filepath"
 	"slices"
@@ -336,8 +338,8 @@ func TestReadSourceStateThroughTheCore(t *testing.T) {
 		t.Errorf("ListContainers the state cannot answer = %v, %v; want the runtime's", got, err)
 	}
 	// The core's state methods answer nothing else.
-	var out frame
-	if err := relay.conn.Invoke(ctx, StateMethodPrefix+"Version", &frame{}, &out, grpc.ForceCodecV2(rawCodec{})); status.Code(err) != codes.Unimplemented {
+	var out grpcraw.Frame
+	if err := relay.conn.Invoke(ctx, StateMethodPrefix+"Version", &grpcraw.Frame{}, &out, grpc.ForceCodecV2(grpcraw.Codec{})); status.Code(err) != codes.Unimplemented {
 		t.Errorf("the core's state method Version: %v, want UNIMPLEMENTED", err)
 	}
 	stopCore()

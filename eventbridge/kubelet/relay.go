@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"errors"
 	"fmt"
@@ -153,7 +155,7 @@ type relayStream struct {
 var _ EncodedEventStream = (*relayStream)(nil)
 
 // getEventsRequest is GetContainerEvents' request, encoded: an empty GetEventsRequest.
-var getEventsRequest = &frame{}
+var getEventsRequest = &grpcraw.Frame{}
 
 // Next returns the next event, decoded.
 func (s *relayStream) Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error) {
@@ -182,11 +184,10 @@ func (s *relayStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		var f frame
+		var f grpcraw.Frame
 		err = up.RecvMsg(&f)
 		if err == nil {
-			b := f.bytes()
-			f.free()
+			b := f.Keep()
 			s.delivered = true
 			s.mu.Lock()
 			s.retry.Reset()
@@ -250,7 +251,7 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 			graceOver = time.AfterFunc(left, upCancel)
 		}
 		up, err := s.r.conn.NewStream(upCtx, &grpc.StreamDesc{ServerStreams: true}, GetContainerEventsMethod,
-			grpc.ForceCodecV2(rawCodec{}), grpc.WaitForReady(true))
+			grpc.ForceCodecV2(grpcraw.Codec{}), grpc.WaitForReady(true))
 		if !stopOpen() && err == nil {
 			err = ctx.Err()
 		}

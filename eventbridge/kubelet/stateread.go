@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+
 	"context"
 	"fmt"
 	"strings"
@@ -134,13 +136,13 @@ func (r *Relay) ReadState(ctx context.Context, method string, req []byte) ([]byt
 	}
 	ctx, cancel := context.WithTimeout(ctx, stateReadTimeout)
 	defer cancel()
-	var out frame
-	defer out.free()
-	if err := r.conn.Invoke(ctx, StateMethodPrefix+method[strings.LastIndexByte(method, '/')+1:], &frame{data: req}, &out,
-		grpc.ForceCodecV2(rawCodec{})); err != nil {
+	var out grpcraw.Frame
+	defer out.Free()
+	if err := r.conn.Invoke(ctx, StateMethodPrefix+method[strings.LastIndexByte(method, '/')+1:], &grpcraw.Frame{Data: req}, &out,
+		grpc.ForceCodecV2(grpcraw.Codec{})); err != nil {
 		return nil, false
 	}
-	return out.bytes(), true
+	return out.Bytes(), true
 }
 
 // stateReadTimeout bounds the front's question to the core: a core that does not answer at once
@@ -149,12 +151,11 @@ const stateReadTimeout = 500 * time.Millisecond
 
 // serveStateMethod answers a StateMethodPrefix method (the core's socket) from p.serveState.
 func (p *Proxy) serveStateMethod(ss grpc.ServerStream, method string) error {
-	var req frame
+	var req grpcraw.Frame
 	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	b := req.bytes()
-	req.free()
+	b := req.Keep()
 	cri := "/runtime.v1.RuntimeService/" + strings.TrimPrefix(method, StateMethodPrefix)
 	if stateMethods[cri] == nil {
 		return status.Errorf(codes.Unimplemented, "unknown state method %s", method)
@@ -163,7 +164,7 @@ func (p *Proxy) serveStateMethod(ss grpc.ServerStream, method string) error {
 	if !ok {
 		return status.Error(codes.FailedPrecondition, "the state is not current for this read: ask the runtime")
 	}
-	return ss.SendMsg(&frame{data: answer})
+	return ss.SendMsg(&grpcraw.Frame{Data: answer})
 }
 
 // mutations tracks the calls forwarded through the endpoint that may change what a read answers, from
