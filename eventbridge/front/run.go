@@ -93,10 +93,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer relay.Close()
 	pcfg := kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
-		ReadFreshness: kubelet.ReadFreshness(cfg.ReadFreshness), ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay}
-	if cfg.RefreshAfterStop {
-		pcfg.RefreshAfterStop = relay.RefreshStopped
-	}
+		ReadFreshness: kubelet.ReadFreshness(cfg.ReadFreshness), ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay,
+		Refresh: relay.RefreshStopped, RefreshAfterStop: cfg.RefreshAfterStop}
 	proxy, err := kubelet.NewProxy(pcfg)
 	if err != nil {
 		return fmt.Errorf("--read-freshness or --read-source: %w", err)

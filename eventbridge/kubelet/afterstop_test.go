@@ -74,7 +74,7 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = relay.Close() })
-	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: relay, ReadFreshness: ReadFreshnessOff, RefreshAfterStop: relay.RefreshStopped})
+	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: relay, ReadFreshness: ReadFreshnessOff, Refresh: relay.RefreshStopped, RefreshAfterStop: true})
 	p.settle.quiet, p.settle.max = quiet, maxWait
 	srv, err := NewServer("unix://"+filepath.Join(dir, "front.sock"), p)
 	if err != nil {

@@ -54,11 +54,11 @@ var errShuttingDown = status.Error(codes.Unavailable, "pleg-nri is shutting down
 // sent, until the subscription ends (its error is the stream's status), the client goes away or the
 // proxy shuts down.
 //
-// One goroutine, the pump, calls the subscription's Next; this one sends what it hands over, and the
-// refresh events (see refresh.go), and watches the client and the proxy's shutdown. No refresh and no
-// shutdown ever ends a Next: a Next ended early can lose what its subscription had queued (a Relay's
-// upstream stream ends, and the new one starts from now), and a Next that waits on a source that is
-// gone (a Relay whose core does not come back) must not keep the stream, and the server's stop, waiting.
+// One goroutine, the pump, calls the subscription's Next; this one sends what it hands over, and
+// watches the client and the proxy's shutdown. No shutdown ever ends a Next: a Next ended early can
+// lose what its subscription had queued (a Relay's upstream stream ends, and the new one starts from
+// now), and a Next that waits on a source that is gone (a Relay whose core does not come back) must
+// not keep the stream, and the server's stop, waiting.
 func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
@@ -113,11 +113,6 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 	// stream end finds its place free.
 	defer release()
 
-	var refreshSeq uint64
-	var wake <-chan struct{}
-	if p.refresh != nil {
-		refreshSeq, wake = p.refresh.position()
-	}
 	var f grpcraw.Frame
 	send := func(b []byte) error {
 		if p.fresh != nil {
@@ -139,18 +134,6 @@ func (p *Proxy) serveEvents(ss grpc.ServerStream) (err error) {
 			if !ev.sourceTime.IsZero() {
 				p.metrics.EventSent(p.now().Sub(ev.sourceTime))
 			} else {
-				p.metrics.EventSent(0)
-			}
-		case <-wake:
-			// The channel of the next refresh first, then the refreshes: one added in between is
-			// sent now and wakes this loop once more for nothing.
-			_, wake = p.refresh.position()
-			var refreshes [][]byte
-			refreshes, refreshSeq = p.refresh.since(refreshSeq)
-			for _, rb := range refreshes {
-				if err := send(rb); err != nil {
-					return err
-				}
 				p.metrics.EventSent(0)
 			}
 		case <-p.shutdown:

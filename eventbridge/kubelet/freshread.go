@@ -30,7 +30,7 @@ func (p *Proxy) readFixOf(method string) *readFix {
 //     reported stopped are shown as the stream reported them (one call);
 //   - in the hold mode, the first of the runtime's answers that shows none of them running, asking
 //     again freshRetryMin, doubling up to freshRetryMax, apart; once p.freshWait has passed, the last
-//     answer as it is, and the objects it still shows running are watched for a refresh event (see
+//     answer as it is, and the objects it still shows running are watched for a refresh (see
 //     refresh.go).
 //
 // The calls are made on the caller's goroutine. It returns an error only when ctx ends while the read is

@@ -53,9 +53,9 @@ type FreshnessMetrics interface {
 	OverlaidRead(method string)
 }
 
-// RefreshMetrics is implemented by a Metrics that wants to count the refresh events.
+// RefreshMetrics is implemented by a Metrics that wants to count the hold mode's refreshes.
 type RefreshMetrics interface {
-	// RefreshSent is called when a refresh event is handed to the open streams (caughtUp false: the
+	// RefreshSent is called when the event source took a refresh (caughtUp false: the
 	// runtime never showed the stop within the watch, and nothing was sent).
 	RefreshSent(caughtUp bool)
 }

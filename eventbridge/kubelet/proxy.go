@@ -43,8 +43,8 @@ type Proxy struct {
 	fresh     *stoppedTracker
 	freshMode ReadFreshness
 	freshWait time.Duration
-	// refresh, in the hold mode, watches the objects whose held reads gave up and sends the refresh
-	// events (see refresh.go).
+	// refresh, in the hold mode, watches the objects whose held reads gave up and asks for their
+	// refresh (see refresh.go).
 	refresh *refresher
 	// settle, on the front, asks the core for a refresh after each stop its client made (see
 	// afterstop.go); refreshStopped, on the core, answers those requests.
@@ -85,12 +85,16 @@ type ProxyConfig struct {
 	ReadFreshness ReadFreshness
 	// FreshnessWait bounds a held read; default DefaultFreshnessWait.
 	FreshnessWait time.Duration
-	// RefreshAfterStop, when set, is called after each StopContainer or StopPodSandbox the runtime
-	// answered, once the client's calls about that pod have been quiet for a moment, with the id of
-	// the object stopped last (the sandbox once it was stopped): the front asks the core, through
-	// Relay.RefreshStopped, to send its STOPPED again (see afterstop.go). Best effort: its error is
-	// logged at debug level.
-	RefreshAfterStop func(ctx context.Context, id string) error
+	// Refresh asks the event source to send its STOPPED of an object (container or sandbox id) again,
+	// stamped now, to every subscriber: the front's is Relay.RefreshStopped (the core fills it from its
+	// state, in order with the pod's other events). The hold mode asks for it once the runtime caught
+	// up with a read that gave up (refresh.go), and RefreshAfterStop after a stop; nil: neither does.
+	Refresh func(ctx context.Context, id string) error
+	// RefreshAfterStop, with Refresh, asks for the refresh after each StopContainer or StopPodSandbox
+	// the runtime answered, once the client's calls about that pod have been quiet for a moment, of
+	// the object stopped last (the sandbox once it was stopped; see afterstop.go). Best effort: an
+	// error is logged at debug level.
+	RefreshAfterStop bool
 	// RefreshStopped, when set, answers RefreshStoppedMethod (the core's socket): it is handed the id.
 	RefreshStopped func(id string)
 	// ReadSource says where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are
@@ -161,20 +165,20 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	case ReadFreshnessHold:
 		p.fresh = newStoppedTracker(now, stoppedTTL)
 	}
-	if cfg.RefreshAfterStop != nil {
-		p.settle = newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.RefreshAfterStop, now, p.shutdown)
+	if cfg.RefreshAfterStop && cfg.Refresh != nil {
+		p.settle = newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown)
 	}
 	p.refreshStopped = cfg.RefreshStopped
 	p.serveState = cfg.ServeState
 	if source != ReadSourceRuntime {
 		p.reads = &reads{source: source, state: cfg.State}
 	}
-	if p.freshMode == ReadFreshnessHold && p.events != nil {
+	if p.freshMode == ReadFreshnessHold && cfg.Refresh != nil {
 		var sent func(bool)
 		if m, ok := p.metrics.(RefreshMetrics); ok {
 			sent = m.RefreshSent
 		}
-		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), now, p.shutdown, sent)
+		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown, sent)
 	}
 	return p, nil
 }
