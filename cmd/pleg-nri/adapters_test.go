@@ -84,21 +84,17 @@ func TestEventSourceAdapter(t *testing.T) {
 	}
 }
 
-// TestCoreProxyMetrics: the core's event socket reports its sends to the core's send latency and its
-// runtime connection as "cri".
-func TestCoreProxyMetrics(t *testing.T) {
+// TestCoreLinkMetrics: the core's socket reports its sends to the core's send latency.
+func TestCoreLinkMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := coreProxyMetrics{core: pleg.NewPrometheusMetrics(reg), upstreams: promutil.NewUpstreams(reg)}
+	m := coreLinkMetrics{core: pleg.NewPrometheusMetrics(reg)}
 	m.EventSent(time.Millisecond)
-	m.UpstreamConnectionState(true)
 	var b strings.Builder
 	if err := promutil.Write(&b, reg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pleg_nri_event_send_latency_seconds_count 1", `pleg_nri_upstream_connected{upstream="cri"} 1`} {
-		if !strings.Contains(b.String(), want+"\n") {
-			t.Errorf("the metrics lack %s", want)
-		}
+	if want := "pleg_nri_event_send_latency_seconds_count 1"; !strings.Contains(b.String(), want+"\n") {
+		t.Errorf("the metrics lack %s", want)
 	}
 }
 

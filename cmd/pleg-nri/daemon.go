@@ -15,12 +15,12 @@ import (
 	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
+	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/config"
@@ -111,8 +111,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	}
 
 	// The kubelet's endpoint belongs to the front, which outlives this process (package front); the core
-	// serves its events (and forwards like the front, for `pleg-nri events` and tests) on its own
-	// socket, where the front subscribes.
+	// serves its events on its own socket, where the front subscribes (package corelink).
 	backend, err := conns.Get(cfg.RuntimeEndpoint)
 	if err != nil {
 		return fmt.Errorf("config key \"runtime-endpoint\": %w", err)
@@ -137,7 +136,12 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		}
 	}
 
-	srv, stopSocket, err := serveCoreEvents(ctx, cfg, backend, core, coreProxyMetrics{core: m, upstreams: upstreams,
+	// The runtime's connection, for /readyz (the "cri" upstream).
+	comps.run(ctx, "runtime connection", func(ctx context.Context) error {
+		kubelet.WatchConnection(ctx, backend, func(up bool) { upstreams.Set("cri", up, false) })
+		return nil
+	})
+	srv, stopSocket, err := serveCoreEvents(ctx, cfg, core, coreLinkMetrics{core: m,
 		refused: kubelet.NewRefusedPeersMetric(reg).WithLabelValues(kubelet.SocketCore)})
 	if err != nil {
 		return err
@@ -324,21 +328,16 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 	return core, unlock, nil
 }
 
-// serveCoreEvents serves the core's events on its socket in the run directory, where the front
-// subscribes; it forwards every other call to backend. stop stops it, the first time it is called.
-func serveCoreEvents(ctx context.Context, cfg config.Config, backend *grpc.ClientConn, core *pleg.PLEG, m coreProxyMetrics) (srv *kubelet.Server, stop func(), err error) {
-	// The core's socket forwards plainly: read freshness is the front's, fed by the events it serves.
-	// It also answers the front's refresh requests (refresh-after-stop) and its reads from the state
-	// (read-source); only a front configured so asks. Its client is the front, whose relay carries all
-	// of the kubelet's endpoint's streams over one connection: kubelet.CoreMaxEventStreams.
-	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: eventSource{core},
-		Metrics: m, ReadFreshness: kubelet.ReadFreshnessOff, RefreshStopped: core.RefreshStopped,
-		ServeState:      kubelet.EncodeStateReader(core),
-		MaxEventStreams: kubelet.CoreMaxEventStreams, MaxEventStreamsPerConnection: kubelet.CoreMaxEventStreams})
+// serveCoreEvents serves the core's side of the core link (corelink.Core) on its socket in the run
+// directory, where the front subscribes: the core's events, and the front's refresh requests
+// (refresh-after-stop, the hold mode) and reads from the state (read-source). It forwards nothing: the
+// kubelet's endpoint is the front's. stop stops it, the first time it is called.
+func serveCoreEvents(ctx context.Context, cfg config.Config, core *pleg.PLEG, m coreLinkMetrics) (srv *kubelet.Server, stop func(), err error) {
+	link, err := corelink.NewCore(corelink.CoreConfig{Events: eventSource{core}, Metrics: m, RefreshStopped: core.RefreshStopped, State: core})
 	if err != nil {
 		return nil, nil, err
 	}
-	if srv, err = kubelet.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), proxy); err != nil {
+	if srv, err = kubelet.NewServer("unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName), link); err != nil {
 		return nil, nil, fmt.Errorf("config key \"run-dir\": %w", err)
 	}
 	l, err := kubelet.Listen(ctx, "unix://"+filepath.Join(cfg.RunDirectory(), front.CoreSocketName))
@@ -422,7 +421,7 @@ var (
 	_ plugin.Observer            = observerFunc(nil)
 	_ containerd.Observer        = observerFunc(nil)
 	_ kubelet.EventSource        = eventSource{}
-	_ kubelet.StateReader        = (*pleg.PLEG)(nil)
+	_ corelink.StateReader       = (*pleg.PLEG)(nil)
 	_ kubelet.EncodedEventStream = eventStream{}
 )
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
-	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
@@ -15,22 +14,18 @@ import (
 // upstreams' in promutil.Upstreams), registered on one registry; the front keeps the kubelet endpoint's
 // (kubelet.PrometheusMetrics) in its process, and the core's /metrics serves both (front.Gatherer).
 
-// coreProxyMetrics are the metrics of the core's event socket, whose client is the front: the send
-// latency (the core's) and the runtime connection ("cri", for /readyz). Forwarded calls and the
-// kubelet's streams are the front's.
-type coreProxyMetrics struct {
+// coreLinkMetrics are the metrics of the core's socket (corelink.Core), whose client is the front: the
+// send latency (the core's). The kubelet's streams are the front's.
+type coreLinkMetrics struct {
 	kubelet.NopMetrics
-	core      *pleg.PrometheusMetrics
-	upstreams *promutil.Upstreams
+	core *pleg.PrometheusMetrics
 	// refused counts the connections the core's socket refused (kubelet.OnRefusedPeer); nil: none.
 	refused prometheus.Counter
 }
 
-var _ kubelet.Metrics = coreProxyMetrics{}
+var _ kubelet.Metrics = coreLinkMetrics{}
 
-func (p coreProxyMetrics) EventSent(latency time.Duration) { p.core.EventSent(latency) }
-
-func (p coreProxyMetrics) UpstreamConnectionState(up bool) { p.upstreams.Set("cri", up, false) }
+func (p coreLinkMetrics) EventSent(latency time.Duration) { p.core.EventSent(latency) }
 
 // buildInfo is pleg_nri_build_info: 1 for each process, labelled with its version. The core's is this
 // process's; the front's is asked on its control socket at each scrape (a front is kept across

@@ -35,7 +35,7 @@ type Config struct {
 	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
 	// the core's state (asked on its socket) with state, and compares them with check.
 	ReadSource string
-	// CoreGrace is the daemon's core-grace key (kubelet.RelayConfig.CoreGrace): how long the core may be
+	// CoreGrace is the daemon's core-grace key (corelink.RelayConfig.CoreGrace): how long the core may be
 	// gone before the front ends its clients' event streams; 0 never.
 	CoreGrace time.Duration
 	// Version is the binary's version, which the front tells on its control socket (not a flag: a

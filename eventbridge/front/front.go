@@ -2,7 +2,7 @@
 //
 // The front is the small, long-lived process that owns the kubelet's CRI endpoint (--listen) and its
 // connections: it forwards every CRI call to containerd (kubelet.Proxy) and relays the event stream
-// it gets from the core over the core's event socket (kubelet.Relay). The core (NRI plugin, state,
+// it gets from the core over the core's event socket (corelink.Relay). The core (NRI plugin, state,
 // relist, checkpoint) can then be restarted, killed or upgraded without ending the kubelet's stream: the
 // front subscribes again and the core's startup replay fills the gap. See docs/restarts.md.
 //

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
@@ -94,17 +95,11 @@ func newNode(t *testing.T) *node {
 // startCore serves the core's event socket in the run directory, as the daemon does.
 func (n *node) startCore(t *testing.T) {
 	t.Helper()
-	backend, err := dial.CRI(n.runtime)
+	core, err := corelink.NewCore(corelink.CoreConfig{Events: chanSource{n.events}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = backend.Close() })
-	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: chanSource{n.events},
-		ReadFreshness: kubelet.ReadFreshnessOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := kubelet.NewServer("unix://"+filepath.Join(n.runDir, CoreSocketName), proxy)
+	srv, err := kubelet.NewServer("unix://"+filepath.Join(n.runDir, CoreSocketName), core)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
@@ -81,9 +82,9 @@ func Run(ctx context.Context, cfg Config) error {
 	refused := kubelet.NewRefusedPeersMetric(reg)
 	kubelet.OnRefusedPeer(lis, refused.WithLabelValues(kubelet.SocketCRI).Inc)
 	kubelet.OnRefusedPeer(ctl, refused.WithLabelValues(kubelet.SocketControl).Inc)
-	relay, err := kubelet.DialRelay(kubelet.RelayConfig{
+	relay, err := corelink.DialRelay(corelink.RelayConfig{
 		Endpoint:     "unix://" + filepath.Join(cfg.RunDir, CoreSocketName),
-		Gate:         kubelet.NewRuntimeGate(ctx, backend),
+		Gate:         corelink.NewRuntimeGate(ctx, backend),
 		Resubscribed: em.Resubscribed,
 		CoreGrace:    cfg.CoreGrace,
 		CoreGone:     em.CoreGone,

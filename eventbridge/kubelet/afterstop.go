@@ -1,21 +1,13 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/emptypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -28,16 +20,11 @@ import (
 //
 // The endpoint sees the stop (StopContainer, StopPodSandbox) and the reads the kubelet makes of the pod
 // right after it, the last calls of that sync. Once the client's calls about the pod have been quiet
-// for afterStopQuiet, the endpoint asks the core (RefreshStoppedMethod on the core's socket) to send
-// the stopped object's STOPPED again: the core stamps it after everything it sent for the pod and
-// fills it from its state, in order with the pod's other events (pleg.PLEG.RefreshStopped).
+// for afterStopQuiet, the endpoint asks the event source (ProxyConfig.Refresh: the core, through
+// corelink.Relay.RefreshStopped) to send the stopped object's STOPPED again: the core stamps it after
+// everything it sent for the pod and fills it from its state, in order with the pod's other events
+// (pleg.PLEG.RefreshStopped).
 const (
-	// RefreshStoppedMethod is the core's own method, on its event socket only (not part of the CRI): its
-	// request is a google.protobuf.StringValue holding the id of a container or sandbox, its answer a
-	// google.protobuf.Empty. A core that does not know it forwards it to the runtime, which answers
-	// UNIMPLEMENTED.
-	RefreshStoppedMethod = "/plegnri.v1.Core/RefreshStopped"
-
 	// afterStopQuiet is how long the client's calls about a stopped pod must have been quiet: the
 	// kubelet ends its sync within microseconds of its last read.
 	afterStopQuiet = 50 * time.Millisecond
@@ -232,26 +219,4 @@ func (s *stopRefresher) ask(ctx context.Context, id string) {
 // callCtx is a call's context: bounded, and ended by the proxy's shutdown.
 func (s *stopRefresher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return boundedCtx(ctx, afterStopCallTimeout, s.done)
-}
-
-// serveRefreshStopped answers RefreshStoppedMethod on the core's socket.
-func (p *Proxy) serveRefreshStopped(ss grpc.ServerStream) error {
-	var req grpcraw.Frame
-	if err := ss.RecvMsg(&req); err != nil {
-		return err
-	}
-	b := req.Keep()
-	var id wrapperspb.StringValue
-	if err := proto.Unmarshal(b, &id); err != nil || id.GetValue() == "" {
-		return status.Error(codes.InvalidArgument, "RefreshStopped: want a google.protobuf.StringValue with an id")
-	}
-	p.refreshStopped(id.GetValue())
-	// An empty frame is google.protobuf.Empty encoded.
-	return ss.SendMsg(&grpcraw.Frame{})
-}
-
-// RefreshStopped asks the core behind the relay for a refresh of id's STOPPED (RefreshStoppedMethod).
-func (r *Relay) RefreshStopped(ctx context.Context, id string) error {
-	var out emptypb.Empty
-	return r.conn.Invoke(ctx, RefreshStoppedMethod, wrapperspb.String(id), &out, grpc.ForceCodecV2(grpcraw.Codec{}))
 }

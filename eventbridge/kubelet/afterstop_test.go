@@ -54,8 +54,8 @@ type refreshAsk struct {
 	at time.Time
 }
 
-// afterStopEnv is the front's proxy (RefreshAfterStop through a Relay) in front of stopRuntime, and the
-// core's proxy answering the refresh requests into asks.
+// afterStopEnv is the front's proxy (RefreshAfterStop) in front of stopRuntime, whose refreshes go to
+// asks (the front's go to the core: corelink.Relay.RefreshStopped).
 type afterStopEnv struct {
 	client runtimeapi.RuntimeServiceClient
 	asks   chan refreshAsk
@@ -67,14 +67,12 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 	rtPath := filepath.Join(dir, "rt.sock")
 	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{}) })
 	e := &afterStopEnv{asks: make(chan refreshAsk, 16)}
-	coreSrv, _ := startServer(t, filepath.Join(dir, "core.sock"), ProxyConfig{Backend: connect(t, rtPath), Events: newFakeSource(),
-		ReadFreshness: ReadFreshnessOff, RefreshStopped: func(id string) { e.asks <- refreshAsk{id, time.Now()} }})
-	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + coreSrv.Addr().String()})
-	if err != nil {
-		t.Fatal(err)
+	refresh := func(_ context.Context, id string) error {
+		e.asks <- refreshAsk{id, time.Now()}
+		return nil
 	}
-	t.Cleanup(func() { _ = relay.Close() })
-	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: relay, ReadFreshness: ReadFreshnessOff, Refresh: relay.RefreshStopped, RefreshAfterStop: true})
+	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: newFakeSource(), ReadFreshness: ReadFreshnessOff,
+		Refresh: refresh, RefreshAfterStop: true})
 	p.settle.quiet, p.settle.max = quiet, maxWait
 	srv, err := NewServer("unix://"+filepath.Join(dir, "front.sock"), p)
 	if err != nil {

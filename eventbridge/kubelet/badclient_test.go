@@ -5,8 +5,6 @@ package kubelet
 // already connected keep their event stream and their calls.
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"encoding/binary"
 	"errors"
@@ -26,6 +24,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
 // http2Preface is what every HTTP/2 client sends first.

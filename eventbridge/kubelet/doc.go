@@ -1,19 +1,19 @@
-// Package endpoint is the kubelet's side of pleg-nri: the CRI endpoint the kubelet talks to.
+// Package kubelet is the kubelet's side of pleg-nri: the CRI endpoint the kubelet talks to.
 //
 // A Server serves a Proxy: a gRPC server with no registered service that forwards every call, unary or
 // streaming, known or not, byte for byte to the runtime (containerd), and answers GetContainerEvents
-// itself from an EventSource, one subscription per stream. Status reads can be kept consistent with the
-// events already sent (ReadFreshness), and a stop the kubelet made can be followed by a fresh event
-// (ProxyConfig.RefreshAfterStop).
+// itself from an EventSource (EventService: one subscription per stream). Status reads can be kept
+// consistent with the events already sent (ReadFreshness), and a stop the kubelet made can be followed
+// by a fresh event (ProxyConfig.RefreshAfterStop).
 //
-// The kubelet's endpoint runs in pleg-nri's front process (package front), whose EventSource is a Relay
-// of the core's own endpoint (see docs/restarts.md); a Server hands its listening socket to a successor
-// with ListenerFile, SendFiles, ReceiveFiles and FileListener.
+// The kubelet's endpoint runs in pleg-nri's front process (package front), whose EventSource is a
+// corelink.Relay of the core's socket (see docs/restarts.md); a Server hands its listening socket to a
+// successor with ListenerFile, SendFiles, ReceiveFiles and FileListener.
 //
 //	kubelet --CRI--> Server/Proxy --every call, bytes--> containerd CRI
-//	                      ^ GetContainerEvents
+//	                      ^ GetContainerEvents (EventService)
 //	                      |
-//	                 EventSource: Relay of the core's endpoint (a Proxy over the pleg fan-out)
+//	                 EventSource: corelink.Relay of the core's socket (corelink.Core over the pleg fan-out)
 //
 // The package knows nothing of pleg-nri's state: events reach it as CRI messages.
 package kubelet

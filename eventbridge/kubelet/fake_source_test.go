@@ -43,13 +43,6 @@ func (s *fakeSource) publish(ev *runtimeapi.ContainerEventResponse) {
 	}
 }
 
-// last returns the stream opened last.
-func (s *fakeSource) last() *fakeStream {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.streams[len(s.streams)-1]
-}
-
 // nextOpened returns the next stream src opens, and fails t when none is opened.
 func nextOpened(t testing.TB, src *fakeSource) *fakeStream {
 	t.Helper()

@@ -1,8 +1,6 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"errors"
 	"io"
@@ -10,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
 // forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client

@@ -1,8 +1,6 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"fmt"
 	"path/filepath"
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -436,7 +435,7 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	req, _ := proto.Marshal(&runtimeapi.GetEventsRequest{})
 	ss := &sendCheck{ctx: ctx, tracker: p.fresh, req: req, sent: make(chan bool, 10)}
 	done := make(chan error, 1)
-	go func() { done <- p.serveEvents(ss) }()
+	go func() { done <- p.events.Serve(ss) }()
 	nextOpened(t, src)
 	for _, ev := range stoppedEvents() {
 		src.publish(ev)
@@ -445,7 +444,7 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 		}
 	}
 	cancel()
-	recv(t, done, "serveEvents to return")
+	recv(t, done, "Serve to return")
 }
 
 // TestReadFreshnessRefresh (issue 11, item 7; issue 57): when a held read gives up and answers the

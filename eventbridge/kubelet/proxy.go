@@ -1,8 +1,6 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"fmt"
 	"runtime"
@@ -21,6 +19,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
 // GetContainerEventsMethod is the one CRI method the proxy answers itself.
@@ -34,7 +33,7 @@ var _ grpc.StreamHandler = (*Proxy)(nil).Handle
 type Proxy struct {
 	backend *grpc.ClientConn
 	// events answers GetContainerEvents; nil forwards it to the runtime like any other method.
-	events  EventSource
+	events  *EventService
 	metrics Metrics
 	// now is the clock of the latency and duration metrics.
 	now func() time.Time
@@ -46,21 +45,13 @@ type Proxy struct {
 	// refresh, in the hold mode, watches the objects whose held reads gave up and asks for their
 	// refresh (see refresh.go).
 	refresh *refresher
-	// settle, on the front, asks the core for a refresh after each stop its client made (see
-	// afterstop.go); refreshStopped, on the core, answers those requests.
-	settle         *stopRefresher
-	refreshStopped func(id string)
+	// settle asks for a refresh after each stop its client made (see afterstop.go).
+	settle *stopRefresher
 	// reads, unless nil (ReadSourceRuntime), answers the reads from the state or checks them
-	// (stateread.go, readcheck.go); serveState answers StateMethodPrefix (the core's socket).
-	reads      *reads
-	serveState EncodedStateReader
+	// (stateread.go, readcheck.go).
+	reads *reads
 
-	// streams caps the open GetContainerEvents streams (streamlimit.go); creds numbers the connections
-	// for it.
-	streams streamLimiter
-	creds   connCredentials
-
-	// shutdown is closed by Shutdown: open event streams end with codes.Unavailable.
+	// shutdown is closed by Shutdown: the refreshes' calls end.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 }
@@ -95,8 +86,6 @@ type ProxyConfig struct {
 	// the object stopped last (the sandbox once it was stopped; see afterstop.go). Best effort: an
 	// error is logged at debug level.
 	RefreshAfterStop bool
-	// RefreshStopped, when set, answers RefreshStoppedMethod (the core's socket): it is handed the id.
-	RefreshStopped func(id string)
 	// ReadSource says where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are
 	// answered; "" is DefaultReadSource. ReadSourceState answers them from State when it says it is
 	// current for what is asked, and no mutating call forwarded by this proxy that may change the
@@ -108,17 +97,9 @@ type ProxyConfig struct {
 	// State answers the reads for ReadSourceState and ReadSourceCheck: on the front, its Relay (the
 	// core's state); required by those modes.
 	State EncodedStateReader
-	// ServeState, when set, answers StateMethodPrefix (the core's socket): EncodeStateReader of the
-	// core's state.
-	ServeState EncodedStateReader
-	// MaxEventStreams bounds the GetContainerEvents streams open at once; a stream beyond it ends at
-	// once with RESOURCE_EXHAUSTED (streamlimit.go). Default DefaultMaxEventStreams; negative: no
-	// bound.
-	MaxEventStreams int
-	// MaxEventStreamsPerConnection bounds them per client connection, likewise; default
-	// DefaultMaxEventStreamsPerConnection; negative: no bound. Connections are told apart only on a
-	// server made with ServerOptions (NewServer): elsewhere only MaxEventStreams holds.
-	MaxEventStreamsPerConnection int
+	// MaxEventStreams and MaxEventStreamsPerConnection bound the GetContainerEvents streams (see
+	// EventServiceConfig).
+	MaxEventStreams, MaxEventStreamsPerConnection int
 }
 
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
@@ -138,22 +119,13 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
 	}
-	if cfg.MaxEventStreams == 0 {
-		cfg.MaxEventStreams = DefaultMaxEventStreams
-	}
-	if cfg.MaxEventStreamsPerConnection == 0 {
-		cfg.MaxEventStreamsPerConnection = DefaultMaxEventStreamsPerConnection
-	}
 	p := &Proxy{
 		backend:   cfg.Backend,
-		events:    cfg.Events,
 		metrics:   cfg.Metrics,
 		now:       time.Now,
 		freshMode: mode,
 		freshWait: cfg.FreshnessWait,
 		shutdown:  make(chan struct{}),
-		streams:   streamLimiter{max: cfg.MaxEventStreams, perConn: cfg.MaxEventStreamsPerConnection},
-		creds:     newConnCredentials(),
 	}
 	if p.freshWait <= 0 {
 		p.freshWait = DefaultFreshnessWait
@@ -168,8 +140,6 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if cfg.RefreshAfterStop && cfg.Refresh != nil {
 		p.settle = newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown)
 	}
-	p.refreshStopped = cfg.RefreshStopped
-	p.serveState = cfg.ServeState
 	if source != ReadSourceRuntime {
 		p.reads = &reads{source: source, state: cfg.State}
 	}
@@ -180,18 +150,43 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		}
 		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown, sent)
 	}
+	if cfg.Events != nil {
+		ecfg := EventServiceConfig{Source: cfg.Events, Metrics: cfg.Metrics, MaxEventStreams: cfg.MaxEventStreams,
+			MaxEventStreamsPerConnection: cfg.MaxEventStreamsPerConnection}
+		if p.fresh != nil {
+			ecfg.Sending = p.fresh.observe
+		}
+		if p.events, err = NewEventService(ecfg); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
-// ServerOptions returns the options that make a grpc.Server the proxy: the pass-through codec, the
-// unknown-service handler, the kubelet's message size limits and transport credentials that number the
-// connections (no security, as without: see connCredentials). Register no service on that server, and
-// give it no other credentials.
-func (p *Proxy) ServerOptions() []grpc.ServerOption {
+// ServerOptions returns the options that make a grpc.Server the proxy (see the package function).
+func (p *Proxy) ServerOptions() []grpc.ServerOption { return ServerOptions(p.Handle) }
+
+// Shutdown ends every open GetContainerEvents stream (with codes.Unavailable) and makes new ones fail, so
+// that a graceful stop of the server does not wait for them. Forwarded calls are not affected.
+func (p *Proxy) Shutdown() {
+	p.shutdownOnce.Do(func() {
+		if p.events != nil {
+			p.events.Shutdown()
+		}
+		close(p.shutdown)
+	})
+}
+
+// ServerOptions returns the options that make a grpc.Server serve every method, known or not, with
+// handler: the pass-through codec (grpcraw), the kubelet's message size limits, transport credentials
+// that number the connections for the caps on event streams (no security, as without: see
+// connCredentials), and a panic in a call turned into that call's INTERNAL error. Register no service
+// on that server, and give it no other credentials.
+func ServerOptions(handler grpc.StreamHandler) []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.Creds(p.creds),
+		grpc.Creds(newConnCredentials()),
 		grpc.ForceServerCodecV2(grpcraw.Codec{}),
-		grpc.UnknownServiceHandler(p.handleRecovering),
+		grpc.UnknownServiceHandler(recovering(handler)),
 		grpc.MaxRecvMsgSize(dial.MaxMsgSize),
 		grpc.MaxSendMsgSize(dial.MaxMsgSize),
 		// Handle calls on a pool of goroutines whose stacks have already grown, rather than a new
@@ -200,25 +195,21 @@ func (p *Proxy) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// Shutdown ends every open GetContainerEvents stream (with codes.Unavailable) and makes new ones fail, so
-// that a graceful stop of the server does not wait for them. Forwarded calls are not affected.
-func (p *Proxy) Shutdown() {
-	p.shutdownOnce.Do(func() { close(p.shutdown) })
-}
-
-// handleRecovering is Handle, with a panic in it turned into that call's INTERNAL error: the endpoint
+// recovering is handler, with a panic in it turned into that call's INTERNAL error: the endpoint
 // carries every CRI call of the node, and a bug in one call must not end the process that serves
 // them all (a panic in another goroutine still does; the core then starts a new front).
-func (p *Proxy) handleRecovering(srv any, ss grpc.ServerStream) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			method, _ := grpc.MethodFromServerStream(ss)
-			log.G(ss.Context()).WithField("method", method).WithField("panic", r).WithField("stack", string(debug.Stack())).
-				Error("CRI endpoint: a call panicked")
-			err = status.Errorf(codes.Internal, "pleg-nri: internal error while handling %s (see pleg-nri's log)", method)
-		}
-	}()
-	return p.Handle(srv, ss)
+func recovering(handler grpc.StreamHandler) grpc.StreamHandler {
+	return func(srv any, ss grpc.ServerStream) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				method, _ := grpc.MethodFromServerStream(ss)
+				log.G(ss.Context()).WithField("method", method).WithField("panic", r).WithField("stack", string(debug.Stack())).
+					Error("CRI endpoint: a call panicked")
+				err = status.Errorf(codes.Internal, "pleg-nri: internal error while handling %s (see pleg-nri's log)", method)
+			}
+		}()
+		return handler(srv, ss)
+	}
 }
 
 // Handle is the grpc.StreamHandler of every method.
@@ -228,13 +219,7 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 		return status.Error(codes.Internal, "no method in stream")
 	}
 	if method == GetContainerEventsMethod && p.events != nil {
-		return p.serveEvents(ss)
-	}
-	if method == RefreshStoppedMethod && p.refreshStopped != nil {
-		return p.serveRefreshStopped(ss)
-	}
-	if p.serveState != nil && strings.HasPrefix(method, StateMethodPrefix) {
-		return p.serveStateMethod(ss, method)
+		return p.events.Serve(ss)
 	}
 	if p.reads.wants(method) {
 		return p.serveRead(ss, method, p.readFixOf(method))

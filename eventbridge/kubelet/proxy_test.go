@@ -1,8 +1,6 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 

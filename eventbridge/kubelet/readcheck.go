@@ -53,7 +53,7 @@ type reads struct {
 
 // wants says whether the reads of method go through serveRead.
 func (r *reads) wants(method string) bool {
-	return r != nil && r.source != ReadSourceRuntime && stateMethods[method] != nil
+	return r != nil && r.source != ReadSourceRuntime && stateReads[method]
 }
 
 // stateRead reports a read's result to the metrics.

@@ -1,8 +1,6 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"path/filepath"
 	"slices"
@@ -33,7 +31,7 @@ func TestParseReadSource(t *testing.T) {
 	}
 }
 
-// fakeState is a StateReader whose answers the test sets: nil is "not current".
+// fakeState is an EncodedStateReader whose answers the test sets: nil is "not current".
 type fakeState struct {
 	// mu guards everything below.
 	mu         sync.Mutex
@@ -46,7 +44,32 @@ type fakeState struct {
 	reads atomic.Int32
 }
 
-var _ StateReader = (*fakeState)(nil)
+var _ EncodedStateReader = (*fakeState)(nil)
+
+// ReadState answers the read of method from the answers set, encoded deterministically as the core does.
+func (s *fakeState) ReadState(ctx context.Context, method string, req []byte) ([]byte, bool) {
+	var m proto.Message
+	var ok bool
+	switch method {
+	case ContainerStatusMethod:
+		var r runtimeapi.ContainerStatusRequest
+		if proto.Unmarshal(req, &r) != nil {
+			return nil, false
+		}
+		m, ok = s.ContainerStatus(ctx, &r)
+	case ListContainersMethod:
+		m, ok = s.ListContainers(ctx, nil)
+	case PodSandboxStatusMethod:
+		m, ok = s.PodSandboxStatus(ctx, nil)
+	case ListPodSandboxMethod:
+		m, ok = s.ListPodSandbox(ctx, nil)
+	}
+	if !ok {
+		return nil, false
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	return b, err == nil
+}
 
 func answer[T any](s *fakeState, v *T) (*T, bool) {
 	s.mu.Lock()
@@ -141,7 +164,7 @@ func newReadEnv(t *testing.T, source ReadSource) *readEnv {
 	testutil.ServeGRPC(t, path, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) },
 		grpc.ForceServerCodec(deterministicCodec{}))
 	srv, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, path), Metrics: e.metrics,
-		ReadFreshness: ReadFreshnessOff, ReadSource: source, State: EncodeStateReader(e.state)})
+		ReadFreshness: ReadFreshnessOff, ReadSource: source, State: e.state})
 	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
 	return e
 }
@@ -305,45 +328,5 @@ func TestCompareAnswersNamesTheDifferingFields(t *testing.T) {
 	}
 	if _, err := compareAnswers("/runtime.v1.RuntimeService/Version", nil, nil); err == nil {
 		t.Error("compareAnswers of a method that is no read: no error")
-	}
-}
-
-// The front asks the core over its socket (Relay.ReadState, the core's ServeState); a core that is not
-// there leaves the read to the runtime.
-func TestReadSourceStateThroughTheCore(t *testing.T) {
-	dir := testutil.ShortTempDir(t, "rc-")
-	rt := newFakeRuntime(2)
-	backendPath := filepath.Join(dir, "backend.sock")
-	startBackend(t, backendPath, rt)
-	state := &fakeState{containers: map[string]*runtimeapi.ContainerStatusResponse{}}
-	core, stopCore := startServer(t, filepath.Join(dir, "core.sock"), ProxyConfig{Backend: connect(t, backendPath), Events: newFakeSource(),
-		ReadFreshness: ReadFreshnessOff, ServeState: EncodeStateReader(state)})
-	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + core.Addr().String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { relay.Close() })
-	front, _ := startServer(t, filepath.Join(dir, "front.sock"), ProxyConfig{Backend: connect(t, backendPath), Events: relay,
-		ReadFreshness: ReadFreshnessOff, ReadSource: ReadSourceState, State: relay})
-	client := runtimeapi.NewRuntimeServiceClient(connect(t, front.Addr().String()))
-	ctx := testCtx(t)
-
-	runtimeAnswer, _ := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: rt.containers[0].Id})
-	fromState := stateAnswer(runtimeAnswer)
-	state.containers[rt.containers[0].Id] = fromState
-	if got, err := client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: rt.containers[0].Id}); err != nil || !proto.Equal(got, fromState) {
-		t.Errorf("ContainerStatus = %v, %v; want the core's state's answer", got, err)
-	}
-	if got, err := client.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err != nil || len(got.GetContainers()) != 2 {
-		t.Errorf("ListContainers the state cannot answer = %v, %v; want the runtime's", got, err)
-	}
-	// The core's state methods answer nothing else.
-	var out grpcraw.Frame
-	if err := relay.conn.Invoke(ctx, StateMethodPrefix+"Version", &grpcraw.Frame{}, &out, grpc.ForceCodecV2(grpcraw.Codec{})); status.Code(err) != codes.Unimplemented {
-		t.Errorf("the core's state method Version: %v, want UNIMPLEMENTED", err)
-	}
-	stopCore()
-	if got, err := client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: rt.containers[0].Id}); err != nil || !proto.Equal(got, runtimeAnswer) {
-		t.Errorf("ContainerStatus with the core gone = %v, %v; want the runtime's answer", got, err)
 	}
 }

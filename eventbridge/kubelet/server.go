@@ -18,11 +18,26 @@ import (
 // of 2 minutes. A CRI client on the node completes it in well under a millisecond.
 const HandshakeTimeout = 5 * time.Second
 
-// Server is pleg-nri's CRI endpoint: a gRPC server made of a Proxy, on a listener opened by Listen.
+// Service is what a Server serves: a Proxy (the kubelet's endpoint), or the core's own service (package
+// corelink).
+type Service interface {
+	// ServerOptions makes the server the service (see the package function ServerOptions).
+	ServerOptions() []grpc.ServerOption
+	// Shutdown ends the service's open event streams and refuses new ones.
+	Shutdown()
+}
+
+// upstreamWatcher is a Service that reports the state of its connection to the runtime (Proxy).
+type upstreamWatcher interface {
+	WatchUpstream(ctx context.Context)
+}
+
+// Server is a gRPC server of a Service (pleg-nri's CRI endpoint, or the core's socket), on a listener
+// opened by Listen.
 type Server struct {
-	listen string
-	proxy  *Proxy
-	grpc   *grpc.Server
+	listen  string
+	service Service
+	grpc    *grpc.Server
 	// lis is set by Start.
 	lis net.Listener
 	// errCh receives the result of Serve, once.
@@ -33,25 +48,25 @@ type Server struct {
 	watchDone chan struct{}
 }
 
-// NewServer returns a server for the proxy on the listen address (see ParseEndpoint). extra
-// server options are added to the proxy's and to a HandshakeTimeout.
-func NewServer(listen string, proxy *Proxy, extra ...grpc.ServerOption) (*Server, error) {
+// NewServer returns a server of service (a *Proxy: the CRI endpoint) on the listen address (see
+// ParseEndpoint). extra server options are added to the service's and to a HandshakeTimeout.
+func NewServer(listen string, service Service, extra ...grpc.ServerOption) (*Server, error) {
 	if _, _, err := dial.ParseEndpoint(listen); err != nil {
 		return nil, err
 	}
-	if proxy == nil {
-		return nil, errors.New("nil proxy")
+	if p, ok := service.(*Proxy); service == nil || (ok && p == nil) {
+		return nil, errors.New("nil service")
 	}
 	return &Server{
-		listen: listen,
-		proxy:  proxy,
-		grpc:   grpc.NewServer(append(append(proxy.ServerOptions(), grpc.ConnectionTimeout(HandshakeTimeout)), extra...)...),
-		errCh:  make(chan error, 1),
+		listen:  listen,
+		service: service,
+		grpc:    grpc.NewServer(append(append(service.ServerOptions(), grpc.ConnectionTimeout(HandshakeTimeout)), extra...)...),
+		errCh:   make(chan error, 1),
 	}, nil
 }
 
 // Start listens (see Listen) and serves in a goroutine; a serving error is reported on Err. It also
-// starts watching the runtime connection for the metrics.
+// starts watching the runtime connection for the metrics (a Proxy's).
 func (s *Server) Start(ctx context.Context) error {
 	if s.lis != nil {
 		return errors.New("server already started")
@@ -70,13 +85,15 @@ func (s *Server) StartOn(ctx context.Context, l net.Listener) error {
 		return errors.New("server already started")
 	}
 	s.lis = l
-	watchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.stopWatch = cancel
-	s.watchDone = make(chan struct{})
-	go func() {
-		defer close(s.watchDone)
-		s.proxy.WatchUpstream(watchCtx)
-	}()
+	if w, ok := s.service.(upstreamWatcher); ok {
+		watchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.stopWatch = cancel
+		s.watchDone = make(chan struct{})
+		go func() {
+			defer close(s.watchDone)
+			w.WatchUpstream(watchCtx)
+		}()
+	}
 	go func() {
 		// ErrServerStopped: Stop came before Serve began, which is a stop like any other.
 		if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -113,7 +130,7 @@ func (s *Server) StopWithin(ctx context.Context, timeout time.Duration) {
 // Stop ends open event streams, lets forwarded calls finish until ctx is done, then closes every
 // connection; the socket file is removed. It is safe to call before Start.
 func (s *Server) Stop(ctx context.Context) {
-	s.proxy.Shutdown()
+	s.service.Shutdown()
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()

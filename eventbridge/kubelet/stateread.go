@@ -1,19 +1,10 @@
 package kubelet
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"fmt"
 	"strings"
 	"sync"
-	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // ReadSource says where the endpoint answers the kubelet's reads ListPodSandbox, ListContainers,
@@ -54,118 +45,17 @@ const (
 	ContainerStatusMethod  = "/runtime.v1.RuntimeService/ContainerStatus"
 )
 
-// StateReader answers the kubelet's reads from pleg-nri's state (pleg.PLEG implements it). Each method
-// returns ok false when the state is not known to be current for what is asked: the endpoint then asks
-// the runtime. An answer given must be the runtime's own (field for field; a list's entries in any
-// order), and the reader must not keep or modify it.
-type StateReader interface {
-	ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, bool)
-	ListContainers(ctx context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, bool)
-	PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, bool)
-	ContainerStatus(ctx context.Context, r *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, bool)
-}
-
-// EncodedStateReader is a StateReader on encoded messages: method is the read's full CRI method name
-// and req its encoded request; ok false says "ask the runtime". The front's is its Relay, which asks
-// the core (StateMethodPrefix); EncodeStateReader makes one of a StateReader.
+// EncodedStateReader answers the kubelet's reads from pleg-nri's state, on encoded messages: method is
+// the read's full CRI method name and req its encoded request; ok false says "ask the runtime" (the
+// state is not known to be current for what is asked). An answer given must be the runtime's own
+// (field for field; a list's entries in any order). The front's is its corelink.Relay, which asks the
+// core.
 type EncodedStateReader interface {
 	ReadState(ctx context.Context, method string, req []byte) (answer []byte, ok bool)
 }
 
-// StateMethodPrefix names the core's own methods (on its event socket only, not part of the CRI) that
-// answer a read from the state: StateMethodPrefix + "ListContainers" takes and gives the CRI's messages
-// of ListContainers, or fails with FAILED_PRECONDITION when the state is not current.
-const StateMethodPrefix = "/plegnri.v1.State/"
-
-// stateMethods decodes, per read, a request and asks a StateReader.
-var stateMethods = map[string]func(ctx context.Context, s StateReader, req []byte) (proto.Message, bool){
-	ListPodSandboxMethod: func(ctx context.Context, s StateReader, req []byte) (proto.Message, bool) {
-		var r runtimeapi.ListPodSandboxRequest
-		if proto.Unmarshal(req, &r) != nil {
-			return nil, false
-		}
-		return s.ListPodSandbox(ctx, &r)
-	},
-	ListContainersMethod: func(ctx context.Context, s StateReader, req []byte) (proto.Message, bool) {
-		var r runtimeapi.ListContainersRequest
-		if proto.Unmarshal(req, &r) != nil {
-			return nil, false
-		}
-		return s.ListContainers(ctx, &r)
-	},
-	PodSandboxStatusMethod: func(ctx context.Context, s StateReader, req []byte) (proto.Message, bool) {
-		var r runtimeapi.PodSandboxStatusRequest
-		if proto.Unmarshal(req, &r) != nil {
-			return nil, false
-		}
-		return s.PodSandboxStatus(ctx, &r)
-	},
-	ContainerStatusMethod: func(ctx context.Context, s StateReader, req []byte) (proto.Message, bool) {
-		var r runtimeapi.ContainerStatusRequest
-		if proto.Unmarshal(req, &r) != nil {
-			return nil, false
-		}
-		return s.ContainerStatus(ctx, &r)
-	},
-}
-
-// EncodeStateReader returns s as an EncodedStateReader. Its answers are encoded deterministically (maps
-// in key order), so that two answers of the same state are the same bytes.
-func EncodeStateReader(s StateReader) EncodedStateReader { return encodedState{s} }
-
-type encodedState struct{ s StateReader }
-
-func (e encodedState) ReadState(ctx context.Context, method string, req []byte) ([]byte, bool) {
-	read := stateMethods[method]
-	if read == nil {
-		return nil, false
-	}
-	m, ok := read(ctx, e.s, req)
-	if !ok {
-		return nil, false
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
-	return b, err == nil
-}
-
-// ReadState asks the core behind the relay to answer a read from its state (StateMethodPrefix); any
-// failure (the core restarting, its state not current) is "ask the runtime".
-func (r *Relay) ReadState(ctx context.Context, method string, req []byte) ([]byte, bool) {
-	if stateMethods[method] == nil {
-		return nil, false
-	}
-	ctx, cancel := context.WithTimeout(ctx, stateReadTimeout)
-	defer cancel()
-	var out grpcraw.Frame
-	defer out.Free()
-	if err := r.conn.Invoke(ctx, StateMethodPrefix+method[strings.LastIndexByte(method, '/')+1:], &grpcraw.Frame{Data: req}, &out,
-		grpc.ForceCodecV2(grpcraw.Codec{})); err != nil {
-		return nil, false
-	}
-	return out.Bytes(), true
-}
-
-// stateReadTimeout bounds the front's question to the core: a core that does not answer at once
-// (stuck, or going away) leaves the read to the runtime.
-const stateReadTimeout = 500 * time.Millisecond
-
-// serveStateMethod answers a StateMethodPrefix method (the core's socket) from p.serveState.
-func (p *Proxy) serveStateMethod(ss grpc.ServerStream, method string) error {
-	var req grpcraw.Frame
-	if err := ss.RecvMsg(&req); err != nil {
-		return err
-	}
-	b := req.Keep()
-	cri := "/runtime.v1.RuntimeService/" + strings.TrimPrefix(method, StateMethodPrefix)
-	if stateMethods[cri] == nil {
-		return status.Errorf(codes.Unimplemented, "unknown state method %s", method)
-	}
-	answer, ok := p.serveState.ReadState(ss.Context(), cri, b)
-	if !ok {
-		return status.Error(codes.FailedPrecondition, "the state is not current for this read: ask the runtime")
-	}
-	return ss.SendMsg(&grpcraw.Frame{Data: answer})
-}
+// stateReads are the reads the endpoint can answer from the state.
+var stateReads = map[string]bool{ListPodSandboxMethod: true, ListContainersMethod: true, PodSandboxStatusMethod: true, ContainerStatusMethod: true}
 
 // mutations tracks the calls forwarded through the endpoint that may change what a read answers, from
 // before they reach the runtime until its answer: containerd can show their effect before it calls the

@@ -25,10 +25,6 @@ const (
 	// DefaultMaxEventStreamsPerConnection bounds the event streams open at once on one client
 	// connection.
 	DefaultMaxEventStreamsPerConnection = 16
-	// CoreMaxEventStreams bounds the core's event socket, both in all and per connection: its client is
-	// the front, whose relay carries every stream of the kubelet's endpoint over one connection, and
-	// two fronts' during a takeover (the old front's streams end once the new one serves).
-	CoreMaxEventStreams = 2 * DefaultMaxEventStreams
 )
 
 // Which cap refused a stream: the limit label of StreamLimitMetrics.EventStreamRefused.

@@ -3,7 +3,6 @@ package kubelet
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,8 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // TestEventStreamCaps: with the default caps, a connection gets DefaultMaxEventStreamsPerConnection
@@ -91,56 +88,5 @@ func TestEventStreamCaps(t *testing.T) {
 	}
 	if d := cmp.Diff(map[string]int{StreamLimitConnection: 1, StreamLimitTotal: 1}, refusedBy); d != "" {
 		t.Errorf("refused streams by cap (-want +got):\n%s", d)
-	}
-}
-
-// TestEventStreamCapsThroughTheFront: the front's relay carries every stream of the kubelet's endpoint
-// to the core over one connection, so the core's socket has CoreMaxEventStreams in all and per
-// connection: the front's DefaultMaxEventStreams streams, from clients on DefaultMaxEventStreams /
-// DefaultMaxEventStreamsPerConnection connections, all get the core's events, and the front refuses the
-// next one itself. With the front's caps on the core instead, the core refuses the front's stream
-// DefaultMaxEventStreamsPerConnection+1, and its client gets that RESOURCE_EXHAUSTED.
-func TestEventStreamCapsThroughTheFront(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		coreLimit int // the core's caps, both
-		accepted  int // the front's streams that get events
-		says      string
-	}{
-		{"core caps", CoreMaxEventStreams, DefaultMaxEventStreams, fmt.Sprintf("at most %d in all", DefaultMaxEventStreams)},
-		{"front caps on the core", DefaultMaxEventStreamsPerConnection, DefaultMaxEventStreamsPerConnection, "at most 16 per connection"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := testutil.ShortTempDir(t, "eb-")
-			core := &upstreamCore{src: newFakeSource()}
-			_, core.stop = startServer(t, filepath.Join(dir, "core.sock"), ProxyConfig{Backend: runtimeConn(t), Events: core.src,
-				ReadFreshness: ReadFreshnessOff, MaxEventStreams: tc.coreLimit, MaxEventStreamsPerConnection: tc.coreLimit})
-			front, _, _ := frontOverRelay(t, dir, ReadFreshnessOff)
-			ctx := testCtx(t)
-			var clients []grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
-			var conn *grpc.ClientConn
-			for i := range tc.accepted + 1 {
-				if i%DefaultMaxEventStreamsPerConnection == 0 {
-					conn = connect(t, front.Addr().String())
-				}
-				c, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				clients = append(clients, c)
-				if i < tc.accepted {
-					nextOpened(t, core.src)
-				}
-			}
-			if _, err := clients[tc.accepted].Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("stream %d through the front: %v, want ResourceExhausted saying %q", tc.accepted+1, err, tc.says)
-			}
-			core.src.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
-			for i, c := range clients[:tc.accepted] {
-				if got := recvEvent(t, c); got.ContainerId != "c1" {
-					t.Fatalf("stream %d got %s", i, got.ContainerId)
-				}
-			}
-		})
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
+	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -72,7 +73,7 @@ type Config struct {
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
-	// without waiting for its 5 s cache tick (kubelet.RefreshStoppedMethod).
+	// without waiting for its 5 s cache tick (corelink.RefreshStoppedMethod).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
 	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand in a CREATED
 	// about its sandbox: a kubelet 1.35 or 1.36 writes it into its pod cache and acts on nothing, so its
@@ -85,7 +86,7 @@ type Config struct {
 	ReadSource string `json:"read-source"`
 	// CoreGrace is how long the front keeps its clients' event streams open while no core serves its
 	// events (a core killed and not restarted): then it ends them with UNAVAILABLE, so that the
-	// kubelet relists (kubelet.RelayConfig.CoreGrace). 0 disables it.
+	// kubelet relists (corelink.RelayConfig.CoreGrace). 0 disables it.
 	CoreGrace Duration `json:"core-grace"`
 }
 
@@ -110,7 +111,7 @@ func Default() Config {
 		StartupReplay:          Duration(time.Minute),
 		ReadFreshness:          string(kubelet.DefaultReadFreshness),
 		ReadSource:             string(kubelet.DefaultReadSource),
-		CoreGrace:              Duration(kubelet.DefaultCoreGrace),
+		CoreGrace:              Duration(corelink.DefaultCoreGrace),
 	}
 }
 

@@ -1,8 +1,6 @@
-package kubelet
+package corelink
 
 import (
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
-
 	"context"
 	"errors"
 	"fmt"
@@ -19,17 +17,19 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
-// Relay is an EventSource that takes its events from another CRI endpoint's GetContainerEvents: the
-// front's source, whose upstream is the core's event socket. Each subscription is one upstream stream;
-// when the upstream goes away (the core restarts: the stream ends with UNAVAILABLE or the connection
-// breaks) the subscription subscribes again, with backoff, and its own client notices nothing. Only an
-// end that says events were lost (the upstream evicted the subscriber as too slow:
-// RESOURCE_EXHAUSTED) ends the client's stream, with that status, so that the client relists. So does
-// an upstream that does not come back (RelayConfig.CoreGrace): the client's stream ends with
-// UNAVAILABLE rather than stay open and silent.
+// Relay is the front's side of the core link: a kubelet.EventSource whose events come from the core's
+// socket (Core's GetContainerEvents), and the client of the core's own methods (RefreshStopped,
+// ReadState). Each subscription is one upstream stream; when the upstream goes away (the core restarts:
+// the stream ends with UNAVAILABLE or the connection breaks) the subscription subscribes again, with
+// backoff, and its own client notices nothing. Only an end that says events were lost (the upstream
+// evicted the subscriber as too slow: RESOURCE_EXHAUSTED) ends the client's stream, with that status,
+// so that the client relists. So does an upstream that does not come back (RelayConfig.CoreGrace): the
+// client's stream ends with UNAVAILABLE rather than stay open and silent.
 //
 // A gapless stream across an upstream restart is the upstream's part: pleg-nri's core replays every
 // event since its start to a subscriber that comes within its startup-replay, and its checkpoint says
@@ -50,7 +50,8 @@ type Relay struct {
 // RelayConfig is everything a Relay is built from. As every component of pleg-nri, the relay takes one
 // Config struct and no functional options.
 type RelayConfig struct {
-	// Endpoint is the upstream CRI endpoint whose event stream is relayed (see dial.CRI). Required.
+	// Endpoint is the core's socket (see dial.CRI; any endpoint that serves GetContainerEvents).
+	// Required.
 	Endpoint string
 	// Gate, when set, holds each event before it is sent on until the runtime serves calls (at most
 	// RuntimeCatchUp), and no longer than the context of the Next that returns it lives: the front's,
@@ -118,7 +119,7 @@ func DialRelay(cfg RelayConfig) (*Relay, error) {
 func (r *Relay) Close() error { return r.conn.Close() }
 
 // Subscribe returns a subscription; its first upstream stream is opened by the first Next.
-func (r *Relay) Subscribe() EventStream {
+func (r *Relay) Subscribe() kubelet.EventStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &relayStream{r: r, ctx: ctx, cancel: cancel, lostAt: time.Now(),
 		retry: &backoff.ExponentialBackOff{InitialInterval: r.retryMin, Multiplier: 2, MaxInterval: r.retryMax}}
@@ -152,7 +153,7 @@ type relayStream struct {
 	delivered bool
 }
 
-var _ EncodedEventStream = (*relayStream)(nil)
+var _ kubelet.EncodedEventStream = (*relayStream)(nil)
 
 // getEventsRequest is GetContainerEvents' request, encoded: an empty GetEventsRequest.
 var getEventsRequest = &grpcraw.Frame{}
@@ -250,7 +251,7 @@ func (s *relayStream) upstream(ctx context.Context) (grpc.ClientStream, error) {
 		if left, ok := s.graceLeft(); ok {
 			graceOver = time.AfterFunc(left, upCancel)
 		}
-		up, err := s.r.conn.NewStream(upCtx, &grpc.StreamDesc{ServerStreams: true}, GetContainerEventsMethod,
+		up, err := s.r.conn.NewStream(upCtx, &grpc.StreamDesc{ServerStreams: true}, kubelet.GetContainerEventsMethod,
 			grpc.ForceCodecV2(grpcraw.Codec{}), grpc.WaitForReady(true))
 		if !stopOpen() && err == nil {
 			err = ctx.Err()

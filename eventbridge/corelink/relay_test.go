@@ -1,4 +1,4 @@
-package kubelet
+package corelink
 
 import (
 	"context"
@@ -14,37 +14,15 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
-
-// upstreamCore is a server like the core's event socket: a Proxy with a fakeSource, on a path, that
-// the test can stop (a restart of the core starts another on the same path).
-type upstreamCore struct {
-	src *fakeSource
-	// stop stops the server, as a core's SIGTERM does: open streams end with UNAVAILABLE.
-	stop func()
-}
-
-func startUpstream(t *testing.T, path string) *upstreamCore {
-	t.Helper()
-	u := &upstreamCore{src: newFakeSource()}
-	_, u.stop = startServer(t, path, ProxyConfig{Backend: runtimeConn(t), Events: u.src, ReadFreshness: ReadFreshnessOff})
-	return u
-}
 
 // serveRelay serves a Proxy whose events come from relay, and returns a client of it.
 func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	srv, _ := startServer(t, path, ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: ReadFreshnessOff})
+	srv, _ := startServer(t, path, kubelet.ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: kubelet.ReadFreshnessOff})
 	return runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
-}
-
-// runtimeConn is a connection to a fake runtime, the proxies' backend.
-func runtimeConn(t *testing.T) *grpc.ClientConn {
-	t.Helper()
-	path := filepath.Join(testutil.ShortTempDir(t, "eb-"), "rt.sock")
-	startBackend(t, path, &fakeRuntime{})
-	return connect(t, path)
 }
 
 // waitConnState waits until conn is in state want.
