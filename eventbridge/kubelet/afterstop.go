@@ -105,9 +105,25 @@ func newStopRefresher(cri runtimeapi.RuntimeServiceClient, refresh func(context.
 		pods: map[string]*settling{}, ids: map[string]*settling{}}
 }
 
-// wants says whether a call of method about id must be reported (called before the call).
-func (s *stopRefresher) wants(method string) bool {
+var _ ReadHook = (*stopRefresher)(nil)
+
+// Sending does nothing: the stops the refresher follows are the client's calls.
+func (*stopRefresher) Sending([]byte) {}
+
+// Wants the stops, and the calls about an object that may belong to a settling pod.
+func (s *stopRefresher) Wants(method string) bool {
 	return method == stopContainerMethod || method == stopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
+}
+
+// Call forwards c and reports it once the runtime answered.
+func (s *stopRefresher) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
+	id := firstString(c.Request())
+	if err := forward(ctx); err != nil {
+		return err
+	}
+	_, answerErr := c.Answer()
+	s.called(ctx, c.Method(), id, answerErr)
+	return nil
 }
 
 // called reports a call of method about id that the runtime answered with err.

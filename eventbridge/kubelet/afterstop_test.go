@@ -73,7 +73,8 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 	}
 	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: newFakeSource(), ReadFreshness: ReadFreshnessOff,
 		Refresh: refresh, RefreshAfterStop: true})
-	p.settle.quiet, p.settle.max = quiet, maxWait
+	settle := hookOf[*stopRefresher](p)
+	settle.quiet, settle.max = quiet, maxWait
 	srv, err := NewServer("unix://"+filepath.Join(dir, "front.sock"), p)
 	if err != nil {
 		t.Fatal(err)

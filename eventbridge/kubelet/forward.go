@@ -12,32 +12,30 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
-// forwardUnary proxies a call of a known unary method: one request, one answer, with gRPC's unary client
-// path, on the handler's goroutine. On the wire it is the same as forward. A status read made while the
-// event stream is ahead of the runtime (fix, see readFixOf) goes through invokeFresh.
-func (p *Proxy) forwardUnary(ss grpc.ServerStream, method string, fix *readFix) error {
-	c := unaryCall{method: method}
-	defer c.release()
-	if err := ss.RecvMsg(&c.req); err != nil {
-		return err
+// serveCall forwards a call other than the events: a call of a known unary method with gRPC's unary
+// client path, one request and one answer on the handler's goroutine, and any other as a stream (on
+// the wire the two are the same); through the hooks that want it (hook.go). It reports whether the
+// call reached the runtime.
+func (p *Proxy) serveCall(ss grpc.ServerStream, method string) (forwarded bool, err error) {
+	c := Call{method: method, ss: ss}
+	hooks := hooked(p.hooks, method)
+	if !isUnary(method) {
+		err := p.through(ss.Context(), &c, hooks)
+		return c.forwarded, err
 	}
-	if p.reads != nil && mutating(method) {
-		defer p.reads.muts.begin(method, firstString(c.req.Bytes()))()
+	c.u = &unaryCall{method: method}
+	defer c.u.release()
+	if err := ss.RecvMsg(&c.u.req); err != nil {
+		return false, err
 	}
-	var settleID string
-	if p.settle != nil && p.settle.wants(method) {
-		settleID = firstString(c.req.Bytes())
+	if len(hooks) > 0 {
+		// A hook may read the request, or send it more than once.
+		c.u.req.Keep()
 	}
-	ctx := outgoingContext(ss.Context())
-	if fix == nil {
-		c.invoke(ctx, p.backend)
-	} else if err := p.invokeFresh(ctx, &c, fix); err != nil {
-		return err
+	if err := p.through(ss.Context(), &c, hooks); err != nil {
+		return c.forwarded, err
 	}
-	if settleID != "" {
-		p.settle.called(ss.Context(), method, settleID, c.err)
-	}
-	return c.reply(ss)
+	return c.forwarded, c.u.reply(ss)
 }
 
 // unaryCall is one forwarded call of a unary method: the client's request, and the runtime's last answer
@@ -50,16 +48,6 @@ type unaryCall struct {
 	err      error
 	// raw is the runtime's answer before the overlay rewrote it (nil: resp is the runtime's answer).
 	raw []byte
-}
-
-// recv reads the client's request and keeps its bytes (the call may send it more than once, or read
-// it).
-func (c *unaryCall) recv(ss grpc.ServerStream) error {
-	if err := ss.RecvMsg(&c.req); err != nil {
-		return err
-	}
-	c.req.Keep()
-	return nil
 }
 
 // invoke sends the request to the runtime; its answer replaces the previous one.

@@ -190,9 +190,9 @@ func newGivenUpRead(t *testing.T, ctx context.Context) *freshEnv {
 	return e
 }
 
-// freshReads are the four status reads, each reporting whether its answer shows c1 exited (or s1 not
+// statusReads are the four status reads, each reporting whether its answer shows c1 exited (or s1 not
 // ready).
-func freshReads(ctx context.Context, c runtimeapi.RuntimeServiceClient) []struct {
+func statusReads(ctx context.Context, c runtimeapi.RuntimeServiceClient) []struct {
 	name string
 	call func() (bool, error)
 } {
@@ -226,7 +226,7 @@ func TestReadFreshnessHold(t *testing.T) {
 	ctx := testCtx(t)
 	t.Run("caught up", func(t *testing.T) {
 		e := newFreshEnv(t, ReadFreshnessHold, 0)
-		for _, read := range freshReads(ctx, e.client) {
+		for _, read := range statusReads(ctx, e.client) {
 			// Sent again for each read: the previous read's caught-up answer forgot them.
 			e.send(t, stoppedEvents()...)
 			e.rt.behind.Store(3)
@@ -288,7 +288,7 @@ func TestReadFreshnessOverlay(t *testing.T) {
 	e := newFreshEnv(t, ReadFreshnessOverlay, 0)
 	e.send(t, stoppedEvents()...)
 	e.rt.behind.Store(1 << 30)
-	for _, read := range freshReads(ctx, e.client) {
+	for _, read := range statusReads(ctx, e.client) {
 		e.rt.calls.Store(0)
 		fresh, err := read.call()
 		if err != nil {
@@ -433,7 +433,7 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := proto.Marshal(&runtimeapi.GetEventsRequest{})
-	ss := &sendCheck{ctx: ctx, tracker: p.fresh, req: req, sent: make(chan bool, 10)}
+	ss := &sendCheck{ctx: ctx, tracker: hookOf[*freshReads](p).tracker, req: req, sent: make(chan bool, 10)}
 	done := make(chan error, 1)
 	go func() { done <- p.events.Serve(ss) }()
 	nextOpened(t, src)

@@ -15,91 +15,114 @@ const (
 	freshRetryMax = 50 * time.Millisecond
 )
 
-// readFixOf returns the fix of a call of method when it is a status read and some object is tracked as
-// stopped ahead of the runtime; otherwise nil, and the call is forwarded as it is.
-func (p *Proxy) readFixOf(method string) *readFix {
-	if p.fresh == nil || !p.fresh.any() {
-		return nil
-	}
-	return readFixes[method]
+// freshReads is the read-freshness hook: it tracks the objects the served events reported stopped
+// (stoppedTracker), and makes the status reads whose answers show one of them running consistent with
+// the events (see ProxyConfig.ReadFreshness).
+type freshReads struct {
+	mode    ReadFreshness
+	tracker *stoppedTracker
+	// wait bounds a held read.
+	wait time.Duration
+	// refresh, in the hold mode, watches the objects whose held reads gave up and asks for their
+	// refresh (refresh.go); nil: none.
+	refresh *refresher
+	metrics Metrics
+	now     func() time.Time
 }
 
-// invokeFresh makes the status read c, whose answers fix reads, and leaves in c the answer the client is
-// to get, consistent with the events this proxy sent (see ProxyConfig.ReadFreshness):
+var _ ReadHook = (*freshReads)(nil)
+
+func newFreshReads(mode ReadFreshness, wait time.Duration, refresh *refresher, metrics Metrics, now func() time.Time) *freshReads {
+	if wait <= 0 {
+		wait = DefaultFreshnessWait
+	}
+	ttl := overlayTTL
+	if mode == ReadFreshnessHold {
+		ttl = stoppedTTL
+	}
+	return &freshReads{mode: mode, tracker: newStoppedTracker(now, ttl), wait: wait, refresh: refresh, metrics: metrics, now: now}
+}
+
+// Sending records a STOPPED (or forgets a DELETED object) before the event is sent.
+func (f *freshReads) Sending(event []byte) { f.tracker.observe(event) }
+
+// Wants the status reads while some object is tracked as stopped ahead of the runtime; a single atomic
+// load for every other call.
+func (f *freshReads) Wants(method string) bool { return f.tracker.any() && readFixes[method] != nil }
+
+// Call makes the status read c and leaves in it the answer the client is to get, consistent with the
+// events this proxy sent (see ProxyConfig.ReadFreshness):
 //   - in the overlay mode, the runtime's answer, in which the objects it shows running that the stream
 //     reported stopped are shown as the stream reported them (one call);
 //   - in the hold mode, the first of the runtime's answers that shows none of them running, asking
-//     again freshRetryMin, doubling up to freshRetryMax, apart; once p.freshWait has passed, the last
+//     again freshRetryMin, doubling up to freshRetryMax, apart; once f.wait has passed, the last
 //     answer as it is, and the objects it still shows running are watched for a refresh (see
 //     refresh.go).
 //
 // The calls are made on the caller's goroutine. It returns an error only when ctx ends while the read is
 // held: the client gets that error and none of the runtime's answers.
-func (p *Proxy) invokeFresh(ctx context.Context, c *unaryCall, fix *readFix) error {
-	// The request may be sent more than once, or read.
-	c.req.Keep()
-	if p.freshMode == ReadFreshnessOverlay {
-		p.invokeOverlaid(ctx, c, fix)
+func (f *freshReads) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
+	fix := readFixes[c.Method()]
+	if f.mode == ReadFreshnessOverlay {
+		if err := forward(ctx); err != nil {
+			return err
+		}
+		f.overlay(c, fix)
 		return nil
 	}
-	return p.invokeHeld(ctx, c, fix)
+	return f.hold(ctx, c, fix, forward)
 }
 
-// invokeOverlaid is invokeFresh in the overlay mode.
-func (p *Proxy) invokeOverlaid(ctx context.Context, c *unaryCall, fix *readFix) {
-	c.invoke(ctx, p.backend)
-	if c.err != nil {
-		return
-	}
-	answer := c.resp.Bytes()
-	if !p.fresh.mentioned(answer) {
+// overlay is Call in the overlay mode, once the runtime answered.
+func (f *freshReads) overlay(c *Call, fix *readFix) {
+	answer, err := c.Answer()
+	if err != nil || !f.tracker.mentioned(answer) {
 		return // nothing in it is ahead of the runtime
 	}
-	if b := fix.overlay(p.fresh, c.req.Data, answer); b != nil {
-		c.resp.Free()
-		c.resp.Data = b
-		c.raw = answer
-		if m, ok := p.metrics.(FreshnessMetrics); ok {
-			m.OverlaidRead(c.method)
+	if b := fix.overlay(f.tracker, c.Request(), answer); b != nil {
+		c.SetAnswer(b)
+		if m, ok := f.metrics.(FreshnessMetrics); ok {
+			m.OverlaidRead(c.Method())
 		}
 	}
 }
 
-// invokeHeld is invokeFresh in the hold mode.
-func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) error {
-	start := p.now()
+// hold is Call in the hold mode.
+func (f *freshReads) hold(ctx context.Context, c *Call, fix *readFix, forward func(context.Context) error) error {
+	start := f.now()
 	held := false
 	retry := &backoff.ExponentialBackOff{InitialInterval: freshRetryMin, Multiplier: 2, MaxInterval: freshRetryMax}
 	for {
-		c.invoke(ctx, p.backend)
+		if err := forward(ctx); err != nil {
+			return err
+		}
 		var stale []string
-		if c.err == nil {
-			if answer := c.resp.Bytes(); p.fresh.mentioned(answer) {
-				stale = fix.stale(p.fresh, answer)
-			}
+		answer, err := c.Answer()
+		if err == nil && f.tracker.mentioned(answer) {
+			stale = fix.stale(f.tracker, answer)
 		}
 		if len(stale) == 0 {
 			if held {
-				p.staleRead(c.method, start, c.err == nil)
+				f.staleRead(c.Method(), start, err == nil)
 			}
 			return nil
 		}
 		delay := retry.NextBackOff()
-		if p.now().Add(delay).Sub(start) >= p.freshWait {
-			p.staleRead(c.method, start, false)
-			log.G(ctx).WithField("method", c.method).WithField("waited", p.now().Sub(start)).
+		if f.now().Add(delay).Sub(start) >= f.wait {
+			f.staleRead(c.Method(), start, false)
+			log.G(ctx).WithField("method", c.Method()).WithField("waited", f.now().Sub(start)).
 				Warn("the runtime's status still shows running what the event stream reported stopped: answered as it is")
-			if p.refresh != nil {
+			if f.refresh != nil {
 				for _, id := range stale {
-					if sb := p.fresh.sandboxOf(id); sb != "" {
-						p.refresh.watch(context.WithoutCancel(ctx), id, sb)
+					if sb := f.tracker.sandboxOf(id); sb != "" {
+						f.refresh.watch(context.WithoutCancel(ctx), id, sb)
 					}
 				}
 			}
 			return nil
 		}
 		held = true
-		c.resp.Free()
+		c.ClearAnswer()
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
@@ -109,8 +132,8 @@ func (p *Proxy) invokeHeld(ctx context.Context, c *unaryCall, fix *readFix) erro
 }
 
 // staleRead reports a status read the runtime first answered with an older state than the event stream.
-func (p *Proxy) staleRead(method string, start time.Time, caughtUp bool) {
-	if m, ok := p.metrics.(FreshnessMetrics); ok {
-		m.StaleRead(method, p.now().Sub(start), caughtUp)
+func (f *freshReads) staleRead(method string, start time.Time, caughtUp bool) {
+	if m, ok := f.metrics.(FreshnessMetrics); ok {
+		m.StaleRead(method, f.now().Sub(start), caughtUp)
 	}
 }

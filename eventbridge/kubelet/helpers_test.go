@@ -54,7 +54,13 @@ func connect(t testing.TB, path string) *grpc.ClientConn {
 // stop stops it (once; the test's end calls it too) and fails the test if serving ended with an error.
 func startServer(t testing.TB, path string, cfg ProxyConfig, opts ...grpc.ServerOption) (srv *Server, stop func()) {
 	t.Helper()
-	srv, err := NewServer("unix://"+path, mustProxy(t, cfg), opts...)
+	return serveProxy(t, path, mustProxy(t, cfg), opts...)
+}
+
+// serveProxy is startServer with a proxy already made.
+func serveProxy(t testing.TB, path string, p *Proxy, opts ...grpc.ServerOption) (srv *Server, stop func()) {
+	t.Helper()
+	srv, err := NewServer("unix://"+path, p, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,4 +151,15 @@ func (m *recordingMetrics) streams() (open int, closed []codes.Code) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.open, slices.Clone(m.closed)
+}
+
+// hookOf returns the proxy's hook of type H (the zero H when it has none).
+func hookOf[H ReadHook](p *Proxy) H {
+	for _, h := range p.hooks {
+		if h, ok := h.(H); ok {
+			return h
+		}
+	}
+	var none H
+	return none
 }

@@ -29,29 +29,18 @@ var _ grpc.StreamHandler = (*Proxy)(nil).Handle
 
 // Proxy is the CRI endpoint's gRPC handler. It registers no service: every method, unary or streaming,
 // known to this build or not, goes to one handler that forwards it byte for byte to the runtime, except
-// GetContainerEvents, which is answered from the EventSource.
+// GetContainerEvents, which is answered from the EventSource (EventService); what adjusts the answers
+// after events (read freshness, the refresh after a stop, read-source) sits behind one seam, ReadHook.
 type Proxy struct {
 	backend *grpc.ClientConn
 	// events answers GetContainerEvents; nil forwards it to the runtime like any other method.
 	events  *EventService
 	metrics Metrics
-	// now is the clock of the latency and duration metrics.
+	// now is the clock of the duration metric.
 	now func() time.Time
-	// fresh, when set, tracks the objects the served events reported stopped, for freshMode (see
-	// ProxyConfig.ReadFreshness, and freshread.go for the reads); freshWait bounds a held read.
-	fresh     *stoppedTracker
-	freshMode ReadFreshness
-	freshWait time.Duration
-	// refresh, in the hold mode, watches the objects whose held reads gave up and asks for their
-	// refresh (see refresh.go).
-	refresh *refresher
-	// settle asks for a refresh after each stop its client made (see afterstop.go).
-	settle *stopRefresher
-	// reads, unless nil (ReadSourceRuntime), answers the reads from the state or checks them
-	// (stateread.go, readcheck.go).
-	reads *reads
-
-	// shutdown is closed by Shutdown: the refreshes' calls end.
+	// hooks see every event sent and the calls they want, in order (hook.go).
+	hooks []ReadHook
+	// shutdown is closed by Shutdown: the hooks' own calls end.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 }
@@ -119,48 +108,46 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
 	}
-	p := &Proxy{
-		backend:   cfg.Backend,
-		metrics:   cfg.Metrics,
-		now:       time.Now,
-		freshMode: mode,
-		freshWait: cfg.FreshnessWait,
-		shutdown:  make(chan struct{}),
-	}
-	if p.freshWait <= 0 {
-		p.freshWait = DefaultFreshnessWait
-	}
+	p := &Proxy{backend: cfg.Backend, metrics: cfg.Metrics, now: time.Now, shutdown: make(chan struct{})}
 	now := func() time.Time { return p.now() }
-	switch mode {
-	case ReadFreshnessOverlay:
-		p.fresh = newStoppedTracker(now, overlayTTL)
-	case ReadFreshnessHold:
-		p.fresh = newStoppedTracker(now, stoppedTTL)
+	// In the order a call goes through them: read-source wraps the others (a mutation is in flight
+	// until the runtime answered, whatever they do), the refresh after a stop sees the stops the
+	// runtime answered, read freshness asks the runtime.
+	if source != ReadSourceRuntime {
+		p.hooks = append(p.hooks, newStateReads(source, cfg.State, cfg.Metrics, now))
 	}
 	if cfg.RefreshAfterStop && cfg.Refresh != nil {
-		p.settle = newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown)
+		p.hooks = append(p.hooks, newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown))
 	}
-	if source != ReadSourceRuntime {
-		p.reads = &reads{source: source, state: cfg.State}
-	}
-	if p.freshMode == ReadFreshnessHold && cfg.Refresh != nil {
-		var sent func(bool)
-		if m, ok := p.metrics.(RefreshMetrics); ok {
-			sent = m.RefreshSent
+	if mode != ReadFreshnessOff {
+		var refresh *refresher
+		if mode == ReadFreshnessHold && cfg.Refresh != nil {
+			var sent func(bool)
+			if m, ok := cfg.Metrics.(RefreshMetrics); ok {
+				sent = m.RefreshSent
+			}
+			refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown, sent)
 		}
-		p.refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown, sent)
+		p.hooks = append(p.hooks, newFreshReads(mode, cfg.FreshnessWait, refresh, cfg.Metrics, now))
 	}
 	if cfg.Events != nil {
 		ecfg := EventServiceConfig{Source: cfg.Events, Metrics: cfg.Metrics, MaxEventStreams: cfg.MaxEventStreams,
 			MaxEventStreamsPerConnection: cfg.MaxEventStreamsPerConnection}
-		if p.fresh != nil {
-			ecfg.Sending = p.fresh.observe
+		if len(p.hooks) > 0 {
+			ecfg.Sending = p.sending
 		}
 		if p.events, err = NewEventService(ecfg); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// sending tells the hooks of an event about to be sent.
+func (p *Proxy) sending(event []byte) {
+	for _, h := range p.hooks {
+		h.Sending(event)
+	}
 }
 
 // ServerOptions returns the options that make a grpc.Server the proxy (see the package function).
@@ -212,7 +199,7 @@ func recovering(handler grpc.StreamHandler) grpc.StreamHandler {
 	}
 }
 
-// Handle is the grpc.StreamHandler of every method.
+// Handle is the grpc.StreamHandler of every method: the events, or the call forwarded (serveCall).
 func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	method, ok := grpc.MethodFromServerStream(ss)
 	if !ok {
@@ -221,20 +208,12 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	if method == GetContainerEventsMethod && p.events != nil {
 		return p.events.Serve(ss)
 	}
-	if p.reads.wants(method) {
-		return p.serveRead(ss, method, p.readFixOf(method))
-	}
 	start := p.now()
-	var err error
-	if isUnary(method) {
-		err = p.forwardUnary(ss, method, p.readFixOf(method))
-	} else {
-		if p.reads != nil && mutating(method) {
-			defer p.reads.muts.begin(method, "")()
-		}
-		err = p.forward(ss, method)
+	forwarded, err := p.serveCall(ss, method)
+	// A read a hook answered itself (read-source's state) was not forwarded.
+	if forwarded || err != nil {
+		p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
 	}
-	p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
 	return err
 }
 

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/containerd/log"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -42,101 +42,100 @@ type StateReadMetrics interface {
 // maxLoggedDifferences is how many differences the check mode logs (each one counts, always).
 const maxLoggedDifferences = 20
 
-// reads is the proxy's part of answering reads from the state.
-type reads struct {
-	source ReadSource
-	state  EncodedStateReader
-	muts   mutations
+// stateReads is the read-source hook: it answers the reads from the state (ReadSourceState) or checks
+// the runtime's answers against it (ReadSourceCheck), and tracks the mutating calls in flight, which may
+// change what a read answers.
+type stateReads struct {
+	source  ReadSource
+	state   EncodedStateReader
+	metrics Metrics
+	now     func() time.Time
+	muts    mutations
 	// logged counts the differences logged.
 	logged atomic.Int32
 }
 
-// wants says whether the reads of method go through serveRead.
-func (r *reads) wants(method string) bool {
-	return r != nil && r.source != ReadSourceRuntime && stateReads[method]
+var _ ReadHook = (*stateReads)(nil)
+
+func newStateReads(source ReadSource, state EncodedStateReader, metrics Metrics, now func() time.Time) *stateReads {
+	return &stateReads{source: source, state: state, metrics: metrics, now: now}
+}
+
+// Sending does nothing: the state is the core's.
+func (*stateReads) Sending([]byte) {}
+
+// Wants the reads the state can answer, and every call that may change what they answer.
+func (r *stateReads) Wants(method string) bool { return stateReadMethods[method] || mutating(method) }
+
+// Call answers a read (from the state when it is current and no mutating call in flight may change the
+// answer, in the state mode; with the runtime's answer, compared with the state's, in the check mode),
+// or forwards a mutating call, counted in flight until the runtime answered.
+func (r *stateReads) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
+	if !stateReadMethods[c.Method()] {
+		defer r.muts.begin(c.Method(), firstString(c.Request()))()
+		return forward(ctx)
+	}
+	req := c.Request()
+	blocked, begun := r.muts.blocks(c.Method(), firstString(req))
+	var before []byte
+	ok := false
+	if !blocked {
+		before, ok = r.state.ReadState(ctx, c.Method(), req)
+	}
+	// NOTE: a mutating call that begins after blocks is concurrent with this read: either answer, before
+	// or after its change, is one the runtime could give.
+	if ok && r.source == ReadSourceState {
+		r.stateRead(c.Method(), StateReadState)
+		c.SetAnswer(before)
+		return nil
+	}
+	if err := forward(ctx); err != nil {
+		return err
+	}
+	switch {
+	case !ok || r.source != ReadSourceCheck:
+		r.stateRead(c.Method(), StateReadRuntime)
+	default:
+		r.check(ctx, c, begun, before)
+	}
+	return nil
 }
 
 // stateRead reports a read's result to the metrics.
-func (p *Proxy) stateRead(method, result string) {
-	if m, ok := p.metrics.(StateReadMetrics); ok {
+func (r *stateReads) stateRead(method, result string) {
+	if m, ok := r.metrics.(StateReadMetrics); ok {
 		m.StateRead(method, result)
 	}
 }
 
-// serveRead answers a read (reads.wants) in the state or check mode: from the state when it is current
-// and no mutating call in flight may change the answer (state mode), or with the runtime's answer,
-// compared with the state's (check mode).
-func (p *Proxy) serveRead(ss grpc.ServerStream, method string, fix *readFix) error {
-	c := unaryCall{method: method}
-	defer c.release()
-	if err := c.recv(ss); err != nil {
-		return err
-	}
-	ctx := ss.Context()
-	req := c.req.Data
-	blocked, begun := p.reads.muts.blocks(method, firstString(req))
-	var before []byte
-	ok := false
-	if !blocked {
-		before, ok = p.reads.state.ReadState(ctx, method, req)
-	}
-	// NOTE: a mutating call that begins after blocks is concurrent with this read: either answer, before
-	// or after its change, is one the runtime could give.
-	if ok && p.reads.source == ReadSourceState {
-		p.stateRead(method, StateReadState)
-		c.resp.Data = before
-		return c.reply(ss)
-	}
-	start := p.now()
-	out := outgoingContext(ctx)
-	if fix == nil {
-		c.invoke(out, p.backend)
-	} else if err := p.invokeFresh(out, &c, fix); err != nil {
-		p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
-		return err
-	}
-	p.metrics.ForwardedCall(method, status.Code(c.err), p.now().Sub(start))
-	switch {
-	case !ok || p.reads.source != ReadSourceCheck:
-		p.stateRead(method, StateReadRuntime)
-	default:
-		p.check(ctx, &c, begun, before)
-	}
-	return c.reply(ss)
-}
-
 // check compares the state's answer (before, asked before the runtime) with the runtime's in c, when
 // nothing changed meanwhile: no mutating call began, and the state answers the same after.
-func (p *Proxy) check(ctx context.Context, c *unaryCall, begun uint64, before []byte) {
-	after, ok := p.reads.state.ReadState(ctx, c.method, c.req.Data)
-	if !ok || !bytes.Equal(before, after) || !p.reads.muts.quietSince(begun) {
-		p.stateRead(c.method, StateReadInconclusive)
+func (r *stateReads) check(ctx context.Context, c *Call, begun uint64, before []byte) {
+	after, ok := r.state.ReadState(ctx, c.Method(), c.Request())
+	if !ok || !bytes.Equal(before, after) || !r.muts.quietSince(begun) {
+		r.stateRead(c.Method(), StateReadInconclusive)
 		return
 	}
+	runtimeAnswer, err := c.RuntimeAnswer()
 	var diffs []string
 	switch {
-	case c.err != nil && status.Code(c.err) == codes.NotFound:
-		diffs = []string{"the runtime answered NotFound: " + status.Convert(c.err).Message()}
-	case c.err != nil:
-		p.stateRead(c.method, StateReadInconclusive)
+	case err != nil && status.Code(err) == codes.NotFound:
+		diffs = []string{"the runtime answered NotFound: " + status.Convert(err).Message()}
+	case err != nil:
+		r.stateRead(c.Method(), StateReadInconclusive)
 		return
 	default:
-		runtimeAnswer := c.raw
-		if runtimeAnswer == nil {
-			runtimeAnswer = c.resp.Bytes()
-		}
-		var err error
-		if diffs, err = compareAnswers(c.method, before, runtimeAnswer); err != nil {
+		if diffs, err = compareAnswers(c.Method(), before, runtimeAnswer); err != nil {
 			diffs = []string{err.Error()}
 		}
 	}
 	if len(diffs) == 0 {
-		p.stateRead(c.method, StateReadEqual)
+		r.stateRead(c.Method(), StateReadEqual)
 		return
 	}
-	p.stateRead(c.method, StateReadDiffer)
-	if p.reads.logged.Add(1) <= maxLoggedDifferences {
-		log.G(ctx).WithField("method", c.method).WithField("fields", diffs).
+	r.stateRead(c.Method(), StateReadDiffer)
+	if r.logged.Add(1) <= maxLoggedDifferences {
+		log.G(ctx).WithField("method", c.Method()).WithField("fields", diffs).
 			Warn("read-source check: the state's answer differs from the runtime's")
 	}
 }

@@ -55,7 +55,7 @@ type EncodedStateReader interface {
 }
 
 // stateReads are the reads the endpoint can answer from the state.
-var stateReads = map[string]bool{ListPodSandboxMethod: true, ListContainersMethod: true, PodSandboxStatusMethod: true, ContainerStatusMethod: true}
+var stateReadMethods = map[string]bool{ListPodSandboxMethod: true, ListContainersMethod: true, PodSandboxStatusMethod: true, ContainerStatusMethod: true}
 
 // mutations tracks the calls forwarded through the endpoint that may change what a read answers, from
 // before they reach the runtime until its answer: containerd can show their effect before it calls the
