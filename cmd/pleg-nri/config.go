@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/pleg-nri/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 )
 
 // daemonFlags are the daemon's flags: --config, and one per config key with its default in d.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pleg-nri/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 )
 
 func TestLoadConfigFlagsOverrideFile(t *testing.T) {

@@ -19,11 +19,11 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
-	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"

@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
-	"github.com/pleg-nri/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/pleg-nri/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 )
 
 // TestOperationsDocNamesWhatExists: docs/operations.md names every metric, config key and alert, and

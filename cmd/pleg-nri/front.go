@@ -9,8 +9,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
-	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
 // frontConfig is the front's configuration for the daemon's cfg.

@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
-	"github.com/pleg-nri/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/internal/eventprint"
 )
 

@@ -33,8 +33,8 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
-	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
 // coreInfoName is the file of the run directory where a serving core says what it is.

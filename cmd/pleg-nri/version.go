@@ -8,8 +8,8 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
-	"github.com/pleg-nri/pleg-nri/internal/config"
 )
 
 // versionCommand is `pleg-nri version`: this binary's version, then the version and pid of the core

@@ -85,7 +85,7 @@ func TestParseConfig(t *testing.T) {
 
 // TestExampleConfig checks that nri.conf.example parses and documents every key with its default.
 func TestExampleConfig(t *testing.T) {
-	data, err := os.ReadFile("../../nri.conf.example")
+	data, err := os.ReadFile("../../../../nri.conf.example")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestExampleConfig(t *testing.T) {
 // its forms (naming the key when a key is at fault); an accepted configuration is valid and reads back
 // the same once written out.
 func FuzzParseConfig(f *testing.F) {
-	if example, err := os.ReadFile("../../nri.conf.example"); err == nil {
+	if example, err := os.ReadFile("../../../../nri.conf.example"); err == nil {
 		f.Add(example)
 	}
 	for _, s := range []string{"", "relist-period: 3s\nsubscriber-queue: 10\n", "relist_period: 3s\n", "relist-period: -1s\n",
