@@ -1,0 +1,149 @@
+package front
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+)
+
+// supervisorLog records what a Supervisor tells its hooks.
+type supervisorLog struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (l *supervisorLog) add(s string) { l.mu.Lock(); l.seen = append(l.seen, s); l.mu.Unlock() }
+
+func (l *supervisorLog) FrontUp(up bool) {
+	if up {
+		l.add("up")
+	} else {
+		l.add("down")
+	}
+}
+func (l *supervisorLog) FrontGone()      { l.add("gone") }
+func (l *supervisorLog) FrontRespawned() { l.add("respawned") }
+
+func (l *supervisorLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.seen)
+}
+
+// TestSupervisorReplacesAKilledFront (issue 56, here as a unit test of the supervisor with real
+// processes: the front is this test binary, see TestMain): a SIGKILLed front is replaced by a new one
+// on the same socket, whose file never goes away; a call made while no front runs waits in the kept
+// socket's backlog and is answered; the hooks hear the front go and come back.
+func TestSupervisorReplacesAKilledFront(t *testing.T) {
+	n := newNode(t)
+	n.startCore(t)
+	cfg := n.config()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := Ensure(ctx, cfg, false); err != nil {
+		t.Fatal(err)
+	}
+	first, err := Query(cfg.RunDir, "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := &supervisorLog{}
+	s := NewSupervisor(cfg, false, hooks)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if err := Stop(cfg.RunDir); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	testutil.Eventually(t, waitTimeout, "the supervisor to watch the front", s.Up)
+
+	// The socket file is watched every millisecond from the kill until a new front answers.
+	sock := filepath.Join(n.dir, "cri.sock")
+	var missing []time.Duration
+	watchDone := make(chan struct{})
+	stopWatch := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if _, err := os.Lstat(sock); err != nil {
+				missing = append(missing, time.Since(start))
+			}
+		}
+	}()
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dial.CRI(cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	callCtx, callCancel := context.WithTimeout(ctx, waitTimeout)
+	defer callCancel()
+	// Made at once: it waits for the next front if it comes before the kill took effect's end.
+	list, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(callCtx, &runtimeapi.ListContainersRequest{})
+	if err != nil || len(list.GetContainers()) != 1 {
+		t.Errorf("a call across the kill: %v, %v; want the runtime's answer", list, err)
+	}
+	var next Info
+	if err := testutil.Poll(ctx, waitTimeout, "a new front", func() (bool, error) {
+		next, err = Query(cfg.RunDir, "info")
+		return err == nil && next.PID != first.PID && s.Up(), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	close(stopWatch)
+	<-watchDone
+	if len(missing) > 0 {
+		t.Errorf("the socket file was missing %d times after the kill (first at %s)", len(missing), missing[0])
+	}
+	if testutil.Alive(first.PID) {
+		t.Errorf("the killed front %d still runs", first.PID)
+	}
+	if got, want := hooks.snapshot(), []string{"up", "gone", "down", "respawned", "up"}; !slices.Equal(got, want) {
+		t.Errorf("the hooks heard %q, want %q", got, want)
+	}
+	t.Logf("front %d killed, front %d serving %s after", first.PID, next.PID, time.Since(start).Round(time.Millisecond))
+}
+
+// TestSupervisorMetrics: the supervisor's hooks are the core's metrics of the front.
+func TestSupervisorMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewSupervisorMetrics(reg)
+	m.FrontUp(true)
+	m.FrontGone()
+	m.FrontRespawned()
+	m.FrontUp(false)
+	var b strings.Builder
+	if err := promutil.Write(&b, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"pleg_nri_front_up 0", "pleg_nri_front_respawns_total 1"} {
+		if !strings.Contains(b.String(), want+"\n") {
+			t.Errorf("the metrics lack %s:\n%s", want, b.String())
+		}
+	}
+}
