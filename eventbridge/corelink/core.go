@@ -177,7 +177,7 @@ func (c *Core) serveState(ss grpc.ServerStream, method string) error {
 }
 
 // RefreshStopped asks the core for a refresh of id's STOPPED (RefreshStoppedMethod): the front's
-// kubelet.ProxyConfig.Refresh.
+// fresh.Config.Refresh.
 func (r *Relay) RefreshStopped(ctx context.Context, id string) error {
 	var out emptypb.Empty
 	return r.conn.Invoke(ctx, RefreshStoppedMethod, wrapperspb.String(id), &out, grpc.ForceCodecV2(grpcraw.Codec{}))

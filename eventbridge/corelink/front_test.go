@@ -18,6 +18,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/kubelettest"
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -29,7 +31,7 @@ import (
 // frontOverRelay serves, at dir/front.sock, a Proxy in mode whose events come from a Relay of the core at
 // dir/core.sock (started or not). It returns the front's server, its metrics and the relay's
 // resubscription count.
-func frontOverRelay(t *testing.T, dir string, mode kubelet.ReadFreshness) (*kubelet.Server, *streamMetrics, *atomic.Int64) {
+func frontOverRelay(t *testing.T, dir string, mode fresh.ReadFreshness) (*kubelet.Server, *streamMetrics, *atomic.Int64) {
 	t.Helper()
 	resubscribed := new(atomic.Int64)
 	relay, err := DialRelay(RelayConfig{Endpoint: "unix://" + filepath.Join(dir, "core.sock"), Resubscribed: func() { resubscribed.Add(1) }})
@@ -38,7 +40,14 @@ func frontOverRelay(t *testing.T, dir string, mode kubelet.ReadFreshness) (*kube
 	}
 	t.Cleanup(func() { relay.Close() })
 	metrics := &streamMetrics{}
-	srv, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: runtimeConn(t), Events: relay, Metrics: metrics, ReadFreshness: mode})
+	backend := runtimeConn(t)
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	hooks, err := fresh.Hooks(fresh.Config{Runtime: backend, Metrics: metrics, ReadFreshness: mode, Refresh: relay.RefreshStopped, Done: done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: metrics, Hooks: hooks})
 	return srv, metrics, resubscribed
 }
 
@@ -46,27 +55,27 @@ func frontOverRelay(t *testing.T, dir string, mode kubelet.ReadFreshness) (*kube
 // order, in both read-freshness modes. A refresh event of the hold mode, built in the front, used to
 // end the relay's Next to make room for itself, which ended the relay's upstream stream: the events the
 // core had queued for it were lost (2, 1 and 15 of 3,000 in three runs) and the relay subscribed
-// again. The core sends the refreshes now, in its stream (kubelet.ProxyConfig.Refresh).
+// again. The core sends the refreshes now, in its stream (fresh.Config.Refresh).
 func TestFrontRelaysBurst(t *testing.T) {
 	const burst = 3000
-	for _, mode := range []kubelet.ReadFreshness{kubelet.ReadFreshnessOverlay, kubelet.ReadFreshnessHold} {
+	for _, mode := range []fresh.ReadFreshness{fresh.ReadFreshnessOverlay, fresh.ReadFreshnessHold} {
 		t.Run(string(mode), func(t *testing.T) {
 			dir := testutil.ShortTempDir(t, "eb-")
 			core := startUpstream(t, filepath.Join(dir, "core.sock"))
 			_, _, resubscribed := frontOverRelay(t, dir, mode)
-			client := runtimeapi.NewRuntimeServiceClient(connect(t, filepath.Join(dir, "front.sock")))
-			stream, err := client.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{})
+			client := runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, filepath.Join(dir, "front.sock")))
+			stream, err := client.GetContainerEvents(kubelettest.Ctx(t), &runtimeapi.GetEventsRequest{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			nextOpened(t, core.src)
+			kubelettest.NextOpened(t, core.src)
 			go func() {
 				for i := range burst {
-					core.src.publish(event(fmt.Sprintf("e%d", i), runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
+					core.src.Publish(kubelettest.Event(fmt.Sprintf("e%d", i), runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
 				}
 			}()
 			for got := range burst {
-				ev := recvEvent(t, stream)
+				ev := kubelettest.RecvEvent(t, stream)
 				if want := fmt.Sprintf("e%d", got); ev.GetContainerId() != want {
 					t.Fatalf("event %d of the burst is %s, want %s (%d lost)", got, ev.GetContainerId(), want, lost(ev.GetContainerId(), got))
 				}
@@ -103,8 +112,8 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			if core == "stopped" {
 				up.stop()
 			}
-			front, metrics, _ := frontOverRelay(t, dir, kubelet.ReadFreshnessHold)
-			client := runtimeapi.NewRuntimeServiceClient(connect(t, filepath.Join(dir, "front.sock")))
+			front, metrics, _ := frontOverRelay(t, dir, fresh.ReadFreshnessHold)
+			client := runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, filepath.Join(dir, "front.sock")))
 			subscribe := func(ctx context.Context) {
 				t.Helper()
 				if _, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}); err != nil {
@@ -117,16 +126,16 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			staying, stay := context.WithCancel(context.Background())
 			defer stay()
 			subscribe(staying)
-			testutil.Eventually(t, waitTimeout, "both streams to open", func() bool { open, _ := metrics.streams(); return open == 2 })
+			testutil.Eventually(t, kubelettest.WaitTimeout, "both streams to open", func() bool { open, _ := metrics.streams(); return open == 2 })
 			if core == "stopped with its streams open" {
-				nextOpened(t, up.src)
-				nextOpened(t, up.src)
+				kubelettest.NextOpened(t, up.src)
+				kubelettest.NextOpened(t, up.src)
 				up.stop()
 			}
 
 			// A subscriber that leaves ends its stream.
 			leave()
-			testutil.Eventually(t, waitTimeout, "the leaving subscriber's stream to end", func() bool {
+			testutil.Eventually(t, kubelettest.WaitTimeout, "the leaving subscriber's stream to end", func() bool {
 				open, closed := metrics.streams()
 				return open == 1 && slices.Equal(closed, []codes.Code{codes.Canceled})
 			})
@@ -139,7 +148,7 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 				front.Stop(stopCtx)
 				close(stopped)
 			}()
-			recv(t, stopped, "the front's server to stop")
+			kubelettest.Recv(t, stopped, "the front's server to stop")
 			if open, closed := metrics.streams(); open != 0 || !slices.Equal(closed, []codes.Code{codes.Canceled, codes.Unavailable}) {
 				t.Errorf("after the stop: %d event streams open, closed with %v; want none open, closed with [Canceled Unavailable]", open, closed)
 			}
@@ -199,7 +208,7 @@ func (*fakeState) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequ
 // both in front of a linkRuntime.
 type linkEnv struct {
 	state     *fakeState
-	src       *fakeSource
+	src       *kubelettest.Source
 	refreshed chan string
 	relay     *Relay
 	stopCore  func()
@@ -212,20 +221,20 @@ func newLinkEnv(t *testing.T) *linkEnv {
 	dir := testutil.ShortTempDir(t, "cl-")
 	rtPath := filepath.Join(dir, "rt.sock")
 	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, linkRuntime{}) })
-	e := &linkEnv{state: &fakeState{containers: map[string]*runtimeapi.ContainerStatusResponse{}}, src: newFakeSource(),
+	e := &linkEnv{state: &fakeState{containers: map[string]*runtimeapi.ContainerStatusResponse{}}, src: kubelettest.NewSource(),
 		refreshed: make(chan string, 4)}
 	var core *kubelet.Server
-	core, e.stopCore = serve(t, filepath.Join(dir, "core.sock"), mustCore(t, CoreConfig{Events: e.src, State: e.state,
+	core, e.stopCore = kubelettest.Serve(t, filepath.Join(dir, "core.sock"), mustCore(t, CoreConfig{Events: e.src, State: e.state,
 		RefreshStopped: func(id string) { e.refreshed <- id }}))
 	var err error
 	if e.relay, err = DialRelay(RelayConfig{Endpoint: "unix://" + core.Addr().String()}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.relay.Close() })
-	front, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: connect(t, rtPath), Events: e.relay,
-		ReadFreshness: kubelet.ReadFreshnessOff, ReadSource: kubelet.ReadSourceState, State: e.relay})
-	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, front.Addr().String()))
-	e.core = connect(t, core.Addr().String())
+	front, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: kubelettest.Connect(t, rtPath), Events: e.relay,
+		ReadSource: kubelet.ReadSourceState, State: e.relay})
+	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, front.Addr().String()))
+	e.core = kubelettest.Connect(t, core.Addr().String())
 	return e
 }
 
@@ -234,7 +243,7 @@ func newLinkEnv(t *testing.T) *linkEnv {
 // is the runtime's.
 func TestReadSourceStateThroughTheCore(t *testing.T) {
 	e := newLinkEnv(t)
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	fromState := &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c0", State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 42}}
 	e.state.mu.Lock()
 	e.state.containers["c0"] = fromState
@@ -257,15 +266,15 @@ func TestReadSourceStateThroughTheCore(t *testing.T) {
 	}
 }
 
-// TestRefreshStoppedThroughTheCore: a front's refresh (kubelet.ProxyConfig.Refresh) reaches the core's
+// TestRefreshStoppedThroughTheCore: a front's refresh (fresh.Config.Refresh) reaches the core's
 // RefreshStopped with the id; a request without an id is refused.
 func TestRefreshStoppedThroughTheCore(t *testing.T) {
 	e := newLinkEnv(t)
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	if err := e.relay.RefreshStopped(ctx, "c1"); err != nil {
 		t.Fatal(err)
 	}
-	if id := recv(t, e.refreshed, "the core's RefreshStopped"); id != "c1" {
+	if id := kubelettest.Recv(t, e.refreshed, "the core's RefreshStopped"); id != "c1" {
 		t.Errorf("the core refreshed %q, want c1", id)
 	}
 	if err := e.relay.RefreshStopped(ctx, ""); status.Code(err) != codes.InvalidArgument {
@@ -278,7 +287,7 @@ func TestRefreshStoppedThroughTheCore(t *testing.T) {
 // runtime.
 func TestCoreSocketIsNoCRIEndpoint(t *testing.T) {
 	e := newLinkEnv(t)
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	core := runtimeapi.NewRuntimeServiceClient(e.core)
 	_, err := core.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "c0"})
 	if status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "kubelet's CRI endpoint") {
@@ -292,9 +301,9 @@ func TestCoreSocketIsNoCRIEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nextOpened(t, e.src)
-	e.src.publish(event("c9", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
-	if ev := recvEvent(t, stream); ev.GetContainerId() != "c9" {
+	kubelettest.NextOpened(t, e.src)
+	e.src.Publish(kubelettest.Event("c9", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
+	if ev := kubelettest.RecvEvent(t, stream); ev.GetContainerId() != "c9" {
 		t.Errorf("the core's stream sent %s, want c9", ev.GetContainerId())
 	}
 }
@@ -318,20 +327,20 @@ func TestEventStreamCapsThroughTheFront(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.ShortTempDir(t, "eb-")
-			core := &upstreamCore{src: newFakeSource()}
+			core := &upstreamCore{src: kubelettest.NewSource()}
 			var service kubelet.Service = mustCore(t, CoreConfig{Events: core.src})
 			if tc.coreLimit != CoreMaxEventStreams {
-				service = mustProxy(t, kubelet.ProxyConfig{Backend: runtimeConn(t), Events: core.src, ReadFreshness: kubelet.ReadFreshnessOff,
+				service = kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: runtimeConn(t), Events: core.src,
 					MaxEventStreams: tc.coreLimit, MaxEventStreamsPerConnection: tc.coreLimit})
 			}
-			_, core.stop = serve(t, filepath.Join(dir, "core.sock"), service)
-			front, _, _ := frontOverRelay(t, dir, kubelet.ReadFreshnessOff)
-			ctx := testCtx(t)
+			_, core.stop = kubelettest.Serve(t, filepath.Join(dir, "core.sock"), service)
+			front, _, _ := frontOverRelay(t, dir, fresh.ReadFreshnessOff)
+			ctx := kubelettest.Ctx(t)
 			var clients []grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
 			var conn *grpc.ClientConn
 			for i := range tc.accepted + 1 {
 				if i%kubelet.DefaultMaxEventStreamsPerConnection == 0 {
-					conn = connect(t, front.Addr().String())
+					conn = kubelettest.Connect(t, front.Addr().String())
 				}
 				c, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 				if err != nil {
@@ -339,15 +348,15 @@ func TestEventStreamCapsThroughTheFront(t *testing.T) {
 				}
 				clients = append(clients, c)
 				if i < tc.accepted {
-					nextOpened(t, core.src)
+					kubelettest.NextOpened(t, core.src)
 				}
 			}
 			if _, err := clients[tc.accepted].Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("stream %d through the front: %v, want ResourceExhausted saying %q", tc.accepted+1, err, tc.says)
 			}
-			core.src.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
+			core.src.Publish(kubelettest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
 			for i, c := range clients[:tc.accepted] {
-				if got := recvEvent(t, c); got.ContainerId != "c1" {
+				if got := kubelettest.RecvEvent(t, c); got.ContainerId != "c1" {
 					t.Fatalf("stream %d got %s", i, got.ContainerId)
 				}
 			}

@@ -15,24 +15,25 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/kubelettest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 // serveRelay serves a Proxy whose events come from relay, and returns a client of it.
 func serveRelay(t *testing.T, path string, relay *Relay) runtimeapi.RuntimeServiceClient {
 	t.Helper()
-	srv, _ := startServer(t, path, kubelet.ProxyConfig{Backend: runtimeConn(t), Events: relay, ReadFreshness: kubelet.ReadFreshnessOff})
-	return runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
+	srv, _ := startServer(t, path, kubelet.ProxyConfig{Backend: runtimeConn(t), Events: relay})
+	return runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, srv.Addr().String()))
 }
 
 // waitConnState waits until conn is in state want.
 func waitConnState(t *testing.T, conn *grpc.ClientConn, want connectivity.State) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), kubelettest.WaitTimeout)
 	defer cancel()
 	for st := conn.GetState(); st != want; st = conn.GetState() {
 		if !conn.WaitForStateChange(ctx, st) {
-			t.Fatalf("connection still %s after %s, want %s", st, waitTimeout, want)
+			t.Fatalf("connection still %s after %s, want %s", st, kubelettest.WaitTimeout, want)
 		}
 	}
 }
@@ -58,9 +59,9 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
-	if id := recvEvent(t, stream).ContainerId; id != "c1" {
+	kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
 	}
 
@@ -68,17 +69,17 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	up.stop()
 	waitConnState(t, relay.conn, connectivity.TransientFailure)
 	up = startUpstream(t, corePath)
-	nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})
-	if id := recvEvent(t, stream).ContainerId; id != "c2" {
+	kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})
+	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c2" {
 		t.Fatalf("got %q, want c2", id)
 	}
 
 	// The upstream's stream ends with UNAVAILABLE while its server runs on.
-	up.src.last().end <- status.Error(codes.Unavailable, "core shutting down")
-	nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c3"})
-	if id := recvEvent(t, stream).ContainerId; id != "c3" {
+	up.src.Last().End <- status.Error(codes.Unavailable, "core shutting down")
+	kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c3"})
+	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c3" {
 		t.Fatalf("got %q, want c3", id)
 	}
 	if n := len(resubscribed); n != 2 {
@@ -86,7 +87,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	}
 
 	// An eviction ends the client's stream with its status.
-	up.src.last().end <- status.Error(codes.ResourceExhausted, "evicted")
+	up.src.Last().End <- status.Error(codes.ResourceExhausted, "evicted")
 	if _, err := stream.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("after an eviction upstream the client got %v, want RESOURCE_EXHAUSTED", err)
 	}
@@ -106,9 +107,9 @@ func TestRelayClosesUpstreamWithClient(t *testing.T) {
 	if _, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	s := nextOpened(t, up.src)
+	s := kubelettest.NextOpened(t, up.src)
 	cancel()
-	waitClosed(t, s)
+	kubelettest.WaitClosed(t, s)
 }
 
 // graceFront serves, at dir/front.sock, a front over a Relay of the core at dir/core.sock (started or
@@ -180,14 +181,14 @@ func TestRelayEndsWhenCoreGone(t *testing.T) {
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
-	if id := recvEvent(t, stream).ContainerId; id != "c1" {
+	kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
 	}
 	lost := time.Now()
 	up.stop()
-	checkCoreGone(t, recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, lost)
+	checkCoreGone(t, kubelettest.Recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, lost)
 	if n := gone.Load(); n != 1 {
 		t.Errorf("CoreGone called %d times, want 1", n)
 	}
@@ -203,14 +204,14 @@ func TestRelayCoreBackWithinGrace(t *testing.T) {
 	up := startUpstream(t, corePath)
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	nextOpened(t, up.src)
+	kubelettest.NextOpened(t, up.src)
 	ended := awaitEnd(t, stream)
 
 	for i := range 2 {
 		lost := time.Now()
 		up.stop()
 		up = startUpstream(t, corePath)
-		nextOpened(t, up.src)
+		kubelettest.NextOpened(t, up.src)
 		// Past the grace of the loss, with the core's new stream quiet.
 		time.Sleep(time.Until(lost.Add(grace + 300*time.Millisecond)))
 		select {
@@ -222,8 +223,8 @@ func TestRelayCoreBackWithinGrace(t *testing.T) {
 	if n := gone.Load(); n != 0 {
 		t.Errorf("CoreGone called %d times, want 0", n)
 	}
-	up.src.last().end <- status.Error(codes.ResourceExhausted, "evicted")
-	if end := recv(t, ended, "the end of the client's stream"); status.Code(end.err) != codes.ResourceExhausted {
+	up.src.Last().End <- status.Error(codes.ResourceExhausted, "evicted")
+	if end := kubelettest.Recv(t, ended, "the end of the client's stream"); status.Code(end.err) != codes.ResourceExhausted {
 		t.Fatalf("after an eviction upstream the client got %v, want RESOURCE_EXHAUSTED", end.err)
 	}
 }
@@ -237,9 +238,9 @@ func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	first := nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
-	if id := recvEvent(t, stream).ContainerId; id != "c1" {
+	first := kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
 	}
 	ended := awaitEnd(t, stream)
@@ -252,9 +253,9 @@ func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
 		defer close(loopDone)
 		for {
 			select {
-			case s := <-up.src.opened:
+			case s := <-up.src.Opened:
 				opened.Add(1)
-				s.end <- crash
+				s.End <- crash
 			case <-done:
 				return
 			}
@@ -262,8 +263,8 @@ func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
 	}()
 	defer func() { close(done); <-loopDone }()
 	lost := time.Now()
-	first.end <- crash
-	checkCoreGone(t, recv(t, ended, "the end of the client's stream"), grace, lost)
+	first.End <- crash
+	checkCoreGone(t, kubelettest.Recv(t, ended, "the end of the client's stream"), grace, lost)
 	if n := opened.Load(); n < 3 {
 		t.Errorf("the relay subscribed %d times while the core crash-looped, want at least 3", n)
 	}
@@ -280,14 +281,14 @@ func TestRelayNewSubscriptionCoreDown(t *testing.T) {
 	client, gone := graceFront(t, dir, grace)
 	// No core yet.
 	stream, start := openEvents(t, client)
-	checkCoreGone(t, recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, start)
+	checkCoreGone(t, kubelettest.Recv(t, awaitEnd(t, stream), "the end of the client's stream"), grace, start)
 
 	// A core that goes away: the stream opened before it ends first, one opened later its grace after.
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	early, _ := openEvents(t, client)
-	nextOpened(t, up.src)
-	up.src.publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
-	if id := recvEvent(t, early).ContainerId; id != "c1" {
+	kubelettest.NextOpened(t, up.src)
+	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
+	if id := kubelettest.RecvEvent(t, early).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
 	}
 	lost := time.Now()
@@ -296,8 +297,8 @@ func TestRelayNewSubscriptionCoreDown(t *testing.T) {
 	time.Sleep(grace / 2)
 	late, lateStart := openEvents(t, client)
 	lateEnd := awaitEnd(t, late)
-	checkCoreGone(t, recv(t, earlyEnd, "the end of the early stream"), grace, lost)
-	checkCoreGone(t, recv(t, lateEnd, "the end of the late stream"), grace, lateStart)
+	checkCoreGone(t, kubelettest.Recv(t, earlyEnd, "the end of the early stream"), grace, lost)
+	checkCoreGone(t, kubelettest.Recv(t, lateEnd, "the end of the late stream"), grace, lateStart)
 	if n := gone.Load(); n != 3 {
 		t.Errorf("CoreGone called %d times, want 3", n)
 	}

@@ -26,7 +26,7 @@ type Config struct {
 	// LogFile, when set, receives the front's output once it serves (before, its errors go to the
 	// daemon that started it).
 	LogFile string
-	// ReadFreshness is the daemon's read-freshness key (kubelet.ReadFreshness).
+	// ReadFreshness is the daemon's read-freshness key (fresh.ReadFreshness).
 	ReadFreshness string
 	// RefreshAfterStop is the daemon's refresh-after-stop key.
 	RefreshAfterStop bool

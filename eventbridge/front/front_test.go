@@ -19,6 +19,7 @@ import (
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -111,7 +112,7 @@ func (n *node) startCore(t *testing.T) {
 
 func (n *node) config() Config {
 	return Config{Listen: "unix://" + filepath.Join(n.dir, "cri.sock"), RuntimeEndpoint: "unix://" + n.runtime, RunDir: n.runDir,
-		LogLevel: "info", ReadFreshness: string(kubelet.DefaultReadFreshness), Version: "v-test"}
+		LogLevel: "info", ReadFreshness: string(fresh.DefaultReadFreshness), Version: "v-test"}
 }
 
 // run runs a front with cfg in this process until the test ends or it returns; its error arrives on

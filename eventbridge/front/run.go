@@ -14,6 +14,7 @@ import (
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 )
@@ -93,12 +94,18 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer relay.Close()
-	pcfg := kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em,
-		ReadFreshness: kubelet.ReadFreshness(cfg.ReadFreshness), ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay,
-		Refresh: relay.RefreshStopped, RefreshAfterStop: cfg.RefreshAfterStop}
-	proxy, err := kubelet.NewProxy(pcfg)
+	// The hooks' own calls and waits end when the front does.
+	hooksDone := make(chan struct{})
+	defer close(hooksDone)
+	hooks, err := fresh.Hooks(fresh.Config{Runtime: backend, Metrics: em, ReadFreshness: fresh.ReadFreshness(cfg.ReadFreshness),
+		Refresh: relay.RefreshStopped, RefreshAfterStop: cfg.RefreshAfterStop, Done: hooksDone})
 	if err != nil {
-		return fmt.Errorf("--read-freshness or --read-source: %w", err)
+		return fmt.Errorf("--read-freshness: %w", err)
+	}
+	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em, Hooks: hooks,
+		ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay})
+	if err != nil {
+		return fmt.Errorf("--read-source: %w", err)
 	}
 	srv, err := kubelet.NewServer(cfg.Listen, proxy)
 	if err != nil {

@@ -63,7 +63,7 @@ func TestEncodedEventStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := encodedSource{encoded: b, decoded: event("decoded", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)}
-	srv, _ := startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, be.path), Events: src, ReadFreshness: ReadFreshnessOff})
+	srv, _ := startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, be.path), Events: src})
 	conn := connect(t, srv.Addr().String())
 
 	for range 2 { // two streams get the same shared bytes

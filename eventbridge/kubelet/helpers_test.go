@@ -98,7 +98,7 @@ func newEnv(t testing.TB, containers int, opts ...grpc.ServerOption) *env {
 	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
 	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
 	e.server, _ = startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, e.backend.path),
-		Events: e.source, Metrics: e.metrics, ReadFreshness: ReadFreshnessOff}, opts...)
+		Events: e.source, Metrics: e.metrics}, opts...)
 	e.direct = connect(t, e.backend.path)
 	e.proxied = connect(t, e.server.Addr().String())
 	return e
@@ -151,15 +151,4 @@ func (m *recordingMetrics) streams() (open int, closed []codes.Code) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.open, slices.Clone(m.closed)
-}
-
-// hookOf returns the proxy's hook of type H (the zero H when it has none).
-func hookOf[H ReadHook](p *Proxy) H {
-	for _, h := range p.hooks {
-		if h, ok := h.(H); ok {
-			return h
-		}
-	}
-	var none H
-	return none
 }

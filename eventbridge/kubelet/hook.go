@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // ReadHook is the one seam between the endpoint and what adjusts the answers a client gets after the
@@ -49,6 +50,10 @@ func (c *Call) Request() []byte {
 	}
 	return c.u.req.Data
 }
+
+// ObjectID returns the id a unary call's request names first (field 1: a container's or sandbox's id in
+// the CRI's calls about one object), or "".
+func (c *Call) ObjectID() string { return firstString(c.Request()) }
 
 // Answer returns the answer the client is to get so far: the message, encoded, or the runtime's error
 // (nil, nil before a forward).
@@ -106,4 +111,27 @@ func (p *Proxy) through(ctx context.Context, c *Call, hooks []ReadHook) error {
 		return nil
 	}
 	return hooks[0].Call(ctx, c, func(ctx context.Context) error { return p.through(ctx, c, hooks[1:]) })
+}
+
+// firstString returns the first field of an encoded request when it is a string (a CRI request's id).
+func firstString(b []byte) string {
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		if num == 1 && wt == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return ""
+			}
+			return string(v)
+		}
+		if n = protowire.ConsumeFieldValue(num, wt, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
 }

@@ -64,7 +64,7 @@ func TestReadHooks(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "hk-")
 	b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(1))
 	metrics := &recordingMetrics{}
-	p := mustProxy(t, ProxyConfig{Backend: connect(t, b.path), Metrics: metrics, ReadFreshness: ReadFreshnessOff})
+	p := mustProxy(t, ProxyConfig{Backend: connect(t, b.path), Metrics: metrics})
 	var mu sync.Mutex
 	var log []string
 	const version, list = "/runtime.v1.RuntimeService/Version", "/runtime.v1.RuntimeService/ListContainers"

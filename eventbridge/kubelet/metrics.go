@@ -42,7 +42,7 @@ func (NopMetrics) EventSent(time.Duration) {}
 func (NopMetrics) UpstreamConnectionState(bool) {}
 
 // FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
-// running an object the event stream had already reported stopped (see ProxyConfig.ReadFreshness).
+// running an object the event stream had already reported stopped (see fresh.Config.ReadFreshness).
 type FreshnessMetrics interface {
 	// StaleRead is called, in the hold mode, when the runtime's answer to a status read was older than
 	// the event stream: how long the proxy held the read, and whether the runtime caught up within the

@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"context"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/containerd/log"
 
@@ -40,9 +38,6 @@ type Proxy struct {
 	now func() time.Time
 	// hooks see every event sent and the calls they want, in order (hook.go).
 	hooks []ReadHook
-	// shutdown is closed by Shutdown: the hooks' own calls end.
-	shutdown     chan struct{}
-	shutdownOnce sync.Once
 }
 
 // ProxyConfig is everything a Proxy is built from. As every component of pleg-nri, the proxy takes one
@@ -55,30 +50,13 @@ type ProxyConfig struct {
 	// Metrics is told about the proxy's work; nil is NopMetrics. It may also implement
 	// FreshnessMetrics and RefreshMetrics.
 	Metrics Metrics
-	// ReadFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
-	// ListPodSandbox) consistent with the events this proxy sent; "" is DefaultReadFreshness. While the
-	// proxy has sent a STOPPED for an object whose status the runtime's answer still shows running,
-	// ReadFreshnessOverlay answers with the stopped status that was sent, and ReadFreshnessHold asks the
-	// runtime again (2 ms, 4 ms, ... 50 ms apart) until its answer shows the stop or FreshnessWait has
-	// passed, and then gives the client the runtime's answer byte for byte. ReadFreshnessOff forwards
-	// status reads like any other call. Only the events served by the proxy itself count.
-	ReadFreshness ReadFreshness
-	// FreshnessWait bounds a held read; default DefaultFreshnessWait.
-	FreshnessWait time.Duration
-	// Refresh asks the event source to send its STOPPED of an object (container or sandbox id) again,
-	// stamped now, to every subscriber: the front's is Relay.RefreshStopped (the core fills it from its
-	// state, in order with the pod's other events). The hold mode asks for it once the runtime caught
-	// up with a read that gave up (refresh.go), and RefreshAfterStop after a stop; nil: neither does.
-	Refresh func(ctx context.Context, id string) error
-	// RefreshAfterStop, with Refresh, asks for the refresh after each StopContainer or StopPodSandbox
-	// the runtime answered, once the client's calls about that pod have been quiet for a moment, of
-	// the object stopped last (the sandbox once it was stopped; see afterstop.go). Best effort: an
-	// error is logged at debug level.
-	RefreshAfterStop bool
+	// Hooks adjust the answers after the events (read freshness and the refresh after a stop: package
+	// fresh), in the order a call goes through them, after read-source's (ReadSource).
+	Hooks []ReadHook
 	// ReadSource says where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are
 	// answered; "" is DefaultReadSource. ReadSourceState answers them from State when it says it is
 	// current for what is asked, and no mutating call forwarded by this proxy that may change the
-	// answer is in flight; otherwise they are forwarded (with ReadFreshness). ReadSourceCheck forwards
+	// answer is in flight; otherwise they are forwarded (through Hooks). ReadSourceCheck forwards
 	// them, and compares each answer with State's where State is current and nothing changed while it
 	// asked (StateReadMetrics counts every read and every difference; the first differences are
 	// logged). ReadSourceRuntime forwards them as any call.
@@ -92,12 +70,8 @@ type ProxyConfig struct {
 }
 
 // NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
-// ReadFreshness that ParseReadFreshness refuses is an error.
+// ReadSource that ParseReadSource refuses is an error.
 func NewProxy(cfg ProxyConfig) (*Proxy, error) {
-	mode, err := ParseReadFreshness(string(cfg.ReadFreshness))
-	if err != nil {
-		return nil, err
-	}
 	source, err := ParseReadSource(string(cfg.ReadSource))
 	if err != nil {
 		return nil, err
@@ -108,28 +82,12 @@ func NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
 	}
-	p := &Proxy{backend: cfg.Backend, metrics: cfg.Metrics, now: time.Now, shutdown: make(chan struct{})}
-	now := func() time.Time { return p.now() }
-	// In the order a call goes through them: read-source wraps the others (a mutation is in flight
-	// until the runtime answered, whatever they do), the refresh after a stop sees the stops the
-	// runtime answered, read freshness asks the runtime.
+	p := &Proxy{backend: cfg.Backend, metrics: cfg.Metrics, now: time.Now}
+	// Read-source wraps the others: a mutation is in flight until the runtime answered, whatever they do.
 	if source != ReadSourceRuntime {
-		p.hooks = append(p.hooks, newStateReads(source, cfg.State, cfg.Metrics, now))
+		p.hooks = append(p.hooks, newStateReads(source, cfg.State, cfg.Metrics, func() time.Time { return p.now() }))
 	}
-	if cfg.RefreshAfterStop && cfg.Refresh != nil {
-		p.hooks = append(p.hooks, newStopRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown))
-	}
-	if mode != ReadFreshnessOff {
-		var refresh *refresher
-		if mode == ReadFreshnessHold && cfg.Refresh != nil {
-			var sent func(bool)
-			if m, ok := cfg.Metrics.(RefreshMetrics); ok {
-				sent = m.RefreshSent
-			}
-			refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(p.backend), cfg.Refresh, now, p.shutdown, sent)
-		}
-		p.hooks = append(p.hooks, newFreshReads(mode, cfg.FreshnessWait, refresh, cfg.Metrics, now))
-	}
+	p.hooks = append(p.hooks, cfg.Hooks...)
 	if cfg.Events != nil {
 		ecfg := EventServiceConfig{Source: cfg.Events, Metrics: cfg.Metrics, MaxEventStreams: cfg.MaxEventStreams,
 			MaxEventStreamsPerConnection: cfg.MaxEventStreamsPerConnection}
@@ -156,12 +114,9 @@ func (p *Proxy) ServerOptions() []grpc.ServerOption { return ServerOptions(p.Han
 // Shutdown ends every open GetContainerEvents stream (with codes.Unavailable) and makes new ones fail, so
 // that a graceful stop of the server does not wait for them. Forwarded calls are not affected.
 func (p *Proxy) Shutdown() {
-	p.shutdownOnce.Do(func() {
-		if p.events != nil {
-			p.events.Shutdown()
-		}
-		close(p.shutdown)
-	})
+	if p.events != nil {
+		p.events.Shutdown()
+	}
 }
 
 // ServerOptions returns the options that make a grpc.Server serve every method, known or not, with

@@ -72,11 +72,11 @@ func (r *stateReads) Wants(method string) bool { return stateReadMethods[method]
 // or forwards a mutating call, counted in flight until the runtime answered.
 func (r *stateReads) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
 	if !stateReadMethods[c.Method()] {
-		defer r.muts.begin(c.Method(), firstString(c.Request()))()
+		defer r.muts.begin(c.Method(), c.ObjectID())()
 		return forward(ctx)
 	}
 	req := c.Request()
-	blocked, begun := r.muts.blocks(c.Method(), firstString(req))
+	blocked, begun := r.muts.blocks(c.Method(), c.ObjectID())
 	var before []byte
 	ok := false
 	if !blocked {

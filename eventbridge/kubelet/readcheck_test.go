@@ -164,7 +164,7 @@ func newReadEnv(t *testing.T, source ReadSource) *readEnv {
 	testutil.ServeGRPC(t, path, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) },
 		grpc.ForceServerCodec(deterministicCodec{}))
 	srv, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, path), Metrics: e.metrics,
-		ReadFreshness: ReadFreshnessOff, ReadSource: source, State: e.state})
+		ReadSource: source, State: e.state})
 	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
 	return e
 }

@@ -25,7 +25,7 @@ func TestHandlerPanicIsAnError(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "eb-")
 	b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(1))
 	srv, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, b.path),
-		Events: newFakeSource(), Metrics: panickingMetrics{}, ReadFreshness: ReadFreshnessOff})
+		Events: newFakeSource(), Metrics: panickingMetrics{}})
 	client := runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
 	for range 2 {
 		_, err := client.Version(testCtx(t), &runtimeapi.VersionRequest{})

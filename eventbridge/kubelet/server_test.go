@@ -12,7 +12,7 @@ import (
 
 func TestServerRefusesSecondInstance(t *testing.T) {
 	e := newEnv(t, 1)
-	s2, err := NewServer(e.server.Addr().String(), mustProxy(t, ProxyConfig{Backend: e.direct, ReadFreshness: ReadFreshnessOff}))
+	s2, err := NewServer(e.server.Addr().String(), mustProxy(t, ProxyConfig{Backend: e.direct}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestServerStopRightAfterStart(t *testing.T) {
 	e := newEnv(t, 1)
 	dir := testutil.ShortTempDir(t, "eb")
 	for i := range 50 {
-		srv, err := NewServer("unix://"+filepath.Join(dir, fmt.Sprintf("s%d.sock", i)), mustProxy(t, ProxyConfig{Backend: e.direct, ReadFreshness: ReadFreshnessOff}))
+		srv, err := NewServer("unix://"+filepath.Join(dir, fmt.Sprintf("s%d.sock", i)), mustProxy(t, ProxyConfig{Backend: e.direct}))
 		if err != nil {
 			t.Fatal(err)
 		}

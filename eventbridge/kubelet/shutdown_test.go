@@ -41,8 +41,7 @@ func TestShutdownSendsWhatWasTaken(t *testing.T) {
 		dir := testutil.ShortTempDir(t, "eb-")
 		src := &countingSource{}
 		b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(0))
-		srv, stop := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, b.path), Events: src,
-			ReadFreshness: ReadFreshnessOff})
+		srv, stop := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, b.path), Events: src})
 		client := runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
 		stream, err := client.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{})
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
@@ -69,7 +70,7 @@ type Config struct {
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
-	// older state than an event already sent: overlay, hold or off (kubelet.ReadFreshness).
+	// older state than an event already sent: overlay, hold or off (fresh.ReadFreshness).
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
@@ -109,7 +110,7 @@ func Default() Config {
 		StateDir:               "/var/lib/pleg-nri",
 		CheckpointInterval:     Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:          Duration(time.Minute),
-		ReadFreshness:          string(kubelet.DefaultReadFreshness),
+		ReadFreshness:          string(fresh.DefaultReadFreshness),
 		ReadSource:             string(kubelet.DefaultReadSource),
 		CoreGrace:              Duration(corelink.DefaultCoreGrace),
 	}
@@ -265,7 +266,7 @@ func (c Config) Validate() error {
 	if c.PluginIdx != "" && api.CheckPluginIndex(c.PluginIdx) != nil {
 		bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 	}
-	if _, err := kubelet.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
+	if _, err := fresh.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
 	}
 	if _, err := kubelet.ParseReadSource(c.ReadSource); err != nil || c.ReadSource == "" {

@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
 	"google.golang.org/grpc/status"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 )
 
 // The delays between the calls of a held status read: freshRetryMin, doubling up to freshRetryMax.
@@ -17,7 +19,7 @@ const (
 
 // freshReads is the read-freshness hook: it tracks the objects the served events reported stopped
 // (stoppedTracker), and makes the status reads whose answers show one of them running consistent with
-// the events (see ProxyConfig.ReadFreshness).
+// the events (see Config.ReadFreshness).
 type freshReads struct {
 	mode    ReadFreshness
 	tracker *stoppedTracker
@@ -26,13 +28,13 @@ type freshReads struct {
 	// refresh, in the hold mode, watches the objects whose held reads gave up and asks for their
 	// refresh (refresh.go); nil: none.
 	refresh *refresher
-	metrics Metrics
+	metrics kubelet.Metrics
 	now     func() time.Time
 }
 
-var _ ReadHook = (*freshReads)(nil)
+var _ kubelet.ReadHook = (*freshReads)(nil)
 
-func newFreshReads(mode ReadFreshness, wait time.Duration, refresh *refresher, metrics Metrics, now func() time.Time) *freshReads {
+func newFreshReads(mode ReadFreshness, wait time.Duration, refresh *refresher, metrics kubelet.Metrics, now func() time.Time) *freshReads {
 	if wait <= 0 {
 		wait = DefaultFreshnessWait
 	}
@@ -51,7 +53,7 @@ func (f *freshReads) Sending(event []byte) { f.tracker.observe(event) }
 func (f *freshReads) Wants(method string) bool { return f.tracker.any() && readFixes[method] != nil }
 
 // Call makes the status read c and leaves in it the answer the client is to get, consistent with the
-// events this proxy sent (see ProxyConfig.ReadFreshness):
+// events this proxy sent (see Config.ReadFreshness):
 //   - in the overlay mode, the runtime's answer, in which the objects it shows running that the stream
 //     reported stopped are shown as the stream reported them (one call);
 //   - in the hold mode, the first of the runtime's answers that shows none of them running, asking
@@ -61,7 +63,7 @@ func (f *freshReads) Wants(method string) bool { return f.tracker.any() && readF
 //
 // The calls are made on the caller's goroutine. It returns an error only when ctx ends while the read is
 // held: the client gets that error and none of the runtime's answers.
-func (f *freshReads) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
+func (f *freshReads) Call(ctx context.Context, c *kubelet.Call, forward func(context.Context) error) error {
 	fix := readFixes[c.Method()]
 	if f.mode == ReadFreshnessOverlay {
 		if err := forward(ctx); err != nil {
@@ -74,21 +76,21 @@ func (f *freshReads) Call(ctx context.Context, c *Call, forward func(context.Con
 }
 
 // overlay is Call in the overlay mode, once the runtime answered.
-func (f *freshReads) overlay(c *Call, fix *readFix) {
+func (f *freshReads) overlay(c *kubelet.Call, fix *readFix) {
 	answer, err := c.Answer()
 	if err != nil || !f.tracker.mentioned(answer) {
 		return // nothing in it is ahead of the runtime
 	}
 	if b := fix.overlay(f.tracker, c.Request(), answer); b != nil {
 		c.SetAnswer(b)
-		if m, ok := f.metrics.(FreshnessMetrics); ok {
+		if m, ok := f.metrics.(kubelet.FreshnessMetrics); ok {
 			m.OverlaidRead(c.Method())
 		}
 	}
 }
 
 // hold is Call in the hold mode.
-func (f *freshReads) hold(ctx context.Context, c *Call, fix *readFix, forward func(context.Context) error) error {
+func (f *freshReads) hold(ctx context.Context, c *kubelet.Call, fix *readFix, forward func(context.Context) error) error {
 	start := f.now()
 	held := false
 	retry := &backoff.ExponentialBackOff{InitialInterval: freshRetryMin, Multiplier: 2, MaxInterval: freshRetryMax}
@@ -133,7 +135,7 @@ func (f *freshReads) hold(ctx context.Context, c *Call, fix *readFix, forward fu
 
 // staleRead reports a status read the runtime first answered with an older state than the event stream.
 func (f *freshReads) staleRead(method string, start time.Time, caughtUp bool) {
-	if m, ok := f.metrics.(FreshnessMetrics); ok {
+	if m, ok := f.metrics.(kubelet.FreshnessMetrics); ok {
 		m.StaleRead(method, f.now().Sub(start), caughtUp)
 	}
 }

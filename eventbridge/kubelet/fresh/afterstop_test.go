@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/kubelettest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -71,23 +73,13 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 		e.asks <- refreshAsk{id, time.Now()}
 		return nil
 	}
-	p := mustProxy(t, ProxyConfig{Backend: connect(t, rtPath), Events: newFakeSource(), ReadFreshness: ReadFreshnessOff,
-		Refresh: refresh, RefreshAfterStop: true})
-	settle := hookOf[*stopRefresher](p)
+	backend := kubelettest.Connect(t, rtPath)
+	hooks := mustHooks(t, Config{Runtime: backend, ReadFreshness: ReadFreshnessOff, Refresh: refresh, RefreshAfterStop: true})
+	settle := hookOf[*stopRefresher](hooks)
 	settle.quiet, settle.max = quiet, maxWait
-	srv, err := NewServer("unix://"+filepath.Join(dir, "front.sock"), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-	})
-	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
+	srv, _ := kubelettest.Serve(t, filepath.Join(dir, "front.sock"), kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: backend,
+		Events: kubelettest.NewSource(), Hooks: hooks}))
+	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, srv.Addr().String()))
 	return e
 }
 
@@ -107,7 +99,7 @@ func (e *afterStopEnv) noAsk(t *testing.T, d time.Duration) {
 func TestRefreshAfterStop(t *testing.T) {
 	const quiet = 100 * time.Millisecond
 	e := newAfterStopEnv(t, quiet, 5*time.Second)
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 
 	// The kubelet's termination: the containers' stops, the sandbox's, then its reads of the pod.
 	for _, c := range []string{"c1", "c2"} {
@@ -128,7 +120,7 @@ func TestRefreshAfterStop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a := recv(t, e.asks, "the refresh after the pod's stop")
+	a := kubelettest.Recv(t, e.asks, "the refresh after the pod's stop")
 	if a.id != "s1" {
 		t.Errorf("refresh of %s, want the sandbox s1", a.id)
 	}
@@ -141,7 +133,7 @@ func TestRefreshAfterStop(t *testing.T) {
 	if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "c1"}); err != nil {
 		t.Fatal(err)
 	}
-	if a := recv(t, e.asks, "the refresh after a container's stop"); a.id != "c1" {
+	if a := kubelettest.Recv(t, e.asks, "the refresh after a container's stop"); a.id != "c1" {
 		t.Errorf("refresh of %s, want c1", a.id)
 	}
 
@@ -158,7 +150,7 @@ func TestRefreshAfterStop(t *testing.T) {
 func TestRefreshAfterStopBounded(t *testing.T) {
 	const quiet, maxWait = 200 * time.Millisecond, 500 * time.Millisecond
 	e := newAfterStopEnv(t, quiet, maxWait)
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	start := time.Now()
 	if _, err := e.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: "s1"}); err != nil {
 		t.Fatal(err)
@@ -175,7 +167,7 @@ func TestRefreshAfterStopBounded(t *testing.T) {
 			_, _ = e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
 		}
 	})
-	a := recv(t, e.asks, "the bounded refresh")
+	a := kubelettest.Recv(t, e.asks, "the bounded refresh")
 	close(done)
 	wg.Wait()
 	if a.id != "s1" {

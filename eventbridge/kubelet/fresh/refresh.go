@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"context"

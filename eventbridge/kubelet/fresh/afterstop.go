@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"context"
@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/containerd/log"
-	"google.golang.org/protobuf/encoding/protowire"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 )
 
 // A refresh after a stop. A kubelet 1.35 or 1.36 with EventedPLEG ends each sync of a pod by noting
@@ -49,29 +50,6 @@ const (
 	stopPodSandboxMethod = "/runtime.v1.RuntimeService/StopPodSandbox"
 )
 
-// firstString returns the first field of an encoded request when it is a string (a CRI request's id).
-func firstString(b []byte) string {
-	for len(b) > 0 {
-		num, wt, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
-		if num == 1 && wt == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return ""
-			}
-			return string(v)
-		}
-		if n = protowire.ConsumeFieldValue(num, wt, b); n < 0 {
-			return ""
-		}
-		b = b[n:]
-	}
-	return ""
-}
-
 // stopRefresher asks for the refreshes after the stops its proxy forwarded. It is safe for concurrent use.
 type stopRefresher struct {
 	cri runtimeapi.RuntimeServiceClient
@@ -105,7 +83,7 @@ func newStopRefresher(cri runtimeapi.RuntimeServiceClient, refresh func(context.
 		pods: map[string]*settling{}, ids: map[string]*settling{}}
 }
 
-var _ ReadHook = (*stopRefresher)(nil)
+var _ kubelet.ReadHook = (*stopRefresher)(nil)
 
 // Sending does nothing: the stops the refresher follows are the client's calls.
 func (*stopRefresher) Sending([]byte) {}
@@ -116,8 +94,8 @@ func (s *stopRefresher) Wants(method string) bool {
 }
 
 // Call forwards c and reports it once the runtime answered.
-func (s *stopRefresher) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
-	id := firstString(c.Request())
+func (s *stopRefresher) Call(ctx context.Context, c *kubelet.Call, forward func(context.Context) error) error {
+	id := c.ObjectID()
 	if err := forward(ctx); err != nil {
 		return err
 	}

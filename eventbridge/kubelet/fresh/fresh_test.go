@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/kubelettest"
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -105,7 +107,7 @@ func (m *staleReads) OverlaidRead(method string) {
 }
 
 type freshMetrics struct {
-	NopMetrics
+	kubelet.NopMetrics
 	*staleReads
 }
 
@@ -132,7 +134,7 @@ func stoppedEvents() []*runtimeapi.ContainerEventResponse {
 // subscribed to the proxy's events.
 type freshEnv struct {
 	rt      *laggingRuntime
-	source  *fakeSource
+	source  *kubelettest.Source
 	metrics *staleReads
 	client  runtimeapi.RuntimeServiceClient
 	events  grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
@@ -141,7 +143,7 @@ type freshEnv struct {
 func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv {
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "eb-")
-	e := &freshEnv{rt: &laggingRuntime{}, source: newFakeSource(), metrics: &staleReads{}}
+	e := &freshEnv{rt: &laggingRuntime{}, source: kubelettest.NewSource(), metrics: &staleReads{}}
 	rtPath := filepath.Join(dir, "rt.sock")
 	testutil.ServeGRPC(t, rtPath, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) })
 	refresh := func(_ context.Context, id string) error {
@@ -150,14 +152,17 @@ func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv
 		e.metrics.asked = append(e.metrics.asked, fmt.Sprintf("%s behind %d", id, max(e.rt.behind.Load(), 0)))
 		return nil
 	}
-	s, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, rtPath), Events: e.source,
-		Metrics: freshMetrics{staleReads: e.metrics}, ReadFreshness: mode, FreshnessWait: wait, Refresh: refresh})
-	e.client = runtimeapi.NewRuntimeServiceClient(connect(t, s.Addr().String()))
+	backend := kubelettest.Connect(t, rtPath)
+	metrics := freshMetrics{staleReads: e.metrics}
+	hooks := mustHooks(t, Config{Runtime: backend, Metrics: metrics, ReadFreshness: mode, FreshnessWait: wait, Refresh: refresh})
+	s, _ := kubelettest.Serve(t, filepath.Join(dir, "cri.sock"), kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: backend, Events: e.source,
+		Metrics: metrics, Hooks: hooks}))
+	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, s.Addr().String()))
 	var err error
-	if e.events, err = e.client.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{}); err != nil {
+	if e.events, err = e.client.GetContainerEvents(kubelettest.Ctx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	nextOpened(t, e.source)
+	kubelettest.NextOpened(t, e.source)
 	return e
 }
 
@@ -165,10 +170,10 @@ func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv
 func (e *freshEnv) send(t *testing.T, evs ...*runtimeapi.ContainerEventResponse) {
 	t.Helper()
 	for _, ev := range evs {
-		e.source.publish(ev)
+		e.source.Publish(ev)
 	}
 	for range evs {
-		recvEvent(t, e.events)
+		kubelettest.RecvEvent(t, e.events)
 	}
 }
 
@@ -223,7 +228,7 @@ func statusReads(ctx context.Context, c runtimeapi.RuntimeServiceClient) []struc
 // stream reported stopped is asked again until the runtime catches up, within the bound; other reads
 // go through once.
 func TestReadFreshnessHold(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	t.Run("caught up", func(t *testing.T) {
 		e := newFreshEnv(t, ReadFreshnessHold, 0)
 		for _, read := range statusReads(ctx, e.client) {
@@ -284,7 +289,7 @@ func TestReadFreshnessHold(t *testing.T) {
 // fields an exit changes and the runtime's answer in all others; once the runtime shows the stop, its
 // own answers go through unchanged.
 func TestReadFreshnessOverlay(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	e := newFreshEnv(t, ReadFreshnessOverlay, 0)
 	e.send(t, stoppedEvents()...)
 	e.rt.behind.Store(1 << 30)
@@ -354,7 +359,7 @@ func TestReadFreshnessOverlay(t *testing.T) {
 // TestReadFreshnessForgets: a DELETED sent for an object, and its sandbox's DELETED for a container, end
 // the overlay; the mode off never changes an answer.
 func TestReadFreshnessForgets(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := kubelettest.Ctx(t)
 	state := func(e *freshEnv) runtimeapi.ContainerState {
 		t.Helper()
 		r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
@@ -428,33 +433,37 @@ func (s *sendCheck) SendMsg(m any) error {
 // TestStoppedTrackedBeforeSend (issue 11, item 6): the proxy records a STOPPED before it writes it to
 // the subscriber, so that a read the event causes always finds it.
 func TestStoppedTrackedBeforeSend(t *testing.T) {
-	src := newFakeSource()
-	p := mustProxy(t, ProxyConfig{Events: src, ReadFreshness: ReadFreshnessOverlay})
+	src := kubelettest.NewSource()
+	hook := hookOf[*freshReads](mustHooks(t, Config{ReadFreshness: ReadFreshnessOverlay}))
+	events, err := kubelet.NewEventService(kubelet.EventServiceConfig{Source: src, Sending: hook.Sending})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := proto.Marshal(&runtimeapi.GetEventsRequest{})
-	ss := &sendCheck{ctx: ctx, tracker: hookOf[*freshReads](p).tracker, req: req, sent: make(chan bool, 10)}
+	ss := &sendCheck{ctx: ctx, tracker: hook.tracker, req: req, sent: make(chan bool, 10)}
 	done := make(chan error, 1)
-	go func() { done <- p.events.Serve(ss) }()
-	nextOpened(t, src)
+	go func() { done <- events.Serve(ss) }()
+	kubelettest.NextOpened(t, src)
 	for _, ev := range stoppedEvents() {
-		src.publish(ev)
-		if !recv(t, ss.sent, "the send of "+ev.ContainerId) {
+		src.Publish(ev)
+		if !kubelettest.Recv(t, ss.sent, "the send of "+ev.ContainerId) {
 			t.Errorf("%s was written before the proxy tracked it", ev.ContainerId)
 		}
 	}
 	cancel()
-	recv(t, done, "Serve to return")
+	kubelettest.Recv(t, done, "Serve to return")
 }
 
 // TestReadFreshnessRefresh (issue 11, item 7; issue 57): when a held read gives up and answers the
 // runtime's RUNNING, the proxy watches the runtime, and once it shows the stop (not before) it asks the
 // event source to send the container's STOPPED again, once.
 func TestReadFreshnessRefresh(t *testing.T) {
-	e := newGivenUpRead(t, testCtx(t))
+	e := newGivenUpRead(t, kubelettest.Ctx(t))
 	// The proxy's watch finds the runtime still behind, then the runtime catches up.
 	calls := e.rt.calls.Load()
-	testutil.Eventually(t, waitTimeout, "the refresh watch to ask the runtime", func() bool { return e.rt.calls.Load() > calls+1 })
+	testutil.Eventually(t, kubelettest.WaitTimeout, "the refresh watch to ask the runtime", func() bool { return e.rt.calls.Load() > calls+1 })
 	e.metrics.mu.Lock()
 	early := slices.Clone(e.metrics.asked)
 	e.metrics.mu.Unlock()
@@ -462,7 +471,7 @@ func TestReadFreshnessRefresh(t *testing.T) {
 		t.Fatalf("refresh asked for while the runtime still showed the container running: %v", early)
 	}
 	e.rt.behind.Store(0)
-	if err := testutil.Poll(context.Background(), waitTimeout, "the refresh to be asked for and reported", func() (bool, error) {
+	if err := testutil.Poll(context.Background(), kubelettest.WaitTimeout, "the refresh to be asked for and reported", func() (bool, error) {
 		e.metrics.mu.Lock()
 		defer e.metrics.mu.Unlock()
 		return slices.Equal(e.metrics.asked, []string{"c1 behind 0"}) && slices.Equal(e.metrics.refreshes, []bool{true}),

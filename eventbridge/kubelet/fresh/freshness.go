@@ -1,4 +1,4 @@
-package kubelet
+package fresh
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 )
 
 // ReadFreshness says how the CRI endpoint keeps its status reads consistent with the events it already
-// sent (see ProxyConfig.ReadFreshness).
+// sent (see Config.ReadFreshness).
 //
 // containerd updates an exited container's CRI status only once its exit handler deleted the task,
 // milliseconds to seconds after the exit that pleg-nri reports; a client that got the STOPPED and then
