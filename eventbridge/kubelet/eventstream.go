@@ -31,7 +31,7 @@ type EventStream interface {
 	// when unknown). It blocks until there is one, ctx is done, or the subscription ends: the error then
 	// says why and ends the client's stream, e.g. a gRPC status error with codes.ResourceExhausted when
 	// the subscriber was evicted for being too slow. A Next ended by ctx may lose what the subscription
-	// had queued (a Relay ends its upstream stream): the EventService ends a Next only when the client's stream
+	// had queued (a Relay ends its stream from the core): the EventService ends a Next only when the client's stream
 	// ends, and closes the subscription then.
 	Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error)
 	// Close ends the subscription, and a pending Next with it. It is called exactly once, when the
@@ -117,7 +117,7 @@ func (s *EventService) Shutdown() {
 //
 // One goroutine, the pump, calls the subscription's Next; this one sends what it hands over, and
 // watches the client and the service's shutdown. No shutdown ever ends a Next: a Next ended early can
-// lose what its subscription had queued (a Relay's upstream stream ends, and the new one starts from
+// lose what its subscription had queued (a Relay's stream from the core ends, and the new one starts from
 // now), and a Next that waits on a source that is gone (a Relay whose core does not come back) must
 // not keep the stream, and the server's stop, waiting.
 func (s *EventService) Serve(ss grpc.ServerStream) (err error) {

@@ -140,7 +140,7 @@ func (m *recordingMetrics) EventStreamRefused(limit string) {
 	}
 	m.refused[limit]++
 }
-func (m *recordingMetrics) UpstreamConnectionState(up bool) {
+func (m *recordingMetrics) RuntimeConnectionState(up bool) {
 	m.mu.Lock()
 	m.upstream = append(m.upstream, up)
 	m.mu.Unlock()

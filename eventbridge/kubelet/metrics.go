@@ -17,8 +17,8 @@ type Metrics interface {
 	EventStreamClosed(code codes.Code)
 	// EventSent is called for each event sent, with the time from its source to the send.
 	EventSent(latency time.Duration)
-	// UpstreamConnectionState is called when the connection to the runtime goes up or down.
-	UpstreamConnectionState(up bool)
+	// RuntimeConnectionState is called when the connection to the runtime goes up or down.
+	RuntimeConnectionState(up bool)
 }
 
 // NopMetrics is a Metrics that does nothing.
@@ -38,8 +38,8 @@ func (NopMetrics) EventStreamClosed(codes.Code) {}
 // EventSent does nothing.
 func (NopMetrics) EventSent(time.Duration) {}
 
-// UpstreamConnectionState does nothing.
-func (NopMetrics) UpstreamConnectionState(bool) {}
+// RuntimeConnectionState does nothing.
+func (NopMetrics) RuntimeConnectionState(bool) {}
 
 // FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
 // running an object the event stream had already reported stopped (see fresh.Config.ReadFreshness).

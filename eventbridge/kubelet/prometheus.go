@@ -117,7 +117,7 @@ func (m *PrometheusMetrics) EventStreamRefused(limit string) { m.refused.WithLab
 // EventSent does nothing: the relayed events carry no source time (the core measures its sends).
 func (m *PrometheusMetrics) EventSent(time.Duration) {}
 
-func (m *PrometheusMetrics) UpstreamConnectionState(up bool) { m.upstreams.Set(m.upstream, up, false) }
+func (m *PrometheusMetrics) RuntimeConnectionState(up bool) { m.upstreams.Set(m.upstream, up, false) }
 
 // StaleRead is FreshnessMetrics' hook.
 func (m *PrometheusMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {

@@ -27,9 +27,9 @@ type Service interface {
 	Shutdown()
 }
 
-// upstreamWatcher is a Service that reports the state of its connection to the runtime (Proxy).
-type upstreamWatcher interface {
-	WatchUpstream(ctx context.Context)
+// runtimeWatcher is a Service that reports the state of its connection to the runtime (Proxy).
+type runtimeWatcher interface {
+	WatchRuntime(ctx context.Context)
 }
 
 // Server is a gRPC server of a Service (pleg-nri's CRI endpoint, or the core's socket), on a listener
@@ -42,9 +42,9 @@ type Server struct {
 	lis net.Listener
 	// errCh receives the result of Serve, once.
 	errCh chan error
-	// stopWatch ends the upstream watcher.
+	// stopWatch ends the runtime connection's watcher.
 	stopWatch context.CancelFunc
-	// watchDone is closed when the upstream watcher has returned.
+	// watchDone is closed when that watcher has returned.
 	watchDone chan struct{}
 }
 
@@ -85,13 +85,13 @@ func (s *Server) StartOn(ctx context.Context, l net.Listener) error {
 		return errors.New("server already started")
 	}
 	s.lis = l
-	if w, ok := s.service.(upstreamWatcher); ok {
+	if w, ok := s.service.(runtimeWatcher); ok {
 		watchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		s.stopWatch = cancel
 		s.watchDone = make(chan struct{})
 		go func() {
 			defer close(s.watchDone)
-			w.WatchUpstream(watchCtx)
+			w.WatchRuntime(watchCtx)
 		}()
 	}
 	go func() {

@@ -8,10 +8,10 @@ import (
 	"google.golang.org/grpc/connectivity"
 )
 
-// WatchUpstream reports the state of the connection to the runtime to the metrics until ctx is done (see
+// WatchRuntime reports the state of the connection to the runtime to the metrics until ctx is done (see
 // WatchConnection).
-func (p *Proxy) WatchUpstream(ctx context.Context) {
-	WatchConnection(ctx, p.backend, p.metrics.UpstreamConnectionState)
+func (p *Proxy) WatchRuntime(ctx context.Context) {
+	WatchConnection(ctx, p.backend, p.metrics.RuntimeConnectionState)
 }
 
 // WatchConnection reports the state of conn to report until ctx is done: up when it is READY, down when
