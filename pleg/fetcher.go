@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // fetchReq asks for one CRI status.
@@ -127,11 +129,7 @@ var defaultBackoff = backoff{
 }
 
 func (b backoff) delay(attempt int, limit time.Duration) time.Duration {
-	d := b.initial
-	for i := 1; i < attempt && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
+	return retry.Nth(b.initial, limit, attempt-1)
 }
 
 // runFetchers runs the dispatcher and the status workers until ctx is done.

@@ -123,6 +123,18 @@ func (p Phase) String() string {
 	return fmt.Sprintf("phase(%d)", uint8(p))
 }
 
+// Observer receives the observations an input makes (the NRI plugin, containerd's task events); *PLEG
+// satisfies it. Observe must not block: each input calls it from the goroutine that reads its source.
+type Observer interface {
+	Observe(Observation)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Observation)
+
+// Observe calls f(o).
+func (f ObserverFunc) Observe(o Observation) { f(o) }
+
 // Observation is one fact about one sandbox or container, as an input saw it. Fields an input does not
 // know are left zero.
 type Observation struct {

@@ -10,6 +10,8 @@ import (
 	"github.com/containerd/log"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // Bounds of the exit verification: containerd's exit handling (task.Delete) can take seconds under IO
@@ -42,10 +44,7 @@ func (s *state) reverify(ctx context.Context, o *object) {
 			Warn("containerd's status never showed the exit that was reported: the STOPPED is not verified")
 		return
 	}
-	d := s.verifyDelay
-	for range o.verifyAttempt {
-		d = min(2*d, maxVerifyDelay)
-	}
+	d := retry.Nth(s.verifyDelay, maxVerifyDelay, o.verifyAttempt)
 	o.verifyAttempt++
 	o.verifying = true
 	s.fetch.push(fetchReq{id: o.id, kind: o.kind, verify: true, due: s.clock().Add(d)})

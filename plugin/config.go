@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/nri/pkg/api"
 )
 
@@ -105,10 +104,4 @@ func (o Config) Validate() error {
 		return fmt.Errorf("invalid backoff bounds %s..%s: want 0 < min <= max", o.MinBackoff, o.MaxBackoff)
 	}
 	return nil
-}
-
-// newBackoff returns the delays between two connection attempts: min, doubling up to max; Reset goes
-// back to min.
-func newBackoff(min, max time.Duration) *backoff.ExponentialBackOff {
-	return &backoff.ExponentialBackOff{InitialInterval: min, Multiplier: 2, MaxInterval: max}
 }

@@ -32,14 +32,13 @@ import (
 	nrinet "github.com/containerd/nri/pkg/net"
 	"github.com/containerd/nri/pkg/stub"
 
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
-// Observer receives the observations the plugin makes. Observe is called from the NRI callbacks and must not
-// block; (*pleg.PLEG).Observe satisfies it.
-type Observer interface {
-	Observe(pleg.Observation)
-}
+// Observer receives the observations the plugin makes (pleg.Observer). Observe is called from the NRI
+// callbacks and must not block; *pleg.PLEG satisfies it.
+type Observer = pleg.Observer
 
 // Plugin is the NRI plugin. Its exported methods other than Run are the NRI handlers the stub calls.
 type Plugin struct {
@@ -180,7 +179,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("plugin: Run called twice")
 	}
-	bo := newBackoff(p.cfg.MinBackoff, p.cfg.MaxBackoff)
+	bo := retry.Doubling(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	preconnected := p.takePreconnected(ctx)
 	waiting := false // a "waiting for the socket" line was logged for the current outage
 	for ctx.Err() == nil {

@@ -643,25 +643,6 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	b := newBackoff(100*time.Millisecond, time.Second)
-	var got []time.Duration
-	for range 6 {
-		got = append(got, b.NextBackOff())
-	}
-	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
-	for i := range want {
-		want[i] *= time.Millisecond
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("delays %v, want %v", got, want)
-	}
-	b.Reset()
-	if d := b.NextBackOff(); d != 100*time.Millisecond {
-		t.Errorf("after reset %v", d)
-	}
-}
-
 func TestRunTwice(t *testing.T) {
 	h := startPlugin(t, filepath.Join(t.TempDir(), "absent.sock"), nil)
 	testutil.Eventually(t, waitFor, "the first Run to start", h.plugin.running.Load)

@@ -68,7 +68,7 @@ func TestEventSourceAdapter(t *testing.T) {
 	})
 	defer first.Close()
 	defer second.Close()
-	observerFunc(core.Observe).Observe(pleg.Observation{Source: pleg.SourceNRI, Kind: pleg.KindSandbox, ID: "s1", SandboxID: "s1",
+	pleg.ObserverFunc(core.Observe).Observe(pleg.Observation{Source: pleg.SourceNRI, Kind: pleg.KindSandbox, ID: "s1", SandboxID: "s1",
 		Phase: pleg.PhaseRunning})
 	ev, _, err := first.Next(ctx)
 	if err != nil || ev.ContainerId != "s1" {

@@ -152,7 +152,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
 	events, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: cfg.ContainerdAddress, Conn: ctrd,
-		Namespace: cfg.ContainerdNamespace, Observer: observerFunc(core.Observe), Hooks: taskHooks{upstreams: upstreams, ready: ready, relist: core.Resync}})
+		Namespace: cfg.ContainerdNamespace, Observer: core, Hooks: taskHooks{upstreams: upstreams, ready: ready, relist: core.Resync}})
 	if err != nil {
 		return fmt.Errorf("config key \"containerd-address\": %w", err)
 	}
@@ -232,7 +232,7 @@ func (c *components) wait() error { return c.g.Wait() }
 func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m plugin.Metrics) (*plugin.Plugin, error) {
 	var configured atomic.Bool
 	return plugin.New(plugin.Config{PluginName: cfg.PluginName, PluginIdx: cfg.PluginIdx, SocketPath: cfg.NRISocket,
-		Observer:       observerFunc(func(o pleg.Observation) { core().Observe(o) }),
+		Observer:       pleg.ObserverFunc(func(o pleg.Observation) { core().Observe(o) }),
 		OnSynchronized: func() { core().Resync() },
 		Metrics:        m,
 		Hold:           preRegistered,
@@ -385,11 +385,6 @@ func serverFailure(srv *kubelet.Server) func(context.Context) error {
 // servingLog is logged once the daemon serves: every listener is open (the metrics server's too).
 const servingLog = "pleg-nri is serving"
 
-// observerFunc adapts a function to the plugin's and containerd's task events' Observer interfaces (plugin.Observer, containerd.Observer).
-type observerFunc func(pleg.Observation)
-
-func (f observerFunc) Observe(o pleg.Observation) { f(o) }
-
 // eventSource adapts the core's fan-out to the CRI endpoint's EventSource.
 type eventSource struct{ core *pleg.PLEG }
 
@@ -418,8 +413,7 @@ func (s eventStream) NextEncoded(ctx context.Context) ([]byte, time.Time, error)
 func (s eventStream) Close() { s.sub.Close() }
 
 var (
-	_ plugin.Observer            = observerFunc(nil)
-	_ containerd.Observer        = observerFunc(nil)
+	_ pleg.Observer              = (*pleg.PLEG)(nil)
 	_ kubelet.EventSource        = eventSource{}
 	_ corelink.StateReader       = (*pleg.PLEG)(nil)
 	_ kubelet.EncodedEventStream = eventStream{}

@@ -9,13 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
 
 	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 	"github.com/pleg-nri/pleg-nri/pleg"
 )
 
@@ -37,20 +37,9 @@ const (
 // Observer receives the observations made from containerd's task events. Observe is called from the one
 // goroutine that owns the subscription and must never block: a blocked Observe stalls the
 // subscription, and containerd's event exchange drops events for a subscriber that does not read.
-type Observer interface {
-	Observe(pleg.Observation)
-}
+type Observer = pleg.Observer
 
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(pleg.Observation)
-
-// Observe calls f(o).
-func (f ObserverFunc) Observe(o pleg.Observation) { f(o) }
-
-var (
-	_ Observer        = ObserverFunc(nil)
-	_ TaskEventsHooks = NopTaskEventsHooks{}
-)
+var _ TaskEventsHooks = NopTaskEventsHooks{}
 
 // TaskEventsHooks are told about the state of the subscription.
 type TaskEventsHooks interface {
@@ -252,7 +241,7 @@ func (t *TaskEvents) Stats() TaskEventStats {
 func (t *TaskEvents) Run(ctx context.Context) error {
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("component", "task-events").WithField("namespace", t.namespace))
 	var (
-		bo = &backoff.ExponentialBackOff{InitialInterval: t.minBackoff, Multiplier: 2, MaxInterval: t.maxBackoff}
+		bo = retry.Doubling(t.minBackoff, t.maxBackoff)
 		// up is the connection state last reported; nil until the first report.
 		up *bool
 		// outage is set while containerd is unreachable, so that one outage is logged once.
@@ -374,7 +363,7 @@ func (t *TaskEvents) waitSocket(ctx context.Context) error {
 	log.G(ctx).WithField("address", t.address).Info("waiting for containerd socket")
 	// A stat is cheap: poll at most every socketPollMax, so that the subscription (and the relist after
 	// it) follows a restarted containerd within that time, however long it was gone.
-	bo := &backoff.ExponentialBackOff{InitialInterval: t.minBackoff, Multiplier: 2, MaxInterval: min(t.maxBackoff, socketPollMax)}
+	bo := retry.Doubling(t.minBackoff, min(t.maxBackoff, socketPollMax))
 	for !t.socketExists() {
 		if err := t.sleep(ctx, bo.NextBackOff()); err != nil {
 			return err

@@ -113,7 +113,7 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 		delaysMu sync.Mutex
 		delays   []time.Duration
 	)
-	te, err := NewTaskEvents(TaskEventsConfig{Observer: ObserverFunc(func(o pleg.Observation) { observed <- o }),
+	te, err := NewTaskEvents(TaskEventsConfig{Observer: pleg.ObserverFunc(func(o pleg.Observation) { observed <- o }),
 		Subscribe: fs.subscribe, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func TestTaskEventsResubscribeBackoff(t *testing.T) {
 
 func TestTaskEventsWaitsForSocket(t *testing.T) {
 	fs := &fakeSubscriber{attempts: make(chan attempt, 1)}
-	te, err := NewTaskEvents(TaskEventsConfig{Observer: ObserverFunc(func(pleg.Observation) {}), Subscribe: fs.subscribe})
+	te, err := NewTaskEvents(TaskEventsConfig{Observer: pleg.ObserverFunc(func(pleg.Observation) {}), Subscribe: fs.subscribe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func watchMissingSocket(te *TaskEvents) <-chan struct{} {
 
 func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "eb-")
-	te, err := NewTaskEvents(TaskEventsConfig{Address: "unix://" + filepath.Join(dir, "missing.sock"), Observer: ObserverFunc(func(pleg.Observation) {})})
+	te, err := NewTaskEvents(TaskEventsConfig{Address: "unix://" + filepath.Join(dir, "missing.sock"), Observer: pleg.ObserverFunc(func(pleg.Observation) {})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func TestTaskEventsCancelWhileWaitingForSocket(t *testing.T) {
 }
 
 func TestNewTaskEventsErrors(t *testing.T) {
-	obs := ObserverFunc(func(pleg.Observation) {})
+	obs := pleg.ObserverFunc(func(pleg.Observation) {})
 	for _, tc := range []struct {
 		name string
 		cfg  TaskEventsConfig
@@ -330,7 +330,7 @@ func TestTaskEventsContainerdClient(t *testing.T) {
 	fe := &fakeEvents{filters: make(chan []string, 10), envs: make(chan *types.Envelope)}
 	hooks := newHookRecorder()
 	observed := make(chan pleg.Observation, 10)
-	te, err := NewTaskEvents(TaskEventsConfig{Address: path, Observer: ObserverFunc(func(o pleg.Observation) { observed <- o }),
+	te, err := NewTaskEvents(TaskEventsConfig{Address: path, Observer: pleg.ObserverFunc(func(o pleg.Observation) { observed <- o }),
 		Hooks: hooks, Namespace: "k8s.io", MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

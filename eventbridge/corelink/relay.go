@@ -20,6 +20,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // Relay is the front's side of the core link: a kubelet.EventSource whose events come from the core's
@@ -122,7 +123,7 @@ func (r *Relay) Close() error { return r.conn.Close() }
 func (r *Relay) Subscribe() kubelet.EventStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &relayStream{r: r, ctx: ctx, cancel: cancel, lostAt: time.Now(),
-		retry: &backoff.ExponentialBackOff{InitialInterval: r.retryMin, Multiplier: 2, MaxInterval: r.retryMax}}
+		retry: retry.Doubling(r.retryMin, r.retryMax)}
 }
 
 // relayStream is one client's subscription: one upstream stream at a time, made again when it ends.

@@ -12,10 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // Supervisor keeps a front serving the kubelet's endpoint for as long as the core runs. The node's
@@ -94,7 +94,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}()
 	// failingSince is when the starts began to fail (zero while they do not).
 	var failingSince time.Time
-	retry := &backoff.ExponentialBackOff{InitialInterval: respawnRetryMin, Multiplier: 2, MaxInterval: respawnRetryMax}
+	retry := retry.Doubling(respawnRetryMin, respawnRetryMax)
 	for ctx.Err() == nil {
 		conn, info, lf, err := shareListener(s.cfg.RunDir)
 		if err == nil {

@@ -715,7 +715,7 @@ type taskExits struct {
 func watchTaskExits(tb testing.TB, address string) *taskExits {
 	tb.Helper()
 	t := &taskExits{seen: map[string][2]time.Time{}}
-	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: address, Observer: containerd.ObserverFunc(func(o pleg.Observation) {
+	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: address, Observer: pleg.ObserverFunc(func(o pleg.Observation) {
 		if o.Phase != pleg.PhaseExited {
 			return
 		}

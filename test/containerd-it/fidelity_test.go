@@ -163,7 +163,7 @@ type oomOrder struct {
 func watchOOMOrder(t *testing.T) *oomOrder {
 	t.Helper()
 	r := &oomOrder{seen: map[string][]string{}}
-	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: env.Address, Observer: containerd.ObserverFunc(func(o pleg.Observation) {
+	sub, err := containerd.NewTaskEvents(containerd.TaskEventsConfig{Address: env.Address, Observer: pleg.ObserverFunc(func(o pleg.Observation) {
 		what := ""
 		switch {
 		case o.OOMKilled:

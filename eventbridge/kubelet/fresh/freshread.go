@@ -4,11 +4,11 @@ import (
 	"context"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/containerd/log"
 	"google.golang.org/grpc/status"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // The delays between the calls of a held status read: freshRetryMin, doubling up to freshRetryMax.
@@ -93,7 +93,7 @@ func (f *freshReads) overlay(c *kubelet.Call, fix *readFix) {
 func (f *freshReads) hold(ctx context.Context, c *kubelet.Call, fix *readFix, forward func(context.Context) error) error {
 	start := f.now()
 	held := false
-	retry := &backoff.ExponentialBackOff{InitialInterval: freshRetryMin, Multiplier: 2, MaxInterval: freshRetryMax}
+	retry := retry.Doubling(freshRetryMin, freshRetryMax)
 	for {
 		if err := forward(ctx); err != nil {
 			return err

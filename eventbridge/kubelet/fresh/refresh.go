@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/retry"
 )
 
 // After a held read gave up (the hold mode's bound passed with the runtime still showing running an
@@ -64,7 +66,8 @@ func (r *refresher) watch(ctx context.Context, id, sandboxID string) {
 		}()
 		logger := log.G(ctx).WithField("id", id)
 		deadline := r.now().Add(refreshWatch)
-		for delay := refreshPollMin; ; delay = min(2*delay, refreshPollMax) {
+		poll := retry.Doubling(refreshPollMin, refreshPollMax)
+		for delay := poll.NextBackOff(); ; delay = poll.NextBackOff() {
 			if r.caughtUp(id, sandboxID) {
 				break
 			}
