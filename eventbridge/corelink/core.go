@@ -165,7 +165,7 @@ func (c *Core) serveState(ss grpc.ServerStream, method string) error {
 	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	cri := "/runtime.v1.RuntimeService/" + strings.TrimPrefix(method, StateMethodPrefix)
+	cri := kubelet.RuntimeServicePrefix + strings.TrimPrefix(method, StateMethodPrefix)
 	if stateReads[cri] == nil {
 		return status.Errorf(codes.Unimplemented, "unknown state method %s", method)
 	}

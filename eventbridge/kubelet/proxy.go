@@ -20,9 +20,6 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
 
-// GetContainerEventsMethod is the one CRI method the proxy answers itself.
-const GetContainerEventsMethod = "/runtime.v1.RuntimeService/GetContainerEvents"
-
 var _ grpc.StreamHandler = (*Proxy)(nil).Handle
 
 // Proxy is the CRI endpoint's gRPC handler. It registers no service: every method, unary or streaming,

@@ -37,14 +37,6 @@ func ParseReadSource(s string) (ReadSource, error) {
 	return "", fmt.Errorf("unknown read source %q: want %q, %q or %q", s, ReadSourceRuntime, ReadSourceState, ReadSourceCheck)
 }
 
-// The reads the endpoint can answer from the state.
-const (
-	ListPodSandboxMethod   = "/runtime.v1.RuntimeService/ListPodSandbox"
-	ListContainersMethod   = "/runtime.v1.RuntimeService/ListContainers"
-	PodSandboxStatusMethod = "/runtime.v1.RuntimeService/PodSandboxStatus"
-	ContainerStatusMethod  = "/runtime.v1.RuntimeService/ContainerStatus"
-)
-
 // EncodedStateReader answers the kubelet's reads from pleg-nri's state, on encoded messages: method is
 // the read's full CRI method name and req its encoded request; ok false says "ask the runtime" (the
 // state is not known to be current for what is asked). An answer given must be the runtime's own
@@ -82,19 +74,19 @@ func init() {
 		"ListPodSandbox", "ContainerStats", "ListContainerStats", "PodSandboxStats", "ListPodSandboxStats",
 		"ListMetricDescriptors", "ListPodSandboxMetrics", "ExecSync", "Exec", "Attach", "PortForward",
 		"ReopenContainerLog", "GetContainerEvents"} {
-		readOnly["/runtime.v1.RuntimeService/"+m] = true
+		readOnly[RuntimeServicePrefix+m] = true
 	}
 	for _, m := range []string{"ListImages", "ImageStatus", "ImageFsInfo"} {
-		readOnly["/runtime.v1.ImageService/"+m] = true
+		readOnly[ImageServicePrefix+m] = true
 	}
 }
 
 // oneObject are the mutating methods that change only the object their request names first (field 1).
 var oneObject = map[string]bool{
-	"/runtime.v1.RuntimeService/StartContainer":           true,
-	"/runtime.v1.RuntimeService/StopContainer":            true,
-	"/runtime.v1.RuntimeService/RemoveContainer":          true,
-	"/runtime.v1.RuntimeService/UpdateContainerResources": true,
+	StartContainerMethod:           true,
+	StopContainerMethod:            true,
+	RemoveContainerMethod:          true,
+	UpdateContainerResourcesMethod: true,
 }
 
 // mutating says whether a call of method may change what a read answers.

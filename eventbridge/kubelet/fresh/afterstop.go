@@ -38,17 +38,12 @@ const (
 // settleMethods are the calls that name one object by the first field of their request (a container
 // or sandbox id): the stops start a settling, and each of them about a settling pod pushes its end.
 var settleMethods = map[string]bool{
-	"/runtime.v1.RuntimeService/StopContainer":    true,
-	"/runtime.v1.RuntimeService/StopPodSandbox":   true,
-	"/runtime.v1.RuntimeService/ContainerStatus":  true,
-	"/runtime.v1.RuntimeService/PodSandboxStatus": true,
-	"/runtime.v1.RuntimeService/RemoveContainer":  true,
+	kubelet.StopContainerMethod:    true,
+	kubelet.StopPodSandboxMethod:   true,
+	kubelet.ContainerStatusMethod:  true,
+	kubelet.PodSandboxStatusMethod: true,
+	kubelet.RemoveContainerMethod:  true,
 }
-
-const (
-	stopContainerMethod  = "/runtime.v1.RuntimeService/StopContainer"
-	stopPodSandboxMethod = "/runtime.v1.RuntimeService/StopPodSandbox"
-)
 
 // stopRefresher asks for the refreshes after the stops its proxy forwarded. It is safe for concurrent use.
 type stopRefresher struct {
@@ -90,7 +85,7 @@ func (*stopRefresher) Sending([]byte) {}
 
 // Wants the stops, and the calls about an object that may belong to a settling pod.
 func (s *stopRefresher) Wants(method string) bool {
-	return method == stopContainerMethod || method == stopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
+	return method == kubelet.StopContainerMethod || method == kubelet.StopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
 }
 
 // Call forwards c and reports it once the runtime answered.
@@ -113,15 +108,15 @@ func (s *stopRefresher) called(ctx context.Context, method, id string, err error
 	s.mu.Lock()
 	if p := s.ids[id]; p != nil {
 		p.last = now
-		if method == stopPodSandboxMethod && err == nil {
+		if method == kubelet.StopPodSandboxMethod && err == nil {
 			p.target = id
 		}
 	}
 	s.mu.Unlock()
-	if err != nil || (method != stopContainerMethod && method != stopPodSandboxMethod) {
+	if err != nil || (method != kubelet.StopContainerMethod && method != kubelet.StopPodSandboxMethod) {
 		return
 	}
-	go s.begin(context.WithoutCancel(ctx), id, method == stopPodSandboxMethod)
+	go s.begin(context.WithoutCancel(ctx), id, method == kubelet.StopPodSandboxMethod)
 }
 
 // begin starts settling the pod of the stopped object id, or joins its settling.

@@ -3,6 +3,8 @@ package fresh
 import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 )
 
 // running says whether a container state is older than an exit.
@@ -21,7 +23,7 @@ type readFix struct {
 }
 
 var readFixes = map[string]*readFix{
-	"/runtime.v1.RuntimeService/ContainerStatus": {
+	kubelet.ContainerStatusMethod: {
 		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ContainerStatusResponse
 			if proto.Unmarshal(b, &r) != nil || !t.staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState()) {
@@ -37,7 +39,7 @@ var readFixes = map[string]*readFix{
 			return marshalOrNil(&r)
 		},
 	},
-	"/runtime.v1.RuntimeService/PodSandboxStatus": {
+	kubelet.PodSandboxStatusMethod: {
 		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.PodSandboxStatusResponse
 			if proto.Unmarshal(b, &r) != nil {
@@ -68,7 +70,7 @@ var readFixes = map[string]*readFix{
 			return marshalOrNil(&r)
 		},
 	},
-	"/runtime.v1.RuntimeService/ListContainers": {
+	kubelet.ListContainersMethod: {
 		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ListContainersResponse
 			if proto.Unmarshal(b, &r) != nil {
@@ -100,7 +102,7 @@ var readFixes = map[string]*readFix{
 			return marshalOrNil(&r)
 		},
 	},
-	"/runtime.v1.RuntimeService/ListPodSandbox": {
+	kubelet.ListPodSandboxMethod: {
 		stale: func(t *stoppedTracker, b []byte) []string {
 			var r runtimeapi.ListPodSandboxResponse
 			if proto.Unmarshal(b, &r) != nil {
