@@ -54,6 +54,8 @@ type stopRefresher struct {
 	done    <-chan struct{}
 	// quiet and max are afterStopQuiet and afterStopMax (shorter in tests).
 	quiet, max time.Duration
+	// index knows the pods from the events sent; the runtime is asked about the others.
+	index *podIndex
 
 	// n counts the settling pods, read without the lock by every call that could touch one.
 	n  atomic.Int64
@@ -75,13 +77,13 @@ type settling struct {
 
 func newStopRefresher(cri runtimeapi.RuntimeServiceClient, refresh func(context.Context, string) error, now func() time.Time, done <-chan struct{}) *stopRefresher {
 	return &stopRefresher{cri: cri, refresh: refresh, now: now, done: done, quiet: afterStopQuiet, max: afterStopMax,
-		pods: map[string]*settling{}, ids: map[string]*settling{}}
+		index: newPodIndex(), pods: map[string]*settling{}, ids: map[string]*settling{}}
 }
 
 var _ kubelet.ReadHook = (*stopRefresher)(nil)
 
-// Sending does nothing: the stops the refresher follows are the client's calls.
-func (*stopRefresher) Sending([]byte) {}
+// Sending learns the pods from the events sent (podIndex).
+func (s *stopRefresher) Sending(event []byte) { s.index.observe(event) }
 
 // Wants the stops, and the calls about an object that may belong to a settling pod.
 func (s *stopRefresher) Wants(method string) bool {
@@ -121,21 +123,13 @@ func (s *stopRefresher) called(ctx context.Context, method, id string, err error
 
 // begin starts settling the pod of the stopped object id, or joins its settling.
 func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool) {
-	cctx, cancel := s.callCtx(ctx)
-	defer cancel()
-	sandboxID := id
-	if !sandbox {
-		list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
-		if err != nil || len(list.GetContainers()) != 1 {
-			log.G(ctx).WithError(err).WithField("container", id).Debug("refresh after a stop: the container's pod is unknown")
+	sandboxID, containers, ok := s.index.pod(id, sandbox)
+	if !ok {
+		// The events sent named neither the object nor its pod (a pod older than this front's
+		// stream that had no event since): the runtime says.
+		if sandboxID, containers, ok = s.podFromRuntime(ctx, id, sandbox); !ok {
 			return
 		}
-		sandboxID = list.GetContainers()[0].GetPodSandboxId()
-	}
-	list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: sandboxID}})
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("sandbox", sandboxID).Debug("refresh after a stop: cannot list the pod's containers")
-		return
 	}
 	now := s.now()
 	s.mu.Lock()
@@ -150,13 +144,37 @@ func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool) {
 		p.target = id
 	}
 	p.last = now
-	for _, c := range list.GetContainers() {
-		s.ids[c.GetId()] = p
+	for _, c := range containers {
+		s.ids[c] = p
 	}
 	s.mu.Unlock()
 	if fresh {
 		s.settle(ctx, p)
 	}
+}
+
+// podFromRuntime asks the runtime for the sandbox of object id and its containers.
+func (s *stopRefresher) podFromRuntime(ctx context.Context, id string, sandbox bool) (sandboxID string, containers []string, ok bool) {
+	cctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	sandboxID = id
+	if !sandbox {
+		list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
+		if err != nil || len(list.GetContainers()) != 1 {
+			log.G(ctx).WithError(err).WithField("container", id).Debug("refresh after a stop: the container's pod is unknown")
+			return "", nil, false
+		}
+		sandboxID = list.GetContainers()[0].GetPodSandboxId()
+	}
+	list, err := s.cri.ListContainers(cctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: sandboxID}})
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("sandbox", sandboxID).Debug("refresh after a stop: cannot list the pod's containers")
+		return "", nil, false
+	}
+	for _, c := range list.GetContainers() {
+		containers = append(containers, c.GetId())
+	}
+	return sandboxID, containers, true
 }
 
 // settle waits until the client's calls about p have been quiet for s.quiet (at most s.max after its

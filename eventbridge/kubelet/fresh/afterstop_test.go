@@ -3,13 +3,16 @@ package fresh
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
@@ -21,6 +24,8 @@ import (
 // asked to, except "bad", and lists with the id and sandbox filters.
 type stopRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
+	// lists counts the ListContainers calls.
+	lists *atomic.Int64
 }
 
 var stopRuntimeContainers = []*runtimeapi.Container{{Id: "c1", PodSandboxId: "s1"}, {Id: "c2", PodSandboxId: "s1"}}
@@ -36,7 +41,8 @@ func (stopRuntime) StopPodSandbox(context.Context, *runtimeapi.StopPodSandboxReq
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
-func (stopRuntime) ListContainers(_ context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+func (rt stopRuntime) ListContainers(_ context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	rt.lists.Add(1)
 	var out []*runtimeapi.Container
 	for _, c := range stopRuntimeContainers {
 		if f := r.GetFilter(); (f.GetId() == "" || f.GetId() == c.Id) && (f.GetPodSandboxId() == "" || f.GetPodSandboxId() == c.PodSandboxId) {
@@ -61,14 +67,17 @@ type refreshAsk struct {
 type afterStopEnv struct {
 	client runtimeapi.RuntimeServiceClient
 	asks   chan refreshAsk
+	// source is what the proxy's event streams send; lists counts the runtime's ListContainers.
+	source *kubelettest.Source
+	lists  *atomic.Int64
 }
 
 func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "as-")
 	rtPath := filepath.Join(dir, "rt.sock")
-	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{}) })
-	e := &afterStopEnv{asks: make(chan refreshAsk, 16)}
+	e := &afterStopEnv{asks: make(chan refreshAsk, 16), source: kubelettest.NewSource(), lists: new(atomic.Int64)}
+	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{lists: e.lists}) })
 	refresh := func(_ context.Context, id string) error {
 		e.asks <- refreshAsk{id, time.Now()}
 		return nil
@@ -78,9 +87,28 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 	settle := hookOf[*stopRefresher](hooks)
 	settle.quiet, settle.max = quiet, maxWait
 	srv, _ := kubelettest.Serve(t, filepath.Join(dir, "front.sock"), kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: backend,
-		Events: kubelettest.NewSource(), Hooks: hooks}))
+		Events: e.source, Hooks: hooks}))
 	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, srv.Addr().String()))
 	return e
+}
+
+// relay sends evs to a client of the proxy's event stream (opened by the first call), and waits until
+// it got them.
+func (e *afterStopEnv) relay(t *testing.T, events *grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse], evs ...*runtimeapi.ContainerEventResponse) {
+	t.Helper()
+	if *events == nil {
+		var err error
+		if *events, err = e.client.GetContainerEvents(kubelettest.Ctx(t), &runtimeapi.GetEventsRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		kubelettest.NextOpened(t, e.source)
+	}
+	for _, ev := range evs {
+		e.source.Publish(ev)
+	}
+	for range evs {
+		kubelettest.RecvEvent(t, *events)
+	}
 }
 
 // noAsk fails t if a refresh is asked for within d.
@@ -176,4 +204,88 @@ func TestRefreshAfterStopBounded(t *testing.T) {
 	if d := a.at.Sub(start); d < maxWait {
 		t.Errorf("refresh %s after the stop, before the bound %s although reads of the pod went on", d, maxWait)
 	}
+}
+
+// podEvent is an event of object id of pod s1, whose statuses list the containers.
+func podEvent(id string, typ runtimeapi.ContainerEventType, containers ...string) *runtimeapi.ContainerEventResponse {
+	ev := kubelettest.Event(id, typ)
+	ev.ContainersStatuses = nil
+	for _, c := range containers {
+		ev.ContainersStatuses = append(ev.ContainersStatuses, &runtimeapi.ContainerStatus{Id: c, Metadata: &runtimeapi.ContainerMetadata{Name: c}})
+	}
+	return ev
+}
+
+// TestRefreshAfterStopFromRelayedEvents (issue 57): the refresh after a stop takes the pod of a stopped
+// container, and the pod's containers, from the events the endpoint already sent, without asking the
+// runtime; the runtime is asked only about a container no event named, and a pod's DELETED is
+// forgotten.
+func TestRefreshAfterStopFromRelayedEvents(t *testing.T) {
+	const quiet = 50 * time.Millisecond
+	e := newAfterStopEnv(t, quiet, 5*time.Second)
+	ctx := kubelettest.Ctx(t)
+	var events grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
+	created := runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT
+	e.relay(t, &events, podEvent("s1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
+		podEvent("c1", created, "c1"), podEvent("c2", created, "c1", "c2"))
+
+	if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	// c2's read pushes the end of the pod's settling: c2 is known to be s1's from the events.
+	time.Sleep(quiet / 2)
+	if _, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c2"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := kubelettest.Recv(t, e.asks, "the refresh after c1's stop"); a.id != "c1" {
+		t.Errorf("refresh of %s, want c1", a.id)
+	}
+	if n := e.lists.Load(); n != 0 {
+		t.Errorf("the runtime was asked %d times for the pod of a container the events named, want 0", n)
+	}
+
+	// The pod deleted: its containers are no longer known, and the runtime is asked again.
+	e.relay(t, &events, podEvent("s1", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
+	if _, err := e.client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "c2"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := kubelettest.Recv(t, e.asks, "the refresh after c2's stop"); a.id != "c2" {
+		t.Errorf("refresh of %s, want c2", a.id)
+	}
+	if n := e.lists.Load(); n != 2 {
+		t.Errorf("the runtime was asked %d times for the pod of a container no live event named, want 2", n)
+	}
+}
+
+// FuzzEventIDs: eventIDs reads the ids a full decode reads, and never panics on bytes that are not an
+// event.
+func FuzzEventIDs(f *testing.F) {
+	for _, ev := range append(stoppedEvents(), podEvent("c1", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT, "c0", "c1")) {
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x22, 0x02, 0x0a, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, typ, sandbox, containers, ok := eventIDs(b)
+		var ev runtimeapi.ContainerEventResponse
+		if proto.Unmarshal(b, &ev) != nil {
+			return
+		}
+		if !ok {
+			t.Fatalf("eventIDs refused bytes that decode as %v", &ev)
+		}
+		var want []string
+		for _, c := range ev.GetContainersStatuses() {
+			if c.GetId() != "" {
+				want = append(want, c.GetId())
+			}
+		}
+		if id != ev.GetContainerId() || typ != ev.GetContainerEventType() || sandbox != ev.GetPodSandboxStatus().GetId() || !slices.Equal(containers, want) {
+			t.Fatalf("eventIDs: %q %s %q %q; decoded: %q %s %q %q", id, typ, sandbox, containers,
+				ev.GetContainerId(), ev.GetContainerEventType(), ev.GetPodSandboxStatus().GetId(), want)
+		}
+	})
 }
