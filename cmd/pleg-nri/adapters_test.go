@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
@@ -135,5 +136,24 @@ func TestNewPlugin(t *testing.T) {
 	ev, err := sub.Next(ctx)
 	if err != nil || ev.Response.ContainerId != "s1" {
 		t.Errorf("the core's first event: %v, %v; want s1's", ev.Response, err)
+	}
+}
+
+// TestHooksReachTheCore: the task events' reconnection asks for a relist, and a front gone asks the
+// core to replay to the subscribers that come back through the next front.
+func TestHooksReachTheCore(t *testing.T) {
+	relists := 0
+	events := taskHooks{upstreams: promutil.NewUpstreams(prometheus.NewRegistry(), "events"), ready: &readiness{}, relist: func() { relists++ }}
+	events.OnReconnect()
+	events.OnReconnect()
+	if relists != 2 {
+		t.Errorf("%d relists asked after 2 reconnections, want 2", relists)
+	}
+	_, core := runCore(t, func(*pleg.PLEG) {})
+	fronts := frontHooks{front.NewSupervisorMetrics(prometheus.NewRegistry()), &readiness{}, core}
+	fronts.FrontGone() // must not block or panic with the core running
+	fronts.FrontUp(true)
+	if !fronts.ready.front.Load() {
+		t.Error("a front up did not reach readiness")
 	}
 }

@@ -234,3 +234,33 @@ func TestPidfdProcess(t *testing.T) {
 	}
 	<-done
 }
+
+// TestTakeOverCoreOnTheRealSystem: the takeover as configurePreRegistered runs it, with the real pid
+// lookups: no core serves the run directory, so this process serves; a socket whose server is this
+// very process is refused (it cannot take over from itself).
+func TestTakeOverCoreOnTheRealSystem(t *testing.T) {
+	runDir := testutil.ShortTempDir(t, "to-")
+	cfg := config.Default()
+	cfg.RunDir = runDir
+	serve, err := takeOverCore(context.Background(), cfg)
+	if err != nil || !serve {
+		t.Fatalf("takeover of an empty run directory: serve %v, %v; want to serve", serve, err)
+	}
+	l, err := net.Listen("unix", filepath.Join(runDir, front.CoreSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	if serve, err := takeOverCore(context.Background(), cfg); err == nil || serve {
+		t.Errorf("takeover from this very process: serve %v, %v; want an error", serve, err)
+	}
+}
