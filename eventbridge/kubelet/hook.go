@@ -53,7 +53,10 @@ func (c *Call) Request() []byte {
 
 // ObjectID returns the id a unary call's request names first (field 1: a container's or sandbox's id in
 // the CRI's calls about one object), or "".
-func (c *Call) ObjectID() string { return firstString(c.Request()) }
+func (c *Call) ObjectID() string {
+	id, _ := MessageID(c.Request())
+	return id
+}
 
 // Answer returns the answer the client is to get so far: the message, encoded, or the runtime's error
 // (nil, nil before a forward).
@@ -113,25 +116,28 @@ func (p *Proxy) through(ctx context.Context, c *Call, hooks []ReadHook) error {
 	return hooks[0].Call(ctx, c, func(ctx context.Context) error { return p.through(ctx, c, hooks[1:]) })
 }
 
-// firstString returns the first field of an encoded request when it is a string (a CRI request's id).
-func firstString(b []byte) string {
+// MessageID returns field 1 of an encoded message when it is a string (the id of a CRI request about one
+// object, of a status), as a decoder reads it (its last occurrence), and whether there was one; it
+// decodes nothing else.
+func MessageID(b []byte) (id string, found bool) {
 	for len(b) > 0 {
 		num, wt, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return ""
+			return id, found
 		}
 		b = b[n:]
 		if num == 1 && wt == protowire.BytesType {
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return ""
+				return id, found
 			}
-			return string(v)
+			id, found, b = string(v), true, b[n:]
+			continue
 		}
 		if n = protowire.ConsumeFieldValue(num, wt, b); n < 0 {
-			return ""
+			return id, found
 		}
 		b = b[n:]
 	}
-	return ""
+	return id, found
 }

@@ -3,7 +3,6 @@ package fresh
 import (
 	"context"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
@@ -255,37 +253,4 @@ func TestRefreshAfterStopFromRelayedEvents(t *testing.T) {
 	if n := e.lists.Load(); n != 2 {
 		t.Errorf("the runtime was asked %d times for the pod of a container no live event named, want 2", n)
 	}
-}
-
-// FuzzEventIDs: eventIDs reads the ids a full decode reads, and never panics on bytes that are not an
-// event.
-func FuzzEventIDs(f *testing.F) {
-	for _, ev := range append(stoppedEvents(), podEvent("c1", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT, "c0", "c1")) {
-		b, err := proto.Marshal(ev)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	f.Add([]byte{0x22, 0x02, 0x0a, 0xff})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		id, typ, sandbox, containers, ok := eventIDs(b)
-		var ev runtimeapi.ContainerEventResponse
-		if proto.Unmarshal(b, &ev) != nil {
-			return
-		}
-		if !ok {
-			t.Fatalf("eventIDs refused bytes that decode as %v", &ev)
-		}
-		var want []string
-		for _, c := range ev.GetContainersStatuses() {
-			if c.GetId() != "" {
-				want = append(want, c.GetId())
-			}
-		}
-		if id != ev.GetContainerId() || typ != ev.GetContainerEventType() || sandbox != ev.GetPodSandboxStatus().GetId() || !slices.Equal(containers, want) {
-			t.Fatalf("eventIDs: %q %s %q %q; decoded: %q %s %q %q", id, typ, sandbox, containers,
-				ev.GetContainerId(), ev.GetContainerEventType(), ev.GetPodSandboxStatus().GetId(), want)
-		}
-	})
 }

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -71,52 +70,12 @@ func newStoppedTracker(now func() time.Time, ttl time.Duration) *stoppedTracker 
 // any reports whether some object is tracked; a single atomic load.
 func (t *stoppedTracker) any() bool { return t.n.Load() > 0 }
 
-// peekEvent reads the container id, type and created_at of an encoded ContainerEventResponse without
-// decoding the statuses.
-func peekEvent(b []byte) (id string, typ runtimeapi.ContainerEventType, createdAt int64, ok bool) {
-	for len(b) > 0 {
-		num, wt, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", 0, 0, false
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && wt == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", 0, 0, false
-			}
-			id, b = string(v), b[n:]
-			continue
-		case num == 2 && wt == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return "", 0, 0, false
-			}
-			typ, b = runtimeapi.ContainerEventType(v), b[n:]
-			continue
-		case num == 3 && wt == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return "", 0, 0, false
-			}
-			createdAt, b = int64(v), b[n:]
-			continue
-		}
-		n = protowire.ConsumeFieldValue(num, wt, b)
-		if n < 0 {
-			return "", 0, 0, false
-		}
-		b = b[n:]
-	}
-	return id, typ, createdAt, true
-}
-
 // observe records an event (encoded) that is about to be sent to a subscriber. It must be called
 // before the event is written, so that no read the event causes can come before it. STARTED and
 // CREATED events cost a few field reads; a STOPPED is decoded.
 func (t *stoppedTracker) observe(b []byte) {
-	id, typ, createdAt, ok := peekEvent(b)
+	h, ok := scanEvent(b, false)
+	id, typ, createdAt := h.id, h.typ, h.createdAt
 	if !ok || id == "" {
 		return
 	}
