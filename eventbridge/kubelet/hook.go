@@ -8,8 +8,8 @@ import (
 )
 
 // ReadHook is the one seam between the endpoint and what adjusts the answers a client gets after the
-// events it was sent: read freshness (freshread.go), the refresh after a stop (afterstop.go) and
-// read-source (readcheck.go) each implement it, and the Proxy knows none of them. The Proxy tells a hook
+// events it was sent: read freshness and the refresh after a stop (package fresh) and read-source
+// (readcheck.go) each implement it, and the Proxy knows none of them. The Proxy tells a hook
 // every event it sends, and hands it every call it wants; a hook forwards a call it wants to the
 // runtime (through the hooks after it) as often as it needs, or answers it itself.
 //
@@ -80,7 +80,7 @@ func (c *Call) RuntimeAnswer() ([]byte, error) {
 }
 
 // SetAnswer makes b (an encoded answer) the one the client gets, with no error; the runtime's own stays
-// RuntimeAnswer's.
+// RuntimeAnswer's. Unary calls only.
 func (c *Call) SetAnswer(b []byte) {
 	if c.u.err == nil && c.u.raw == nil && c.forwarded {
 		c.u.raw = c.u.resp.Keep()
@@ -89,7 +89,7 @@ func (c *Call) SetAnswer(b []byte) {
 	c.u.resp.Data, c.u.err = b, nil
 }
 
-// ClearAnswer forgets the answer so far (a hook that asks again).
+// ClearAnswer forgets the answer so far (a hook that asks again). Unary calls only.
 func (c *Call) ClearAnswer() { c.u.resp.Free() }
 
 // hooked returns the hooks of hooks that want method.
