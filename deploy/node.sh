@@ -8,6 +8,9 @@
 #                       then stop and remove pleg-nri, in both modes (the pre-delete hook)
 #   node.sh processes   list this install's pleg-nri processes on the host: "PID core|front EXE", a
 #                       process still running a replaced binary included
+#   node.sh health      the installer pod's readiness probe: install done, and pleg-nri serving now
+#                       (pleg-nri health: the core's /readyz, and a CRI Version call through the
+#                       kubelet's endpoint)
 #
 # Host commands run in the host's mount namespace (nsenter -t 1 -m): the host's systemctl talks to
 # the host's systemd.
@@ -31,7 +34,8 @@ KUBEADM_FLAGS=${KUBEADM_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
 # The mark that this chart switched the kubelet (so that uninstall, or switchKubelet=false, undoes it).
 SWITCHED=$HOST_ROOT/etc/pleg-nri/kubelet-switched
-BIN=/usr/local/bin/pleg-nri
+# This image's pleg-nri (tests point it at another build).
+BIN=${PLEG_NRI_BIN:-/usr/local/bin/pleg-nri}
 SRC=/opt/pleg-nri
 # The host's pleg-nri binaries of each mode, as /proc/PID/exe shows them (the host's paths: the host
 # service's mount namespace and containerd's have the host's /).
@@ -39,6 +43,14 @@ SYSTEMD_BIN=/usr/local/bin/pleg-nri
 NRI_BIN=/opt/nri/plugins/10-pleg-nri
 # The host's processes (tests point it at a tree of their own).
 PROC=${PLEG_NRI_PROC:-/proc}
+# The mark that this pod's install is done (in the pod's own /tmp: a new pod starts without it).
+READY_FILE=${PLEG_NRI_READY_FILE:-/tmp/pleg-nri-ready}
+# With the switch, re-apply it when the kubelet's settings drift from it (the chart's
+# kubelet.reapplySwitch), checked every DRIFT_PERIOD seconds by the staying installer.
+REAPPLY=${PLEG_NRI_REAPPLY_SWITCH:-false}
+DRIFT_PERIOD=${PLEG_NRI_DRIFT_PERIOD:-30}
+# How long each check of node.sh health may take, in seconds.
+HEALTH_TIMEOUT=${PLEG_NRI_HEALTH_TIMEOUT:-2}
 
 log() { echo "pleg-nri node: $*"; }
 die() { log "$*" >&2; exit 1; }
@@ -63,6 +75,13 @@ wait_ready() {
 		sleep 1
 	done
 	log "pleg-nri is ready ($READYZ)"
+}
+
+# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, EVENTED_PLEG); else fails,
+# printing each drift.
+kubelet_check() {
+	"$BIN" kubelet-config --check --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
+		--container-runtime-endpoint "$ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
 }
 
 # kubelet_config ENDPOINT GATE: edit the kubelet's settings; restart the kubelet if they changed.
@@ -226,10 +245,28 @@ install() {
 		kubelet_config "$RESTORE_ENDPOINT" remove
 		rm -f "$SWITCHED"
 	fi
-	touch /tmp/pleg-nri-ready
+	touch "$READY_FILE"
 	log "done; staying for the DaemonSet"
 	trap 'exit 0' TERM INT
-	while :; do sleep 3600 & wait $!; done
+	# With the switch: watch the kubelet's settings for a drift (kubeadm upgrade node rewrites them
+	# from its ConfigMap), log it, and re-apply the switch when asked (PLEG_NRI_REAPPLY_SWITCH).
+	drifted=false
+	while :; do
+		sleep "$DRIFT_PERIOD" &
+		wait $!
+		[ "$SWITCH" = true ] || continue
+		if drift=$(kubelet_check); then
+			$drifted && log "kubelet: settings as switched again"
+			drifted=false
+			continue
+		fi
+		$drifted || log "kubelet: drift from the switch: $(echo "$drift" | tr '\n' ';')"
+		drifted=true
+		if [ "$REAPPLY" = true ]; then
+			log "kubelet: re-applying the switch (kubelet.reapplySwitch)"
+			kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+		fi
+	done
 }
 
 uninstall() {
@@ -264,9 +301,40 @@ uninstall() {
 	log "pleg-nri removed"
 }
 
+# host_endpoint ENDPOINT: a unix socket endpoint of the host as this pod reaches it (under HOST_ROOT);
+# a TCP endpoint as it is.
+host_endpoint() {
+	case $1 in
+	unix://*) echo "unix://$HOST_ROOT${1#unix://}" ;;
+	/*) echo "$HOST_ROOT$1" ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# health: the readiness probe. Ready once this pod's install is done (so that a rollout waits for it)
+# and for as long as pleg-nri serves the node: its core's /readyz answers 200 and the kubelet's
+# endpoint (the front) answers a CRI Version call, each within HEALTH_TIMEOUT seconds; with the switch,
+# also while the kubelet's settings are still the switch's (not after kubeadm upgrade node put the
+# ConfigMap's back).
+health() {
+	[ -e "$READY_FILE" ] || { echo "the install has not finished"; exit 1; }
+	ok=true
+	"$BIN" health --readyz "$READYZ" --runtime-endpoint "$(host_endpoint "$ENDPOINT")" --timeout "${HEALTH_TIMEOUT}s" || ok=false
+	if [ "$SWITCH" = true ]; then
+		if out=$(kubelet_check); then
+			echo "kubelet settings: as switched"
+		else
+			echo "kubelet settings: FAIL: $out"
+			ok=false
+		fi
+	fi
+	$ok
+}
+
 case ${1:-} in
 install) install ;;
 uninstall) uninstall ;;
 processes) processes all "$SYSTEMD_BIN" "$NRI_BIN" ;;
-*) die "usage: node.sh install|uninstall|processes" ;;
+health) health ;;
+*) die "usage: node.sh install|uninstall|processes|health" ;;
 esac

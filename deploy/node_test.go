@@ -5,12 +5,31 @@ package deploy
 // of node.sh runs against a real systemd node in test/deploy (make test-deploy).
 
 import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
+
+// TestMain runs the tests and removes the pleg-nri they built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plegnribin.Cleanup()
+	os.Exit(code)
+}
 
 // fakeProc is one process of a fake /proc: its exe link's target ("" for none, as a kernel thread),
 // its argv and its cgroup file.
@@ -68,4 +87,99 @@ func TestNodeProcesses(t *testing.T) {
 	if string(out) != want {
 		t.Errorf("node.sh processes:\n%s\nwant:\n%s", out, want)
 	}
+}
+
+// nodeSh runs node.sh with env (over the test's environment) and returns its output and error.
+func nodeSh(t *testing.T, env map[string]string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"node.sh"}, args...)...)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+type versionRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (versionRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+}
+
+// TestNodeHealth (issue 60): node.sh health, the installer pod's readiness probe, fails until the
+// install is done, then passes only while the core's /readyz answers 200 and the host's endpoint (the
+// kubelet's socket, reached under HOST_ROOT) answers a CRI Version call: a core that is not ready, a
+// front that accepts without answering (stopped) and a front gone each fail it, within the timeout.
+func TestNodeHealth(t *testing.T) {
+	root := testutil.ShortTempDir(t, "nh-")
+	sockDir := filepath.Join(root, "run", "pleg-nri")
+	if err := os.MkdirAll(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(sockDir, "cri.sock")
+	srv := testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
+	var notReady atomic.Bool
+	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if notReady.Load() {
+			http.Error(w, "NRI plugin not registered", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	t.Cleanup(readyz.Close)
+	readyFile := filepath.Join(root, "ready")
+	env := map[string]string{
+		"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": readyFile,
+		"PLEG_NRI_READYZ": readyz.URL + "/readyz", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT": "1",
+	}
+	check := func(what string, wantOK bool, want string) {
+		t.Helper()
+		start := time.Now()
+		out, err := nodeSh(t, env, "health")
+		if (err == nil) != wantOK || !strings.Contains(out, want) {
+			t.Errorf("%s: node.sh health: %v, want ok=%v and %q:\n%s", what, err, wantOK, want, out)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s: node.sh health took %s, want at most two timeouts of 1s", what, took)
+		}
+	}
+	check("before the install is done", false, "the install has not finished")
+	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("healthy", true, root+"/run/pleg-nri/cri.sock: ok")
+	// With the kubelet switch: ready only while the kubelet's settings are the switch's.
+	kdir := filepath.Join(root, "var", "lib", "kubelet")
+	if err := os.MkdirAll(kdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	switched := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock\nfeatureGates:\n  EventedPLEG: true\n"
+	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(switched), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env["PLEG_NRI_SWITCH_KUBELET"], env["PLEG_NRI_EVENTED_PLEG"] = "true", "true"
+	check("switched", true, "kubelet settings: as switched")
+	// As kubeadm upgrade node leaves it: the ConfigMap's configuration, containerd's socket.
+	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(strings.NewReplacer("unix:///run/pleg-nri/cri.sock", "unix:///run/containerd/containerd.sock",
+		"featureGates:\n  EventedPLEG: true\n", "").Replace(switched)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("the kubelet's settings drifted", false, "kubelet settings: FAIL: drift: "+root+"/var/lib/kubelet/config.yaml: containerRuntimeEndpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock")
+	env["PLEG_NRI_SWITCH_KUBELET"] = "false"
+	check("not switched: the kubelet's settings are not checked", true, "cri.sock: ok")
+	notReady.Store(true)
+	check("core not ready", false, "FAIL: 503 Service Unavailable: NRI plugin not registered")
+	notReady.Store(false)
+	// A stopped front: the socket accepts, nothing answers.
+	srv.Stop()
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("front stopped", false, "cri.sock: FAIL: CRI Version")
+	_ = l.Close()
+	check("front gone", false, "cri.sock: FAIL: CRI Version")
 }

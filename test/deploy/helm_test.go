@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -262,5 +263,46 @@ func TestHelmValuesSchema(t *testing.T) {
 		if out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, good...)...); err != nil {
 			t.Errorf("helm template %v was refused: %v\n%s", good, err, out)
 		}
+	}
+}
+
+// TestHelmReadiness (issue 60): the installer pod is ready only while pleg-nri serves its node
+// (node.sh health: the install done, the core's /readyz, a CRI Version call through the kubelet's
+// endpoint), with probe settings that make a broken node's pod not Ready within 30 s; it has no
+// liveness probe (restarting the installer repairs nothing: docs/operations.md).
+func TestHelmReadiness(t *testing.T) {
+	c := get(render(t)["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)
+	probe := get(c, "readinessProbe")
+	if cmd, _ := json.Marshal(get(probe, "exec", "command")); string(cmd) != `["/bin/sh","/opt/pleg-nri/node.sh","health"]` {
+		t.Errorf("readiness probe command %s, want node.sh health", cmd)
+	}
+	period, failures, timeout := get(probe, "periodSeconds").(float64), get(probe, "failureThreshold").(float64), get(probe, "timeoutSeconds").(float64)
+	// The worst case from a fault to not Ready: a probe that just passed, then failureThreshold probes
+	// each a period apart, the last taking its whole timeout.
+	if worst := period*failures + timeout; worst > 30 {
+		t.Errorf("readiness probe: period %vs x %v failures + timeout %vs = %vs, want a broken node not Ready within 30 s", period, failures, timeout, worst)
+	}
+	if failures < 2 || get(probe, "successThreshold") != 1.0 {
+		t.Errorf("readiness probe: failureThreshold %v (a single blip must not flip it), successThreshold %v", failures, get(probe, "successThreshold"))
+	}
+	// Both checks of pleg-nri health fit in the probe's timeout.
+	check, _ := strconv.Atoi(envOf(c)["PLEG_NRI_HEALTH_TIMEOUT"])
+	if check < 1 || float64(2*check) >= timeout {
+		t.Errorf("PLEG_NRI_HEALTH_TIMEOUT %q: two checks must fit in the probe's timeout %vs", envOf(c)["PLEG_NRI_HEALTH_TIMEOUT"], timeout)
+	}
+	if lp := get(c, "livenessProbe"); lp != nil {
+		t.Errorf("the installer has a liveness probe %v: restarting it repairs nothing", lp)
+	}
+	// The drift check's re-apply: off unless asked.
+	if v := envOf(c)["PLEG_NRI_REAPPLY_SWITCH"]; v != "false" {
+		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q by default", v)
+	}
+	if v := envOf(get(render(t, "--set", "kubelet.reapplySwitch=true")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))["PLEG_NRI_REAPPLY_SWITCH"]; v != "true" {
+		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q with kubelet.reapplySwitch=true", v)
+	}
+	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1")["DaemonSet/rel-pleg-nri"],
+		"spec", "template", "spec", "containers", 0)
+	if get(c2, "readinessProbe", "periodSeconds") != 2.0 || get(c2, "readinessProbe", "failureThreshold") != 4.0 || envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"] != "1" {
+		t.Errorf("readiness values not applied: %v, env %v", get(c2, "readinessProbe"), envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"])
 	}
 }

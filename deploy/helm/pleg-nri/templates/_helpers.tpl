@@ -63,12 +63,16 @@ env:
     value: {{ printf "http://%s/readyz" (index .Values.config "metrics-address") | quote }}
   - name: PLEG_NRI_READY_TIMEOUT
     value: {{ .Values.readyTimeoutSeconds | quote }}
+  - name: PLEG_NRI_HEALTH_TIMEOUT
+    value: {{ .Values.readiness.checkTimeoutSeconds | quote }}
   - name: PLEG_NRI_SWITCH_KUBELET
     value: {{ .Values.kubelet.switchEndpoint | quote }}
   - name: PLEG_NRI_EVENTED_PLEG
     value: {{ .Values.kubelet.eventedPLEG | quote }}
   - name: PLEG_NRI_RESTART_KUBELET_AFTER_RESTART
     value: {{ .Values.kubelet.restartAfterPlegNRIRestart | quote }}
+  - name: PLEG_NRI_REAPPLY_SWITCH
+    value: {{ .Values.kubelet.reapplySwitch | default false | quote }}
   - name: PLEG_NRI_ENDPOINT
     value: {{ index .Values.config "listen" | default "unix:///run/pleg-nri/cri.sock" | quote }}
   - name: PLEG_NRI_RESTORE_ENDPOINT
@@ -86,3 +90,4 @@ volumeMounts:
     mountPath: /etc/pleg-nri-config
     readOnly: true
 {{- end -}}
+

@@ -1,0 +1,222 @@
+package deploy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
+)
+
+// kindCluster is a one-node kind cluster of kindConfig made for one test, deleted when it ends.
+type kindCluster struct {
+	t                      *testing.T
+	e                      kindEnv
+	name, node, kubeconfig string
+}
+
+// startKindCluster makes the cluster and loads the pleg-nri image (PLEG_NRI_IMAGE_TAR) into it.
+func startKindCluster(t *testing.T, e kindEnv, prefix string) *kindCluster {
+	t.Helper()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	c := &kindCluster{t: t, e: e, name: prefix + hex.EncodeToString(b)}
+	c.node = c.name + "-control-plane"
+	tmp := t.TempDir()
+	c.kubeconfig = filepath.Join(tmp, "kubeconfig")
+	config := filepath.Join(tmp, "kind.yaml")
+	if err := os.WriteFile(config, []byte(kindConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	removeNetwork := kindrun.KindNetwork(context.Background())
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := tryRun("docker", "exec", c.node, "sh", "-c",
+				"journalctl --no-pager -n 150 -u pleg-nri -u containerd -u kubelet; tail -n 40 "+kindRunDir+"/front.log")
+			t.Logf("the node's journal:\n%s", out)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := kindrun.DeleteCluster(ctx, e.kind, c.name, c.kubeconfig); err != nil {
+			t.Error(err)
+		}
+		if err := removeNetwork(); err != nil {
+			t.Error(err)
+		}
+	})
+	start := time.Now()
+	c.kindCmd("create", "cluster", "--name", c.name, "--image", e.nodeImage, "--config", config, "--kubeconfig", c.kubeconfig, "--wait", "5m")
+	c.kindCmd("load", "image-archive", e.imageTar, "--name", c.name)
+	t.Logf("kind create cluster and load the image: %s", time.Since(start).Round(time.Second))
+	return c
+}
+
+func (c *kindCluster) kindCmd(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(c.e.kind, args...)
+	cmd.Env = append(os.Environ(), "PATH="+c.e.shimDir+":"+os.Getenv("PATH"), "KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER=overlayfs")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("kind %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (c *kindCluster) kubectl(args ...string) string {
+	c.t.Helper()
+	return run(c.t, c.e.kubectl, append([]string{"--kubeconfig", c.kubeconfig}, args...)...)
+}
+
+func (c *kindCluster) helm(args ...string) string {
+	c.t.Helper()
+	return run(c.t, c.e.helm, append([]string{"--kubeconfig", c.kubeconfig, "-n", "kube-system"}, args...)...)
+}
+
+// installerPod returns the name of the chart's installer pod on the node.
+func (c *kindCluster) installerPod() string {
+	c.t.Helper()
+	return strings.TrimSpace(c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/instance=pleg-nri,app.kubernetes.io/component=installer",
+		"-o", "jsonpath={.items[0].metadata.name}"))
+}
+
+// podReady returns the Ready condition of pod ("True", "False") and its container's restart count.
+func (c *kindCluster) podReady(pod string) (string, string) {
+	c.t.Helper()
+	out := c.kubectl("-n", "kube-system", "get", "pod", pod, "-o",
+		`jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.containerStatuses[0].restartCount}`)
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		return "", ""
+	}
+	return f[0], f[1]
+}
+
+// waitReadyIs polls pod's Ready condition every 250 ms until it is want, for at most d, and returns
+// how long that took.
+func (c *kindCluster) waitReadyIs(pod, want string, d time.Duration) (time.Duration, error) {
+	start := time.Now()
+	var last string
+	for time.Since(start) < d {
+		if last, _ = c.podReady(pod); last == want {
+			return time.Since(start), nil
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return time.Since(start), fmt.Errorf("pod %s: Ready is %q after %s, want %s", pod, last, d, want)
+}
+
+// TestHelmKindHealth (issue 60) installs the chart into a kind cluster (the kubelet switched to
+// pleg-nri) and breaks pleg-nri on the node
+// in the ways the installer pod's readiness must see: the core stopped (systemctl stop), the core hung
+// (SIGSTOP: /readyz accepts and never answers), the front hung (SIGSTOP: the core still sees its
+// process, the kubelet's calls hang). After each fault the pod must be not Ready within 30 s, and
+// Ready again within 30 s of the repair; a front killed (which the core replaces within a second) must
+// not make it not Ready, nor a restart of containerd; and the pod is never restarted (no liveness
+// probe). The times are logged.
+func TestHelmKindHealth(t *testing.T) {
+	e := kindSetup(t)
+	c := startKindCluster(t, e, "pleg-nri-health-")
+	n := &node{t: t, name: c.node}
+	tag := imageTag(t, e.imageTar)
+	repo, version, _ := strings.Cut(tag, ":")
+	start := time.Now()
+	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set", "image.tag="+version, "--set", "image.pullPolicy=Never",
+		"--set", "kubelet.switchEndpoint=true",
+		"--wait", "--timeout", "5m")
+	c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=5m")
+	t.Logf("helm install: %s", time.Since(start).Round(time.Second))
+	pod := c.installerPod()
+
+	if st, _ := c.podReady(pod); st != "True" {
+		t.Fatalf("the installer pod is not Ready after the install: %q", st)
+	}
+	proc := func(front bool) nodeProc {
+		t.Helper()
+		for _, p := range nodeProcs(n) {
+			if !p.pod && p.isFront() == front {
+				return p
+			}
+		}
+		t.Fatalf("no pleg-nri %s on the node", map[bool]string{true: "front", false: "core"}[front])
+		return nodeProc{}
+	}
+
+	const bound = 30 * time.Second
+	type fault struct {
+		name           string
+		breakIt, fixIt func()
+	}
+	var pid int
+	faults := []fault{
+		{"core stopped (systemctl stop pleg-nri)",
+			func() { n.exec("systemctl", "stop", "pleg-nri.service") },
+			func() { n.exec("systemctl", "start", "pleg-nri.service") }},
+		{"core hung (SIGSTOP)",
+			func() { pid = proc(false).pid; n.exec("kill", "-STOP", fmt.Sprint(pid)) },
+			func() { n.exec("kill", "-CONT", fmt.Sprint(pid)) }},
+		{"front hung (SIGSTOP)",
+			func() { pid = proc(true).pid; n.exec("kill", "-STOP", fmt.Sprint(pid)) },
+			func() { n.exec("kill", "-CONT", fmt.Sprint(pid)) }},
+	}
+	var figures []string
+	for _, f := range faults {
+		ok := t.Run(strings.Fields(f.name)[0]+"-"+strings.Fields(f.name)[1], func(t *testing.T) {
+			f.breakIt()
+			down, err := c.waitReadyIs(pod, "False", bound)
+			// Repaired whatever happened, so that the next fault starts from a healthy node.
+			f.fixIt()
+			if err != nil {
+				t.Errorf("%s: %v", f.name, err)
+				return
+			}
+			up, err := c.waitReadyIs(pod, "True", bound)
+			if err != nil {
+				t.Errorf("%s, repaired: %v", f.name, err)
+				return
+			}
+			figures = append(figures, fmt.Sprintf("%s: not Ready after %s, Ready %s after the repair", f.name, down.Round(100*time.Millisecond), up.Round(100*time.Millisecond)))
+			t.Log(figures[len(figures)-1])
+		})
+		if !ok {
+			break
+		}
+	}
+
+	// A front killed: the core starts another within a second; the pod stays Ready.
+	t.Run("front-killed", func(t *testing.T) {
+		old := proc(true).pid
+		n.exec("kill", "-KILL", fmt.Sprint(old))
+		if _, err := c.waitReadyIs(pod, "False", 20*time.Second); err == nil {
+			t.Errorf("the pod went not Ready after the front was killed (the core replaces it within a second)")
+		}
+		if now := proc(true).pid; now == old {
+			t.Errorf("the front was not replaced")
+		}
+		figures = append(figures, "front killed: Ready throughout the 20 s after")
+	})
+
+	// A restart of containerd (an upgrade of it): a few seconds without /readyz; the pod stays Ready.
+	t.Run("containerd-restarted", func(t *testing.T) {
+		start := time.Now()
+		n.exec("systemctl", "restart", "containerd.service")
+		restart := time.Since(start)
+		if _, err := c.waitReadyIs(pod, "False", 20*time.Second); err == nil {
+			t.Errorf("the pod went not Ready after a restart of containerd (%s)", restart.Round(100*time.Millisecond))
+		}
+		figures = append(figures, fmt.Sprintf("containerd restarted (systemctl restart: %s): Ready throughout the 20 s after", restart.Round(100*time.Millisecond)))
+	})
+
+	// Never restarted: no liveness probe.
+	if _, restarts := c.podReady(pod); restarts != "0" {
+		t.Errorf("the installer pod's container restarted %s times", restarts)
+	}
+	t.Logf("TestHelmKindHealth: %s", strings.Join(figures, "; "))
+	c.helm("uninstall", "pleg-nri", "--wait", "--timeout", "5m")
+}
