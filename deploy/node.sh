@@ -43,6 +43,18 @@ SYSTEMD_BIN=/usr/local/bin/pleg-nri
 NRI_BIN=/opt/nri/plugins/10-pleg-nri
 # The host's processes (tests point it at a tree of their own).
 PROC=${PLEG_NRI_PROC:-/proc}
+# containerd's NRI timeouts (the chart's containerd.nri): plugin_registration_timeout and
+# plugin_request_timeout of [plugins."io.containerd.nri.v1.nri"], as durations ("10s"); both empty: the
+# option is off (containerd's defaults, 5s and 2s). They go into a drop-in file beside containerd's
+# config (CONTAINERD_DROPIN), which the config imports.
+CONTAINERD_CONFIG=${PLEG_NRI_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+CONTAINERD_UNIT=${PLEG_NRI_CONTAINERD_UNIT:-containerd.service}
+NRI_REGISTRATION_TIMEOUT=${PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT:-}
+NRI_REQUEST_TIMEOUT=${PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT:-}
+CONTAINERD_DROPIN=$(dirname "$CONTAINERD_CONFIG")/conf.d/pleg-nri.toml
+# What containerd's config imports: a pattern that matches the drop-in, and nothing once it is removed
+# (an import of a missing file would stop containerd).
+CONTAINERD_IMPORT=$(dirname "$CONTAINERD_CONFIG")/conf.d/pleg-nri*.toml
 # The mark that this pod's install is done (in the pod's own /tmp: a new pod starts without it).
 READY_FILE=${PLEG_NRI_READY_FILE:-/tmp/pleg-nri-ready}
 # With the switch, re-apply it when the kubelet's settings drift from it (the chart's
@@ -187,16 +199,86 @@ wait_version() {
 	log "the serving core runs $want"
 }
 
+# containerd_config REGISTRATION REQUEST: containerd's NRI timeouts in the drop-in (both empty: no
+# drop-in), and containerd's config importing it; prints "changed" when a file changed (containerd
+# reads them only when it starts), else "unchanged". containerd's config is edited once, to add the
+# import, which stays (it matches nothing once the drop-in is gone).
+containerd_config() {
+	dropin=$HOST_ROOT$CONTAINERD_DROPIN
+	main=$HOST_ROOT$CONTAINERD_CONFIG
+	if [ -z "$1$2" ]; then
+		if [ -e "$dropin" ]; then
+			rm -f "$dropin"
+			echo changed
+		else
+			echo unchanged
+		fi
+		return 0
+	fi
+	[ -f "$main" ] || die "containerd.nri: no containerd config at $CONTAINERD_CONFIG (PLEG_NRI_CONTAINERD_CONFIG) to import the timeouts"
+	# The drop-in in the config's own version (containerd migrates an older one, with a warning).
+	version=$(sed -n 's/^[[:space:]]*version[[:space:]]*=[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$main" | head -1)
+	want="# Written by pleg-nri's Helm chart (containerd.nri): containerd's NRI timeouts. Removed when
+# the option is off or the chart is uninstalled.
+version = ${version:-2}
+
+[plugins.\"io.containerd.nri.v1.nri\"]"
+	[ -z "$1" ] || want="$want
+  plugin_registration_timeout = \"$1\""
+	[ -z "$2" ] || want="$want
+  plugin_request_timeout = \"$2\""
+	changed=unchanged
+	if [ "$(cat "$dropin" 2>/dev/null)" != "$want" ]; then
+		mkdir -p "$(dirname "$dropin")"
+		printf '%s\n' "$want" >"$dropin.tmp"
+		mv "$dropin.tmp" "$dropin"
+		changed=changed
+	fi
+	# The import: already there (ours, or containerd's own conf.d/*.toml), added to an imports array,
+	# or a new imports key after version (top-level keys come before the first table).
+	all=$(dirname "$CONTAINERD_CONFIG")/conf.d/*.toml
+	if ! grep -qF -e "\"$CONTAINERD_IMPORT\"" -e "'$CONTAINERD_IMPORT'" -e "\"$all\"" -e "'$all'" "$main"; then
+		awk -v imp="\"$CONTAINERD_IMPORT\"" '
+			done == 0 && /^[[:space:]]*imports[[:space:]]*=[[:space:]]*\[/ { sub(/\[/, "[" imp ", "); done = 1 }
+			{ lines[NR] = $0 }
+			done == 0 && ver == 0 && /^[[:space:]]*version[[:space:]]*=/ { ver = NR }
+			END {
+				if (done == 0 && ver == 0) print "imports = [" imp "]"
+				for (i = 1; i <= NR; i++) {
+					print lines[i]
+					if (done == 0 && i == ver) print "imports = [" imp "]"
+				}
+			}' "$main" >"$main.pleg-nri.tmp.new"
+		# Replaced atomically, with the config's owner and mode.
+		cp -p "$main" "$main.pleg-nri.tmp"
+		cat "$main.pleg-nri.tmp.new" >"$main.pleg-nri.tmp"
+		rm -f "$main.pleg-nri.tmp.new"
+		mv "$main.pleg-nri.tmp" "$main"
+		changed=changed
+	fi
+	echo "$changed"
+}
+
+# restart_containerd WHY: restart containerd (its config changed; systemctl waits for its start).
+restart_containerd() {
+	log "restarting $CONTAINERD_UNIT: $1"
+	host systemctl restart "$CONTAINERD_UNIT"
+}
+
 # same FILE1 FILE2: both exist with the same content.
 same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$2")" ]; }
 
 install() {
 	restarted=false
+	ctrd=$(containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT") || exit 1
+	[ "$ctrd" = unchanged ] ||
+		log "containerd's NRI timeouts: registration '${NRI_REGISTRATION_TIMEOUT:-default}', request '${NRI_REQUEST_TIMEOUT:-default}' ($CONTAINERD_DROPIN)"
 	case $MODE in
 	systemd)
 		# A switch from mode nri: the pre-registered core goes (else the service's core waits for its
 		# state directory's lock, in vain).
 		remove_nri
+		[ "$ctrd" = unchanged ] || restart_containerd "its NRI configuration changed"
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
 			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
 			host systemctl is-active -q pleg-nri.service && [ "$(running_version)" = "$(image_version)" ]; then
@@ -215,7 +297,7 @@ install() {
 		# install's core alone).
 		remove_systemd
 		# The serving core's version too: the files can be in place while an older core still serves.
-		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
+		if [ "$ctrd" = unchanged ] && same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
 			ready && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running pre-registered"
 		else
@@ -291,6 +373,10 @@ uninstall() {
 	fi
 	remove_systemd
 	remove_nri
+	# containerd's NRI timeouts, if the chart set them: containerd's defaults again.
+	if [ "$(containerd_config "" "")" = changed ]; then
+		restart_containerd "the chart's NRI timeouts are removed"
+	fi
 	# What is left of this install on the host, a process of a replaced binary included: fronts, and a
 	# core of either mode.
 	# The cores first: a core that runs starts a new front in place of one that ends.
@@ -336,5 +422,7 @@ install) install ;;
 uninstall) uninstall ;;
 processes) processes all "$SYSTEMD_BIN" "$NRI_BIN" ;;
 health) health ;;
-*) die "usage: node.sh install|uninstall|processes|health" ;;
+# containerd-config: containerd_config with the environment's timeouts (no restart), for tests.
+containerd-config) containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT" ;;
+*) die "usage: node.sh install|uninstall|processes|health|containerd-config" ;;
 esac

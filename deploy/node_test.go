@@ -183,3 +183,164 @@ func TestNodeHealth(t *testing.T) {
 	_ = l.Close()
 	check("front gone", false, "cri.sock: FAIL: CRI Version")
 }
+
+// containerdBin is the containerd of the dependency cache (make deps-runtime), or "" without one.
+func containerdBin() string {
+	cache := os.Getenv("PLEG_NRI_CACHE")
+	if cache == "" {
+		cache = "/var/cache/pleg-nri"
+	}
+	if p := filepath.Join(cache, "bin", "containerd"); fileExists(p) {
+		return p
+	}
+	return ""
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// kindContainerdConfig is the start of kind's node config (sigs.k8s.io/kind v0.33.0,
+// images/base/files/etc/containerd/config.toml), with the NRI section make e2e-cluster patches in.
+const kindContainerdConfig = `# explicitly use v2 config format
+version = 2
+
+[proxy_plugins]
+[proxy_plugins."fuse-overlayfs"]
+  type = "snapshot"
+  address = "/run/containerd-fuse-overlayfs.sock"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "/var/run/nri/nri.sock"
+`
+
+// TestNodeContainerdNRI (issue 60): the chart's containerd.nri timeouts, as node.sh writes them:
+// a drop-in beside containerd's config and an import of it in the config, only when they change
+// (containerd is restarted only then), removed again when the option is off. With containerd in the
+// dependency cache, containerd itself reads the result (containerd config dump): the timeouts are in
+// effect, and the rest of the NRI section is kept.
+func TestNodeContainerdNRI(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		// wantImports is the config's imports line(s) after the first apply.
+		wantImports string
+		version     string
+	}{
+		{"kind", kindContainerdConfig, `imports = ["DIR/conf.d/pleg-nri*.toml"]`, "2"},
+		{"imports of its own", "version = 3\nimports = [\"/etc/containerd/other.toml\"]\n\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n",
+			`imports = ["DIR/conf.d/pleg-nri*.toml", "/etc/containerd/other.toml"]`, "3"},
+		{"containerd's default imports", "version = 3\nimports = ['DIR/conf.d/*.toml']\n", `imports = ['DIR/conf.d/*.toml']`, "3"},
+		{"no version", "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n", `imports = ["DIR/conf.d/pleg-nri*.toml"]`, "2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			main := filepath.Join(dir, "config.toml")
+			if err := os.WriteFile(main, []byte(strings.ReplaceAll(tc.config, "DIR", dir)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			env := map[string]string{"HOST_ROOT": "/", "PLEG_NRI_CONTAINERD_CONFIG": main,
+				"PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT": "11s", "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT": "7s"}
+			apply := func(want string) {
+				t.Helper()
+				out, err := nodeSh(t, env, "containerd-config")
+				if err != nil || strings.TrimSpace(out) != want {
+					t.Fatalf("node.sh containerd-config: %v %q, want %q", err, out, want)
+				}
+			}
+			dropin := filepath.Join(dir, "conf.d", "pleg-nri.toml")
+			apply("changed")
+			cfg, _ := os.ReadFile(main)
+			if !strings.Contains(string(cfg), strings.ReplaceAll(tc.wantImports, "DIR", dir)+"\n") {
+				t.Errorf("containerd's config:\n%s\nwant the line %s", cfg, strings.ReplaceAll(tc.wantImports, "DIR", dir))
+			}
+			if fi, err := os.Stat(main); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("containerd's config mode changed: %v %v", fi.Mode(), err)
+			}
+			// The rest of the config as it was: every other line kept, in order.
+			var kept []string
+			for _, l := range strings.Split(string(cfg), "\n") {
+				if !strings.HasPrefix(l, "imports =") {
+					kept = append(kept, l)
+				}
+			}
+			var orig []string
+			for _, l := range strings.Split(strings.ReplaceAll(tc.config, "DIR", dir), "\n") {
+				if !strings.HasPrefix(l, "imports =") {
+					orig = append(orig, l)
+				}
+			}
+			if strings.Join(kept, "\n") != strings.Join(orig, "\n") {
+				t.Errorf("containerd's config, but its imports:\n%s\nwant:\n%s", strings.Join(kept, "\n"), strings.Join(orig, "\n"))
+			}
+			want := "# Written by pleg-nri's Helm chart (containerd.nri): containerd's NRI timeouts. Removed when\n# the option is off or the chart is uninstalled.\nversion = " +
+				tc.version + "\n\n[plugins.\"io.containerd.nri.v1.nri\"]\n  plugin_registration_timeout = \"11s\"\n  plugin_request_timeout = \"7s\"\n"
+			if got, _ := os.ReadFile(dropin); string(got) != want {
+				t.Errorf("the drop-in:\n%s\nwant:\n%s", got, want)
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "11s", "plugin_request_timeout": "7s"}, tc.name == "kind")
+			// Again: nothing to do (the installer restarts containerd only on a change).
+			apply("unchanged")
+			if cfg2, _ := os.ReadFile(main); string(cfg2) != string(cfg) {
+				t.Errorf("the config changed on the second apply:\n%s", cfg2)
+			}
+			// One timeout only.
+			delete(env, "PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT")
+			apply("changed")
+			if got, _ := os.ReadFile(dropin); strings.Contains(string(got), "plugin_registration_timeout") || !strings.Contains(string(got), `plugin_request_timeout = "7s"`) {
+				t.Errorf("the drop-in with the request timeout only:\n%s", got)
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "5s", "plugin_request_timeout": "7s"}, false)
+			// Off: the drop-in goes, containerd's defaults again; the import stays and matches nothing.
+			delete(env, "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT")
+			apply("changed")
+			if fileExists(dropin) {
+				t.Error("the drop-in is still there with the option off")
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "5s", "plugin_request_timeout": "2s"}, tc.name == "kind")
+			apply("unchanged")
+		})
+	}
+	// Off, with no config at all: nothing to do. On: a clear failure.
+	env := map[string]string{"HOST_ROOT": "/", "PLEG_NRI_CONTAINERD_CONFIG": filepath.Join(t.TempDir(), "config.toml")}
+	if out, err := nodeSh(t, env, "containerd-config"); err != nil || strings.TrimSpace(out) != "unchanged" {
+		t.Errorf("off without a config: %v %q", err, out)
+	}
+	env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] = "7s"
+	if out, err := nodeSh(t, env, "containerd-config"); err == nil || !strings.Contains(out, "no containerd config at") {
+		t.Errorf("on without a config: %v %q, want a failure naming the config", err, out)
+	}
+}
+
+// dump checks, with the cache's containerd (skipped without one unless make test-deploy runs the
+// test), what containerd reads from config: the NRI section's want keys, and with keep, the keys the
+// config itself sets (kind's disable and socket_path).
+func dump(t *testing.T, config string, want map[string]string, keep bool) {
+	t.Helper()
+	bin := containerdBin()
+	if bin == "" {
+		if os.Getenv("PLEG_NRI_DEPLOY_TESTS") == "1" {
+			t.Fatal("no containerd in the dependency cache (make deps-runtime)")
+		}
+		t.Log("SKIP (loud): containerd config dump: no containerd in the dependency cache (make deps-runtime)")
+		return
+	}
+	out, err := exec.Command(bin, "--config", config, "config", "dump").CombinedOutput()
+	if err != nil {
+		t.Fatalf("containerd config dump: %v\n%s", err, out)
+	}
+	// The NRI section of the dump.
+	_, sec, ok := strings.Cut(string(out), "[plugins.'io.containerd.nri.v1.nri']\n")
+	if !ok {
+		t.Fatalf("containerd config dump has no NRI section:\n%s", out)
+	}
+	if i := strings.Index(sec, "\n  [plugins."); i >= 0 {
+		sec = sec[:i]
+	}
+	for k, v := range want {
+		if !strings.Contains(sec, k+" = '"+v+"'\n") {
+			t.Errorf("containerd reads %s, want %s = %s:\n%s", config, k, v, sec)
+		}
+	}
+	if keep && (!strings.Contains(sec, "socket_path = '/var/run/nri/nri.sock'") || !strings.Contains(sec, "disable = false")) {
+		t.Errorf("containerd's NRI section lost the config's own keys:\n%s", sec)
+	}
+}

@@ -306,3 +306,26 @@ func TestHelmReadiness(t *testing.T) {
 		t.Errorf("readiness values not applied: %v, env %v", get(c2, "readinessProbe"), envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"])
 	}
 }
+
+// TestHelmContainerdNRI (issue 60): containerd's NRI timeouts are off by default (empty: node.sh
+// leaves containerd alone) and reach the installer and the uninstall pods when set.
+func TestHelmContainerdNRI(t *testing.T) {
+	objs := render(t)
+	for _, k := range []string{"DaemonSet/rel-pleg-nri", "Job/rel-pleg-nri-uninstall"} {
+		env := envOf(get(objs[k], "spec", "template", "spec", "containers", 0))
+		if env["PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT"] != "" || env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] != "" ||
+			env["PLEG_NRI_CONTAINERD_CONFIG"] != "/etc/containerd/config.toml" {
+			t.Errorf("%s: by default %v", k, env)
+		}
+	}
+	objs = render(t, "--set", "containerd.nri.pluginRegistrationTimeout=20s", "--set", "containerd.nri.pluginRequestTimeout=5s")
+	env := envOf(get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))
+	if env["PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT"] != "20s" || env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] != "5s" {
+		t.Errorf("set: %v", env)
+	}
+	for _, bad := range []string{"containerd.nri.pluginRequestTimeout=5", "containerd.nri.pluginRegistrationTimeout=soon", "containerd.configPath=config.toml"} {
+		if out, err := tryRun(helmBin(t), "template", "rel", chartDir(), "--set", bad); err == nil || !strings.Contains(out, "schema") {
+			t.Errorf("helm template --set %s was accepted: %v\n%s", bad, err, out)
+		}
+	}
+}

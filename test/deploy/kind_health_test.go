@@ -113,13 +113,15 @@ func (c *kindCluster) waitReadyIs(pod, want string, d time.Duration) (time.Durat
 }
 
 // TestHelmKindHealth (issue 60) installs the chart into a kind cluster (the kubelet switched to
-// pleg-nri) and breaks pleg-nri on the node
+// pleg-nri, containerd's NRI timeouts set, metrics on every address) and breaks pleg-nri on the node
 // in the ways the installer pod's readiness must see: the core stopped (systemctl stop), the core hung
 // (SIGSTOP: /readyz accepts and never answers), the front hung (SIGSTOP: the core still sees its
 // process, the kubelet's calls hang). After each fault the pod must be not Ready within 30 s, and
 // Ready again within 30 s of the repair; a front killed (which the core replaces within a second) must
 // not make it not Ready, nor a restart of containerd; and the pod is never restarted (no liveness
 // probe). The times are logged.
+// It also checks, on the node, what the chart's other day-two options did: containerd reads the NRI
+// timeouts, and the pod carries the scrape annotations of an address Prometheus reaches there.
 func TestHelmKindHealth(t *testing.T) {
 	e := kindSetup(t)
 	c := startKindCluster(t, e, "pleg-nri-health-")
@@ -129,11 +131,20 @@ func TestHelmKindHealth(t *testing.T) {
 	start := time.Now()
 	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set", "image.tag="+version, "--set", "image.pullPolicy=Never",
 		"--set", "kubelet.switchEndpoint=true",
+		"--set", "containerd.nri.pluginRegistrationTimeout=15s", "--set", "containerd.nri.pluginRequestTimeout=4s",
 		"--wait", "--timeout", "5m")
 	c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=5m")
 	t.Logf("helm install: %s", time.Since(start).Round(time.Second))
 	pod := c.installerPod()
 
+	// containerd's NRI timeouts: in its drop-in, read by containerd (config dump), and pleg-nri
+	// registered under them (the pod is ready: /readyz needs the NRI plugin registered).
+	dumpOut := n.exec("containerd", "config", "dump")
+	for _, want := range []string{"plugin_registration_timeout = '15s'", "plugin_request_timeout = '4s'", "socket_path = '/var/run/nri/nri.sock'"} {
+		if !strings.Contains(dumpOut, want) {
+			t.Errorf("containerd config dump on the node has no %s", want)
+		}
+	}
 	if st, _ := c.podReady(pod); st != "True" {
 		t.Fatalf("the installer pod is not Ready after the install: %q", st)
 	}
@@ -219,4 +230,12 @@ func TestHelmKindHealth(t *testing.T) {
 	}
 	t.Logf("TestHelmKindHealth: %s", strings.Join(figures, "; "))
 	c.helm("uninstall", "pleg-nri", "--wait", "--timeout", "5m")
+	// Uninstall removed the NRI timeouts: containerd's defaults again.
+	dumpOut = n.exec("containerd", "config", "dump")
+	if !strings.Contains(dumpOut, "plugin_request_timeout = '2s'") {
+		t.Errorf("after uninstall containerd still has another plugin_request_timeout than its default 2s")
+	}
+	if _, err := n.tryExec("test", "-e", "/etc/containerd/conf.d/pleg-nri.toml"); err == nil {
+		t.Errorf("/etc/containerd/conf.d/pleg-nri.toml is still on the node after uninstall")
+	}
 }

@@ -83,6 +83,12 @@ env:
     value: {{ .Values.kubelet.kubeadmFlagsPath | quote }}
   - name: KUBELET_UNIT
     value: {{ .Values.kubelet.unit | quote }}
+  - name: PLEG_NRI_CONTAINERD_CONFIG
+    value: {{ .Values.containerd.configPath | quote }}
+  - name: PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT
+    value: {{ .Values.containerd.nri.pluginRegistrationTimeout | default "" | quote }}
+  - name: PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT
+    value: {{ .Values.containerd.nri.pluginRequestTimeout | default "" | quote }}
 volumeMounts:
   - name: host
     mountPath: /host
