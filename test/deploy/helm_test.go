@@ -307,6 +307,83 @@ func TestHelmReadiness(t *testing.T) {
 	}
 }
 
+// TestHelmScrape (issue 60): the installer pods carry Prometheus' scrape annotations (and a named
+// metrics port) where pleg-nri's metrics address is reachable beyond loopback, none where it is not;
+// the PodMonitor is off by default, refused on a loopback address, and selects the installer pods on
+// their metrics port with job="pleg-nri" and the node's name, as the shipped rules expect.
+func TestHelmScrape(t *testing.T) {
+	annotations := func(objs map[string]map[string]any) map[string]any {
+		a, _ := get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations").(map[string]any)
+		return a
+	}
+	ports := func(objs map[string]map[string]any) string {
+		p, _ := json.Marshal(get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0, "ports"))
+		return string(p)
+	}
+	for _, addr := range []string{"", "127.0.0.1:9810", "localhost:9810", "127.0.0.2:9810"} {
+		var args []string
+		if addr != "" {
+			args = []string{"--set", "config.metrics-address=" + addr}
+		}
+		objs := render(t, args...)
+		if a := annotations(objs); a["prometheus.io/scrape"] != nil || a["prometheus.io/port"] != nil {
+			t.Errorf("metrics-address %q (loopback): scrape annotations %v", addr, a)
+		}
+		if p := ports(objs); p != "null" {
+			t.Errorf("metrics-address %q (loopback): ports %s", addr, p)
+		}
+		if _, ok := objs["PodMonitor/rel-pleg-nri"]; ok {
+			t.Errorf("a PodMonitor by default")
+		}
+		out, err := tryRun(helmBin(t), append([]string{"template", "rel", chartDir(), "--set", "metrics.podMonitor.enabled=true"}, args...)...)
+		if err == nil || !strings.Contains(out, "listens on loopback only") {
+			t.Errorf("metrics-address %q (loopback) with a PodMonitor: %v\n%s", addr, err, out)
+		}
+	}
+	for addr, port := range map[string]string{"0.0.0.0:9811": "9811", "10.0.0.2:9810": "9810", ":9812": "9812"} {
+		objs := render(t, "--set", "config.metrics-address="+addr)
+		a := annotations(objs)
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != port || a["prometheus.io/path"] != "/metrics" {
+			t.Errorf("metrics-address %s: annotations %v, want scrape true, port %s, path /metrics", addr, a, port)
+		}
+		if p := ports(objs); p != `[{"containerPort":`+port+`,"name":"metrics","protocol":"TCP"}]` {
+			t.Errorf("metrics-address %s: ports %s", addr, p)
+		}
+		if a := annotations(render(t, "--set", "config.metrics-address="+addr, "--set", "metrics.scrapeAnnotations=false")); a["prometheus.io/scrape"] != nil {
+			t.Errorf("metrics.scrapeAnnotations=false: %v", a)
+		}
+	}
+
+	objs := render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.podMonitor.enabled=true",
+		"--set", "metrics.podMonitor.interval=15s", "--set", "metrics.podMonitor.labels.release=prom")
+	pm, ok := objs["PodMonitor/rel-pleg-nri"]
+	if !ok {
+		t.Fatalf("no PodMonitor with metrics.podMonitor.enabled")
+	}
+	if pm["apiVersion"] != "monitoring.coreos.com/v1" || get(pm, "metadata", "labels", "release") != "prom" {
+		t.Errorf("PodMonitor %v %v", pm["apiVersion"], get(pm, "metadata", "labels"))
+	}
+	// It selects the installer pods: its selector is the DaemonSet's, which the pods carry.
+	sel, _ := json.Marshal(get(pm, "spec", "selector", "matchLabels"))
+	dsSel, _ := json.Marshal(get(objs["DaemonSet/rel-pleg-nri"], "spec", "selector", "matchLabels"))
+	if string(sel) != string(dsSel) {
+		t.Errorf("PodMonitor selector %s, DaemonSet's %s", sel, dsSel)
+	}
+	ep := get(pm, "spec", "podMetricsEndpoints", 0)
+	if get(ep, "port") != "metrics" || get(ep, "path") != "/metrics" || get(ep, "interval") != "15s" {
+		t.Errorf("PodMonitor endpoint %v", ep)
+	}
+	relabel, _ := json.Marshal(get(ep, "relabelings"))
+	if !strings.Contains(string(relabel), `{"replacement":"pleg-nri","targetLabel":"job"}`) ||
+		!strings.Contains(string(relabel), `{"sourceLabels":["__meta_kubernetes_pod_node_name"],"targetLabel":"node"}`) {
+		t.Errorf("PodMonitor relabelings %s, want job=pleg-nri and node", relabel)
+	}
+	if ep2 := get(render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.podMonitor.enabled=true")["PodMonitor/rel-pleg-nri"],
+		"spec", "podMetricsEndpoints", 0); get(ep2, "interval") != nil {
+		t.Errorf("PodMonitor interval %v without metrics.podMonitor.interval", get(ep2, "interval"))
+	}
+}
+
 // TestHelmContainerdNRI (issue 60): containerd's NRI timeouts are off by default (empty: node.sh
 // leaves containerd alone) and reach the installer and the uninstall pods when set.
 func TestHelmContainerdNRI(t *testing.T) {

@@ -4,7 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,7 +134,7 @@ func TestHelmKindHealth(t *testing.T) {
 	repo, version, _ := strings.Cut(tag, ":")
 	start := time.Now()
 	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set", "image.tag="+version, "--set", "image.pullPolicy=Never",
-		"--set", "kubelet.switchEndpoint=true",
+		"--set", "kubelet.switchEndpoint=true", "--set", "config.metrics-address=0.0.0.0:9810",
 		"--set", "containerd.nri.pluginRegistrationTimeout=15s", "--set", "containerd.nri.pluginRequestTimeout=4s",
 		"--wait", "--timeout", "5m")
 	c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=5m")
@@ -145,6 +149,19 @@ func TestHelmKindHealth(t *testing.T) {
 			t.Errorf("containerd config dump on the node has no %s", want)
 		}
 	}
+	// The scrape annotations, and /metrics at the pod's address (the node's: hostNetwork).
+	ann := c.kubectl("-n", "kube-system", "get", "pod", pod, "-o", `jsonpath={.metadata.annotations.prometheus\.io/scrape} {.metadata.annotations.prometheus\.io/port} {.metadata.annotations.prometheus\.io/path} {.status.podIP}`)
+	f := strings.Fields(ann)
+	if len(f) != 4 || f[0] != "true" || f[1] != "9810" || f[2] != "/metrics" {
+		t.Fatalf("the installer pod's scrape annotations and IP: %q", ann)
+	}
+	if out, err := tryRun("curl", "-sf", "--max-time", "5", "http://"+f[3]+":9810/metrics"); err != nil || !strings.Contains(out, "pleg_nri_build_info{process=\"core\"") {
+		t.Errorf("curl http://%s:9810/metrics from outside the node: %v\n%.300s", f[3], err, out)
+	}
+
+	// A real Prometheus that knows nothing of pleg-nri but the pods' annotations finds and scrapes it.
+	t.Run("prometheus-annotations", func(t *testing.T) { promAnnotations(t, c, pod) })
+
 	if st, _ := c.podReady(pod); st != "True" {
 		t.Fatalf("the installer pod is not Ready after the install: %q", st)
 	}
@@ -238,4 +255,126 @@ func TestHelmKindHealth(t *testing.T) {
 	if _, err := n.tryExec("test", "-e", "/etc/containerd/conf.d/pleg-nri.toml"); err == nil {
 		t.Errorf("/etc/containerd/conf.d/pleg-nri.toml is still on the node after uninstall")
 	}
+}
+
+// promAnnotationsConfig is Prometheus' own example job for pods that ask to be scraped by annotations
+// (documentation/examples/prometheus-kubernetes.yml, "kubernetes-pods"), discovering through the
+// cluster's kubeconfig from outside it.
+const promAnnotationsConfig = `global:
+  scrape_interval: 2s
+scrape_configs:
+  - job_name: kubernetes-pods
+    kubernetes_sd_configs:
+      - role: pod
+        kubeconfig_file: KUBECONFIG
+    relabel_configs:
+      - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape]
+        action: keep
+        regex: true
+      - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_path]
+        action: replace
+        target_label: __metrics_path__
+        regex: (.+)
+      - source_labels: [__address__, __meta_kubernetes_pod_annotation_prometheus_io_port]
+        action: replace
+        regex: ([^:]+)(?::\d+)?;(\d+)
+        replacement: $1:$2
+        target_label: __address__
+      - source_labels: [__meta_kubernetes_namespace]
+        target_label: namespace
+      - source_labels: [__meta_kubernetes_pod_name]
+        target_label: pod
+`
+
+// promAnnotations runs the Prometheus of make prometheus (PLEG_NRI_PROMETHEUS) with
+// promAnnotationsConfig and waits until its only target is the installer pod, up, with pleg-nri's
+// metrics in the database.
+func promAnnotations(t *testing.T, c *kindCluster, pod string) {
+	bin := os.Getenv("PLEG_NRI_PROMETHEUS")
+	if bin == "" {
+		bin = filepath.Join(cacheDir(), "prometheus-v0.316.0", "prometheus")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no prometheus at %s (make prometheus): %v", bin, err)
+	}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(promAnnotationsConfig, "KUBECONFIG", c.kubeconfig)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--log.level=warn")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			out, _ := os.ReadFile(logf.Name())
+			t.Logf("prometheus' log:\n%s", out)
+		}
+	})
+	getJSON := func(path string, v any) error {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		return json.NewDecoder(resp.Body).Decode(v)
+	}
+	start := time.Now()
+	err = pollDetail(2*time.Minute, time.Second, "prometheus to discover and scrape the installer pod through its annotations alone", func() (bool, string) {
+		var ts struct {
+			Data struct {
+				ActiveTargets []struct {
+					Labels    map[string]string `json:"labels"`
+					ScrapeURL string            `json:"scrapeUrl"`
+					Health    string            `json:"health"`
+					LastError string            `json:"lastError"`
+				} `json:"activeTargets"`
+			} `json:"data"`
+		}
+		if err := getJSON("/api/v1/targets", &ts); err != nil {
+			return false, err.Error()
+		}
+		var states []string
+		for _, tg := range ts.Data.ActiveTargets {
+			states = append(states, fmt.Sprintf("%s %s %s %s", tg.Labels["pod"], tg.ScrapeURL, tg.Health, tg.LastError))
+		}
+		detail := strings.Join(states, "; ")
+		if len(ts.Data.ActiveTargets) != 1 {
+			return false, detail
+		}
+		tg := ts.Data.ActiveTargets[0]
+		if tg.Labels["pod"] != pod || tg.Health != "up" || !strings.HasSuffix(tg.ScrapeURL, ":9810/metrics") {
+			return false, detail
+		}
+		var q struct {
+			Data struct {
+				Result []struct {
+					Metric map[string]string `json:"metric"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		if err := getJSON("/api/v1/query?query="+url.QueryEscape(`pleg_nri_build_info{process="core"}`), &q); err != nil {
+			return false, err.Error()
+		}
+		return len(q.Data.Result) == 1 && q.Data.Result[0].Metric["pod"] == pod, detail + fmt.Sprintf("; pleg_nri_build_info: %v", q.Data.Result)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("prometheus discovered and scraped %s through its annotations alone within %s", pod, time.Since(start).Round(time.Second))
 }

@@ -97,3 +97,18 @@ volumeMounts:
     readOnly: true
 {{- end -}}
 
+{{/* The port of config.metrics-address (host:port). */}}
+{{- define "pleg-nri.metricsPort" -}}
+{{- $addr := index .Values.config "metrics-address" | toString -}}
+{{- regexReplaceAll "^.*:" $addr "" -}}
+{{- end -}}
+
+{{/* "true" when config.metrics-address listens beyond loopback (a scraper can reach it at the pod's
+address, the node's: the pod is hostNetwork), else empty. */}}
+{{- define "pleg-nri.metricsReachable" -}}
+{{- $addr := index .Values.config "metrics-address" | toString -}}
+{{- $host := regexReplaceAll ":[0-9]+$" $addr "" | trimPrefix "[" | trimSuffix "]" -}}
+{{- if not (or (hasPrefix "127." $host) (eq $host "localhost") (eq $host "::1")) -}}
+true
+{{- end -}}
+{{- end -}}
