@@ -123,7 +123,9 @@ func (c *kindCluster) waitReadyIs(pod, want string, d time.Duration) (time.Durat
 // process, the kubelet's calls hang). After each fault the pod must be not Ready within 30 s, and
 // Ready again within 30 s of the repair; a front killed (which the core replaces within a second) must
 // not make it not Ready, nor a restart of containerd; and the pod is never restarted (no liveness
-// probe). The times are logged.
+// probe). Then the kubelet's settings put back as kubeadm upgrade node leaves them: the pod goes not
+// Ready and says why, and with kubelet.reapplySwitch the installer switches the kubelet again. The
+// times are logged.
 // It also checks, on the node, what the chart's other day-two options did: containerd reads the NRI
 // timeouts, and the pod carries the scrape annotations of an address Prometheus reaches there.
 func TestHelmKindHealth(t *testing.T) {
@@ -245,6 +247,59 @@ func TestHelmKindHealth(t *testing.T) {
 	if _, restarts := c.podReady(pod); restarts != "0" {
 		t.Errorf("the installer pod's container restarted %s times", restarts)
 	}
+	// The kubelet's settings put back as kubeadm upgrade node leaves them (containerd's socket, no
+	// gate): the pod goes not Ready and its log says why; with kubelet.reapplySwitch the installer
+	// switches the kubelet again within its 30 s check.
+	t.Run("kubelet-drift", func(t *testing.T) {
+		unswitch := func() {
+			n.exec("/usr/local/bin/pleg-nri", "kubelet-config", "--container-runtime-endpoint", "unix:///run/containerd/containerd.sock", "--evented-pleg", "remove")
+		}
+		switched := func() bool {
+			_, err := n.tryExec("/usr/local/bin/pleg-nri", "kubelet-config", "--check", "--container-runtime-endpoint", "unix:///run/pleg-nri/cri.sock", "--evented-pleg", "true")
+			return err == nil
+		}
+		unswitch()
+		down, err := c.waitReadyIs(pod, "False", time.Minute)
+		if err != nil {
+			t.Fatalf("the kubelet's settings drifted: %v", err)
+		}
+		if err := pollDetail(45*time.Second, time.Second, "the installer's log to report the drift", func() (bool, string) {
+			logs := c.kubectl("-n", "kube-system", "logs", pod)
+			return strings.Contains(logs, "kubelet: drift from the switch: drift: /host/var/lib/kubelet/config.yaml: containerRuntimeEndpoint is unix:///run/containerd/containerd.sock"), logs
+		}); err != nil {
+			t.Error(err)
+		}
+		figures = append(figures, fmt.Sprintf("kubelet settings drifted: not Ready after %s", down.Round(100*time.Millisecond)))
+		// Re-apply on: the upgrade's new pod switches the kubelet at its install; then a drift again is
+		// re-applied by the staying installer.
+		c.helm("upgrade", "pleg-nri", chartDir(), "--reuse-values", "--set", "kubelet.reapplySwitch=true", "--wait", "--timeout", "5m")
+		c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=5m")
+		if !switched() {
+			t.Fatalf("the kubelet is not switched after the upgrade's install")
+		}
+		pod2 := c.installerPod()
+		unswitch()
+		start := time.Now()
+		if err := pollDetail(75*time.Second, time.Second, "the installer to switch the kubelet again", func() (bool, string) {
+			return switched(), ""
+		}); err != nil {
+			t.Fatal(err)
+		}
+		again := time.Since(start)
+		up, err := c.waitReadyIs(pod2, "True", time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		figures = append(figures, fmt.Sprintf("kubelet settings drifted with kubelet.reapplySwitch: switched again after %s, pod Ready %s later", again.Round(100*time.Millisecond), up.Round(100*time.Millisecond)))
+		t.Log(figures[len(figures)-1])
+		if err := pollDetail(2*time.Minute, 2*time.Second, "the restarted kubelet's event stream from pleg-nri", func() (bool, string) {
+			out := n.sh("curl -s 127.0.0.1:9810/metrics | sed -n 's/^pleg_nri_subscribers //p'")
+			return strings.TrimSpace(out) == "1", "pleg_nri_subscribers " + out
+		}); err != nil {
+			t.Error(err)
+		}
+	})
+
 	t.Logf("TestHelmKindHealth: %s", strings.Join(figures, "; "))
 	c.helm("uninstall", "pleg-nri", "--wait", "--timeout", "5m")
 	// Uninstall removed the NRI timeouts: containerd's defaults again.
