@@ -211,6 +211,16 @@ func TestHelmKindHealth(t *testing.T) {
 				t.Errorf("%s, repaired: %v", f.name, err)
 				return
 			}
+			// The operator's view: the probe's output in the pod's events says what failed.
+			events := c.kubectl("-n", "kube-system", "get", "events", "--field-selector", "involvedObject.name="+pod, "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
+			if !strings.Contains(events, "Readiness probe failed:") || !strings.Contains(events, "FAIL") {
+				t.Errorf("%s: the pod's events do not say why it is not Ready:\n%s", f.name, events)
+			}
+			for _, l := range strings.Split(events, "\n") {
+				if strings.Contains(l, "Readiness probe failed:") {
+					t.Logf("%s: the pod's event: %s", f.name, l)
+				}
+			}
 			figures = append(figures, fmt.Sprintf("%s: not Ready after %s, Ready %s after the repair", f.name, down.Round(100*time.Millisecond), up.Round(100*time.Millisecond)))
 			t.Log(figures[len(figures)-1])
 		})
