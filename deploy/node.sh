@@ -8,9 +8,10 @@
 #                       then stop and remove pleg-nri, in both modes (the pre-delete hook)
 #   node.sh processes   list this install's pleg-nri processes on the host: "PID core|front EXE", a
 #                       process still running a replaced binary included
-#   node.sh health      the installer pod's readiness probe: install done, and pleg-nri serving now
+#   node.sh health      the installer pod's readiness check: install done, and pleg-nri serving now
 #                       (pleg-nri health: the core's /readyz, and a CRI Version call through the
-#                       kubelet's endpoint)
+#                       kubelet's endpoint), the kubelet still switched; install serves it over HTTP
+#                       for the kubelet's probe (PLEG_NRI_HEALTH_ADDRESS)
 #
 # Host commands run in the host's mount namespace (nsenter -t 1 -m): the host's systemctl talks to
 # the host's systemd.
@@ -61,6 +62,16 @@ READY_FILE=${PLEG_NRI_READY_FILE:-/tmp/pleg-nri-ready}
 # kubelet.reapplySwitch), checked every DRIFT_PERIOD seconds by the staying installer.
 REAPPLY=${PLEG_NRI_REAPPLY_SWITCH:-false}
 DRIFT_PERIOD=${PLEG_NRI_DRIFT_PERIOD:-30}
+# Where the installer serves node.sh health over HTTP for the kubelet's readiness probe (the chart's
+# readiness.port on loopback: the pod is hostNetwork): GET /cgi-bin/health answers 200 or 503 with the
+# checks' output. An httpGet probe is made by the kubelet itself; an exec probe goes through the
+# kubelet's runtime endpoint, which is pleg-nri's front: a front that hangs hangs the probe too, and
+# the kubelet keeps the last result of a probe that errs. Empty: no server.
+HEALTH_ADDRESS=${PLEG_NRI_HEALTH_ADDRESS:-}
+HEALTH_DIR=${PLEG_NRI_HEALTH_DIR:-/tmp/pleg-nri-health}
+BUSYBOX=${PLEG_NRI_BUSYBOX:-busybox}
+# This script, for the CGI program that runs node.sh health.
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 # How long each check of node.sh health may take, in seconds.
 HEALTH_TIMEOUT=${PLEG_NRI_HEALTH_TIMEOUT:-2}
 
@@ -270,6 +281,9 @@ same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$
 
 install() {
 	restarted=false
+	trap 'stop_health_server' EXIT
+	trap 'exit 143' TERM INT
+	health_server
 	ctrd=$(containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT") || exit 1
 	[ "$ctrd" = unchanged ] ||
 		log "containerd's NRI timeouts: registration '${NRI_REGISTRATION_TIMEOUT:-default}', request '${NRI_REQUEST_TIMEOUT:-default}' ($CONTAINERD_DROPIN)"
@@ -336,6 +350,11 @@ install() {
 	while :; do
 		sleep "$DRIFT_PERIOD" &
 		wait $!
+		# The readiness check's server, should it have ended.
+		if [ -n "$health_pid" ] && ! kill -0 "$health_pid" 2>/dev/null; then
+			log "the readiness check's server ended: starting it again"
+			health_server
+		fi
 		[ "$SWITCH" = true ] || continue
 		if drift=$(kubelet_check); then
 			$drifted && log "kubelet: settings as switched again"
@@ -397,6 +416,35 @@ host_endpoint() {
 	esac
 }
 
+# health_server: serve node.sh health on HEALTH_ADDRESS (busybox httpd, CGI) in the background, the
+# server's pid in health_pid; tried again for 30 s while the address is in use (the previous pod's
+# server going away).
+health_pid=
+health_server() {
+	[ -n "$HEALTH_ADDRESS" ] || return 0
+	mkdir -p "$HEALTH_DIR/cgi-bin"
+	cat >"$HEALTH_DIR/cgi-bin/health" <<-EOF
+		#!/bin/sh
+		if out=\$(/bin/sh "$SELF" health 2>&1); then st="200 OK"; else st="503 Service Unavailable"; fi
+		printf 'Status: %s\r\nContent-Type: text/plain\r\n\r\n%s\n' "\$st" "\$out"
+	EOF
+	chmod 0755 "$HEALTH_DIR/cgi-bin/health"
+	i=0
+	while :; do
+		"$BUSYBOX" httpd -f -p "$HEALTH_ADDRESS" -h "$HEALTH_DIR" &
+		health_pid=$!
+		sleep 1
+		kill -0 "$health_pid" 2>/dev/null && break
+		i=$((i + 1))
+		[ "$i" -lt 30 ] || die "cannot serve the readiness check on $HEALTH_ADDRESS"
+	done
+	log "serving the readiness check on http://$HEALTH_ADDRESS/cgi-bin/health"
+}
+
+stop_health_server() {
+	[ -z "$health_pid" ] || kill "$health_pid" 2>/dev/null || true
+}
+
 # health: the readiness probe. Ready once this pod's install is done (so that a rollout waits for it)
 # and for as long as pleg-nri serves the node: its core's /readyz answers 200 and the kubelet's
 # endpoint (the front) answers a CRI Version call, each within HEALTH_TIMEOUT seconds; with the switch,
@@ -422,7 +470,14 @@ install) install ;;
 uninstall) uninstall ;;
 processes) processes all "$SYSTEMD_BIN" "$NRI_BIN" ;;
 health) health ;;
+# health-server: serve node.sh health over HTTP until killed, for tests.
+health-server)
+	trap 'stop_health_server' EXIT
+	trap 'exit 0' TERM INT
+	health_server
+	wait
+	;;
 # containerd-config: containerd_config with the environment's timeouts (no restart), for tests.
 containerd-config) containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT" ;;
-*) die "usage: node.sh install|uninstall|processes|health|containerd-config" ;;
+*) die "usage: node.sh install|uninstall|processes|health|health-server|containerd-config" ;;
 esac

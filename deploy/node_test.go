@@ -6,6 +6,7 @@ package deploy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,4 +345,96 @@ func dump(t *testing.T, config string, want map[string]string, keep bool) {
 	if keep && (!strings.Contains(sec, "socket_path = '/var/run/nri/nri.sock'") || !strings.Contains(sec, "disable = false")) {
 		t.Errorf("containerd's NRI section lost the config's own keys:\n%s", sec)
 	}
+}
+
+// busyboxBin is the static busybox of the image (the dependency cache's, make image), or "".
+func busyboxBin() string {
+	cache := os.Getenv("PLEG_NRI_CACHE")
+	if cache == "" {
+		cache = "/var/cache/pleg-nri"
+	}
+	m, _ := filepath.Glob(filepath.Join(cache, "busybox-static-*", "busybox"))
+	if len(m) == 0 {
+		return ""
+	}
+	return m[0]
+}
+
+// TestNodeHealthServer (issue 60): the installer serves node.sh health over HTTP (busybox httpd, as
+// in the image) for the kubelet's HTTP probe, which does not go through the runtime endpoint it
+// checks: 503 with the checks' output until the install is done or while a check fails, 200 once all
+// pass.
+func TestNodeHealthServer(t *testing.T) {
+	bb := busyboxBin()
+	if bb == "" {
+		if os.Getenv("PLEG_NRI_DEPLOY_TESTS") == "1" {
+			t.Fatal("no busybox-static in the dependency cache (make image)")
+		}
+		t.Skip("SKIP (loud): no busybox-static in the dependency cache (make image fetches it)")
+	}
+	root := testutil.ShortTempDir(t, "hs-")
+	if err := os.MkdirAll(filepath.Join(root, "run", "pleg-nri"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ServeGRPC(t, filepath.Join(root, "run", "pleg-nri", "cri.sock"), func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
+	var notReady atomic.Bool
+	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if notReady.Load() {
+			http.Error(w, "no relist has completed yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	t.Cleanup(readyz.Close)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	readyFile := filepath.Join(root, "ready")
+	cmd := exec.Command("sh", "node.sh", "health-server")
+	cmd.Env = append(os.Environ(), "HOST_ROOT="+root, "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE="+readyFile,
+		"PLEG_NRI_READYZ="+readyz.URL+"/readyz", "PLEG_NRI_ENDPOINT=unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT=1",
+		"PLEG_NRI_HEALTH_ADDRESS="+addr, "PLEG_NRI_HEALTH_DIR="+filepath.Join(root, "www"), "PLEG_NRI_BUSYBOX="+bb)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		// The server went with it.
+		if _, err := http.Get("http://" + addr + "/cgi-bin/health"); err == nil {
+			t.Errorf("the health server still answers after node.sh ended")
+		}
+	})
+	get := func(wantCode int, want string) {
+		t.Helper()
+		var code int
+		var body string
+		err := testutil.PollEvery(context.Background(), 10*time.Second, 100*time.Millisecond, "the health server", func() (bool, error) {
+			resp, err := http.Get("http://" + addr + "/cgi-bin/health")
+			if err != nil {
+				return false, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			code, body = resp.StatusCode, string(b)
+			return code == wantCode && strings.Contains(body, want), nil
+		})
+		if err != nil {
+			t.Fatalf("GET /cgi-bin/health: %d %q, want %d and %q (%v); node.sh:\n%s", code, body, wantCode, want, err, out.String())
+		}
+	}
+	get(http.StatusServiceUnavailable, "the install has not finished")
+	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	get(http.StatusOK, "/readyz: ok")
+	notReady.Store(true)
+	get(http.StatusServiceUnavailable, "FAIL: 503 Service Unavailable: no relist has completed yet")
+	notReady.Store(false)
+	get(http.StatusOK, "cri.sock: ok")
 }

@@ -268,13 +268,18 @@ func TestHelmValuesSchema(t *testing.T) {
 
 // TestHelmReadiness (issue 60): the installer pod is ready only while pleg-nri serves its node
 // (node.sh health: the install done, the core's /readyz, a CRI Version call through the kubelet's
-// endpoint), with probe settings that make a broken node's pod not Ready within 30 s; it has no
+// endpoint; served by the installer for an HTTP probe), with probe settings that make a broken node's pod not Ready within 30 s; it has no
 // liveness probe (restarting the installer repairs nothing: docs/operations.md).
 func TestHelmReadiness(t *testing.T) {
 	c := get(render(t)["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)
 	probe := get(c, "readinessProbe")
-	if cmd, _ := json.Marshal(get(probe, "exec", "command")); string(cmd) != `["/bin/sh","/opt/pleg-nri/node.sh","health"]` {
-		t.Errorf("readiness probe command %s, want node.sh health", cmd)
+	// An HTTP probe, which the kubelet makes itself (an exec probe goes through the front it checks),
+	// to the installer's server of node.sh health on the node's loopback.
+	if hg, _ := json.Marshal(get(probe, "httpGet")); string(hg) != `{"host":"127.0.0.1","path":"/cgi-bin/health","port":9811}` || get(probe, "exec") != nil {
+		t.Errorf("readiness probe %v, want httpGet 127.0.0.1:9811/cgi-bin/health", probe)
+	}
+	if a := envOf(c)["PLEG_NRI_HEALTH_ADDRESS"]; a != "127.0.0.1:9811" {
+		t.Errorf("PLEG_NRI_HEALTH_ADDRESS=%q, want the probe's 127.0.0.1:9811", a)
 	}
 	period, failures, timeout := get(probe, "periodSeconds").(float64), get(probe, "failureThreshold").(float64), get(probe, "timeoutSeconds").(float64)
 	// The worst case from a fault to not Ready: a probe that just passed, then failureThreshold probes
@@ -300,9 +305,10 @@ func TestHelmReadiness(t *testing.T) {
 	if v := envOf(get(render(t, "--set", "kubelet.reapplySwitch=true")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))["PLEG_NRI_REAPPLY_SWITCH"]; v != "true" {
 		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q with kubelet.reapplySwitch=true", v)
 	}
-	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1")["DaemonSet/rel-pleg-nri"],
+	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1", "--set", "readiness.port=19811")["DaemonSet/rel-pleg-nri"],
 		"spec", "template", "spec", "containers", 0)
-	if get(c2, "readinessProbe", "periodSeconds") != 2.0 || get(c2, "readinessProbe", "failureThreshold") != 4.0 || envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"] != "1" {
+	if get(c2, "readinessProbe", "periodSeconds") != 2.0 || get(c2, "readinessProbe", "failureThreshold") != 4.0 || envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"] != "1" ||
+		get(c2, "readinessProbe", "httpGet", "port") != 19811.0 || envOf(c2)["PLEG_NRI_HEALTH_ADDRESS"] != "127.0.0.1:19811" {
 		t.Errorf("readiness values not applied: %v, env %v", get(c2, "readinessProbe"), envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"])
 	}
 }
@@ -404,5 +410,38 @@ func TestHelmContainerdNRI(t *testing.T) {
 		if out, err := tryRun(helmBin(t), "template", "rel", chartDir(), "--set", bad); err == nil || !strings.Contains(out, "schema") {
 			t.Errorf("helm template --set %s was accepted: %v\n%s", bad, err, out)
 		}
+	}
+}
+
+// TestHelmReuseValuesFromOlderChart (issue 60): helm upgrade --reuse-values keeps the previous
+// release's values, not this chart's defaults, so values added since (readiness, metrics, containerd,
+// kubelet.reapplySwitch) may be absent: the chart renders them with their defaults. It failed so in a
+// TestHelmKind run: "at '/readiness': missing property 'port'".
+func TestHelmReuseValuesFromOlderChart(t *testing.T) {
+	absent := []string{"--set", "readiness=null", "--set", "metrics=null", "--set", "containerd=null", "--set", "kubelet.reapplySwitch=null"}
+	objs := render(t, absent...)
+	if _, ok := objs["PodMonitor/rel-pleg-nri"]; ok {
+		t.Error("a PodMonitor without metrics values")
+	}
+	c := get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)
+	probe, _ := json.Marshal(get(c, "readinessProbe"))
+	if string(probe) != `{"failureThreshold":3,"httpGet":{"host":"127.0.0.1","path":"/cgi-bin/health","port":9811},"periodSeconds":5,"successThreshold":1,"timeoutSeconds":5}` {
+		t.Errorf("readiness probe without readiness values: %s", probe)
+	}
+	env := envOf(c)
+	for k, want := range map[string]string{"PLEG_NRI_HEALTH_ADDRESS": "127.0.0.1:9811", "PLEG_NRI_HEALTH_TIMEOUT": "2", "PLEG_NRI_REAPPLY_SWITCH": "false",
+		"PLEG_NRI_CONTAINERD_CONFIG": "/etc/containerd/config.toml", "PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT": "", "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT": ""} {
+		if env[k] != want {
+			t.Errorf("without the new values: env %s=%q, want %q", k, env[k], want)
+		}
+	}
+	// The scrape annotations' default (on) holds without metrics values; an explicit off stays off.
+	a := get(render(t, append(absent, "--set", "config.metrics-address=0.0.0.0:9810")...)["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations")
+	if get(a, "prometheus.io/scrape") != "true" {
+		t.Errorf("annotations without metrics values: %v", a)
+	}
+	a = get(render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.scrapeAnnotations=false")["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations")
+	if get(a, "prometheus.io/scrape") != nil {
+		t.Errorf("metrics.scrapeAnnotations=false: %v", a)
 	}
 }

@@ -64,7 +64,9 @@ env:
   - name: PLEG_NRI_READY_TIMEOUT
     value: {{ .Values.readyTimeoutSeconds | quote }}
   - name: PLEG_NRI_HEALTH_TIMEOUT
-    value: {{ .Values.readiness.checkTimeoutSeconds | quote }}
+    value: {{ (.Values.readiness | default dict).checkTimeoutSeconds | default 2 | quote }}
+  - name: PLEG_NRI_HEALTH_ADDRESS
+    value: {{ printf "127.0.0.1:%v" ((.Values.readiness | default dict).port | default 9811) | quote }}
   - name: PLEG_NRI_SWITCH_KUBELET
     value: {{ .Values.kubelet.switchEndpoint | quote }}
   - name: PLEG_NRI_EVENTED_PLEG
@@ -84,17 +86,26 @@ env:
   - name: KUBELET_UNIT
     value: {{ .Values.kubelet.unit | quote }}
   - name: PLEG_NRI_CONTAINERD_CONFIG
-    value: {{ .Values.containerd.configPath | quote }}
+    value: {{ (.Values.containerd | default dict).configPath | default "/etc/containerd/config.toml" | quote }}
   - name: PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT
-    value: {{ .Values.containerd.nri.pluginRegistrationTimeout | default "" | quote }}
+    value: {{ ((.Values.containerd | default dict).nri | default dict).pluginRegistrationTimeout | default "" | quote }}
   - name: PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT
-    value: {{ .Values.containerd.nri.pluginRequestTimeout | default "" | quote }}
+    value: {{ ((.Values.containerd | default dict).nri | default dict).pluginRequestTimeout | default "" | quote }}
 volumeMounts:
   - name: host
     mountPath: /host
   - name: config
     mountPath: /etc/pleg-nri-config
     readOnly: true
+{{- end -}}
+
+{{/* The values blocks added after the chart's first release, with their defaults where a release's
+values lack them (helm upgrade --reuse-values keeps the old release's values, not the new defaults). */}}
+{{- define "pleg-nri.scrapeAnnotations" -}}
+{{- $m := .Values.metrics | default dict -}}
+{{- if or (not (hasKey $m "scrapeAnnotations")) $m.scrapeAnnotations -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{/* The port of config.metrics-address (host:port). */}}
