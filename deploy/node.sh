@@ -423,11 +423,19 @@ health_pid=
 health_server() {
 	[ -n "$HEALTH_ADDRESS" ] || return 0
 	mkdir -p "$HEALTH_DIR/cgi-bin"
+	# The kubelet's event of a failed HTTP probe gives only the status code: each change of the
+	# result goes to the pod's log too (the CGI program's stderr is the server's), with the checks'
+	# output.
 	cat >"$HEALTH_DIR/cgi-bin/health" <<-EOF
 		#!/bin/sh
-		if out=\$(/bin/sh "$SELF" health 2>&1); then st="200 OK"; else st="503 Service Unavailable"; fi
+		if out=\$(/bin/sh "$SELF" health 2>&1); then st="200 OK"; now=ready; else st="503 Service Unavailable"; now="not ready"; fi
+		if [ "\$now" != "\$(cat "$HEALTH_DIR/state" 2>/dev/null)" ]; then
+			echo "\$now" >"$HEALTH_DIR/state"
+			echo "pleg-nri node: readiness: \$now: \$(echo "\$out" | tr '\n' ';')" >&2
+		fi
 		printf 'Status: %s\r\nContent-Type: text/plain\r\n\r\n%s\n' "\$st" "\$out"
 	EOF
+	rm -f "$HEALTH_DIR/state"
 	chmod 0755 "$HEALTH_DIR/cgi-bin/health"
 	i=0
 	while :; do

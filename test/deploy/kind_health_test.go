@@ -211,16 +211,22 @@ func TestHelmKindHealth(t *testing.T) {
 				t.Errorf("%s, repaired: %v", f.name, err)
 				return
 			}
-			// The operator's view: the probe's output in the pod's events says what failed.
+			// The operator's view: the pod's events say the probe failed (an HTTP probe's event gives
+			// only the status code), its log says why.
 			events := c.kubectl("-n", "kube-system", "get", "events", "--field-selector", "involvedObject.name="+pod, "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
-			if !strings.Contains(events, "Readiness probe failed:") || !strings.Contains(events, "FAIL") {
-				t.Errorf("%s: the pod's events do not say why it is not Ready:\n%s", f.name, events)
+			if !strings.Contains(events, "Readiness probe failed: HTTP probe failed with statuscode: 503") {
+				t.Errorf("%s: the pod's events have no failed readiness probe:\n%s", f.name, events)
 			}
-			for _, l := range strings.Split(events, "\n") {
-				if strings.Contains(l, "Readiness probe failed:") {
-					t.Logf("%s: the pod's event: %s", f.name, l)
+			var why string
+			for _, l := range strings.Split(c.kubectl("-n", "kube-system", "logs", pod), "\n") {
+				if strings.Contains(l, "readiness: not ready: ") && strings.Contains(l, "FAIL") {
+					why = l
 				}
 			}
+			if why == "" {
+				t.Errorf("%s: the installer's log does not say why it is not Ready", f.name)
+			}
+			t.Logf("%s: the installer's log: %s", f.name, why)
 			figures = append(figures, fmt.Sprintf("%s: not Ready after %s, Ready %s after the repair", f.name, down.Round(100*time.Millisecond), up.Round(100*time.Millisecond)))
 			t.Log(figures[len(figures)-1])
 		})
