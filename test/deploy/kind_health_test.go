@@ -206,7 +206,9 @@ func TestHelmKindHealth(t *testing.T) {
 			// Repaired whatever happened, so that the next fault starts from a healthy node.
 			f.fixIt()
 			if err != nil {
+				// Never not Ready: Ready still.
 				t.Errorf("%s: %v", f.name, err)
+				backUp = true
 				return
 			}
 			up, err := c.waitReadyIs(pod, "True", bound)
