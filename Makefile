@@ -302,8 +302,8 @@ test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr imp
 	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: test-deploy-kind
-test-deploy-kind: image helm ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled (make e2e-kind's node image; ~3 min).
-	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) $(GO) test -count=1 -v -run '^TestHelmKind$$' -timeout 30m $(DEPLOY_PKG)
+test-deploy-kind: image helm prometheus ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled; and the installer pod's readiness through faults of the core and the front, Prometheus finding it by its annotations (make e2e-kind's node image; ~6 min).
+	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) $(GO) test -count=1 -v -run '^TestHelmKind(Health)?$$' -timeout 40m $(DEPLOY_PKG)
 
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour), then the kubelet suite's on KUBELET_VERSION (10 SIGKILLs each of the core, containerd and the front under a kubelet).

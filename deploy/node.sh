@@ -8,6 +8,10 @@
 #                       then stop and remove pleg-nri, in both modes (the pre-delete hook)
 #   node.sh processes   list this install's pleg-nri processes on the host: "PID core|front EXE", a
 #                       process still running a replaced binary included
+#   node.sh health      the installer pod's readiness check: install done, and pleg-nri serving now
+#                       (pleg-nri health: the core's /readyz, and a CRI Version call through the
+#                       kubelet's endpoint), the kubelet still switched; install serves it over HTTP
+#                       for the kubelet's probe (PLEG_NRI_HEALTH_ADDRESS)
 #
 # Host commands run in the host's mount namespace (nsenter -t 1 -m): the host's systemctl talks to
 # the host's systemd.
@@ -31,7 +35,8 @@ KUBEADM_FLAGS=${KUBEADM_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
 # The mark that this chart switched the kubelet (so that uninstall, or switchKubelet=false, undoes it).
 SWITCHED=$HOST_ROOT/etc/pleg-nri/kubelet-switched
-BIN=/usr/local/bin/pleg-nri
+# This image's pleg-nri (tests point it at another build).
+BIN=${PLEG_NRI_BIN:-/usr/local/bin/pleg-nri}
 SRC=/opt/pleg-nri
 # The host's pleg-nri binaries of each mode, as /proc/PID/exe shows them (the host's paths: the host
 # service's mount namespace and containerd's have the host's /).
@@ -39,6 +44,36 @@ SYSTEMD_BIN=/usr/local/bin/pleg-nri
 NRI_BIN=/opt/nri/plugins/10-pleg-nri
 # The host's processes (tests point it at a tree of their own).
 PROC=${PLEG_NRI_PROC:-/proc}
+# containerd's NRI timeouts (the chart's containerd.nri): plugin_registration_timeout and
+# plugin_request_timeout of [plugins."io.containerd.nri.v1.nri"], as durations ("10s"); both empty: the
+# option is off (containerd's defaults, 5s and 2s). They go into a drop-in file beside containerd's
+# config (CONTAINERD_DROPIN), which the config imports.
+CONTAINERD_CONFIG=${PLEG_NRI_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+CONTAINERD_UNIT=${PLEG_NRI_CONTAINERD_UNIT:-containerd.service}
+NRI_REGISTRATION_TIMEOUT=${PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT:-}
+NRI_REQUEST_TIMEOUT=${PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT:-}
+CONTAINERD_DROPIN=$(dirname "$CONTAINERD_CONFIG")/conf.d/pleg-nri.toml
+# What containerd's config imports: a pattern that matches the drop-in, and nothing once it is removed
+# (an import of a missing file would stop containerd).
+CONTAINERD_IMPORT=$(dirname "$CONTAINERD_CONFIG")/conf.d/pleg-nri*.toml
+# The mark that this pod's install is done (in the pod's own /tmp: a new pod starts without it).
+READY_FILE=${PLEG_NRI_READY_FILE:-/tmp/pleg-nri-ready}
+# With the switch, re-apply it when the kubelet's settings drift from it (the chart's
+# kubelet.reapplySwitch), checked every DRIFT_PERIOD seconds by the staying installer.
+REAPPLY=${PLEG_NRI_REAPPLY_SWITCH:-false}
+DRIFT_PERIOD=${PLEG_NRI_DRIFT_PERIOD:-30}
+# Where the installer serves node.sh health over HTTP for the kubelet's readiness probe (the chart's
+# readiness.port on loopback: the pod is hostNetwork): GET /cgi-bin/health answers 200 or 503 with the
+# checks' output. An httpGet probe is made by the kubelet itself; an exec probe goes through the
+# kubelet's runtime endpoint, which is pleg-nri's front: a front that hangs hangs the probe too, and
+# the kubelet keeps the last result of a probe that errs. Empty: no server.
+HEALTH_ADDRESS=${PLEG_NRI_HEALTH_ADDRESS:-}
+HEALTH_DIR=${PLEG_NRI_HEALTH_DIR:-/tmp/pleg-nri-health}
+BUSYBOX=${PLEG_NRI_BUSYBOX:-busybox}
+# This script, for the CGI program that runs node.sh health.
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+# How long each check of node.sh health may take, in seconds.
+HEALTH_TIMEOUT=${PLEG_NRI_HEALTH_TIMEOUT:-2}
 
 log() { echo "pleg-nri node: $*"; }
 die() { log "$*" >&2; exit 1; }
@@ -63,6 +98,13 @@ wait_ready() {
 		sleep 1
 	done
 	log "pleg-nri is ready ($READYZ)"
+}
+
+# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, EVENTED_PLEG); else fails,
+# printing each drift.
+kubelet_check() {
+	"$BIN" kubelet-config --check --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
+		--container-runtime-endpoint "$ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
 }
 
 # kubelet_config ENDPOINT GATE: edit the kubelet's settings; restart the kubelet if they changed.
@@ -168,16 +210,89 @@ wait_version() {
 	log "the serving core runs $want"
 }
 
+# containerd_config REGISTRATION REQUEST: containerd's NRI timeouts in the drop-in (both empty: no
+# drop-in), and containerd's config importing it; prints "changed" when a file changed (containerd
+# reads them only when it starts), else "unchanged". containerd's config is edited once, to add the
+# import, which stays (it matches nothing once the drop-in is gone).
+containerd_config() {
+	dropin=$HOST_ROOT$CONTAINERD_DROPIN
+	main=$HOST_ROOT$CONTAINERD_CONFIG
+	if [ -z "$1$2" ]; then
+		if [ -e "$dropin" ]; then
+			rm -f "$dropin"
+			echo changed
+		else
+			echo unchanged
+		fi
+		return 0
+	fi
+	[ -f "$main" ] || die "containerd.nri: no containerd config at $CONTAINERD_CONFIG (PLEG_NRI_CONTAINERD_CONFIG) to import the timeouts"
+	# The drop-in in the config's own version (containerd migrates an older one, with a warning).
+	version=$(sed -n 's/^[[:space:]]*version[[:space:]]*=[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$main" | head -1)
+	want="# Written by pleg-nri's Helm chart (containerd.nri): containerd's NRI timeouts. Removed when
+# the option is off or the chart is uninstalled.
+version = ${version:-2}
+
+[plugins.\"io.containerd.nri.v1.nri\"]"
+	[ -z "$1" ] || want="$want
+  plugin_registration_timeout = \"$1\""
+	[ -z "$2" ] || want="$want
+  plugin_request_timeout = \"$2\""
+	changed=unchanged
+	if [ "$(cat "$dropin" 2>/dev/null)" != "$want" ]; then
+		mkdir -p "$(dirname "$dropin")"
+		printf '%s\n' "$want" >"$dropin.tmp"
+		mv "$dropin.tmp" "$dropin"
+		changed=changed
+	fi
+	# The import: already there (ours, or containerd's own conf.d/*.toml), added to an imports array,
+	# or a new imports key after version (top-level keys come before the first table).
+	all=$(dirname "$CONTAINERD_CONFIG")/conf.d/*.toml
+	if ! grep -qF -e "\"$CONTAINERD_IMPORT\"" -e "'$CONTAINERD_IMPORT'" -e "\"$all\"" -e "'$all'" "$main"; then
+		awk -v imp="\"$CONTAINERD_IMPORT\"" '
+			done == 0 && /^[[:space:]]*imports[[:space:]]*=[[:space:]]*\[/ { sub(/\[/, "[" imp ", "); done = 1 }
+			{ lines[NR] = $0 }
+			done == 0 && ver == 0 && /^[[:space:]]*version[[:space:]]*=/ { ver = NR }
+			END {
+				if (done == 0 && ver == 0) print "imports = [" imp "]"
+				for (i = 1; i <= NR; i++) {
+					print lines[i]
+					if (done == 0 && i == ver) print "imports = [" imp "]"
+				}
+			}' "$main" >"$main.pleg-nri.tmp.new"
+		# Replaced atomically, with the config's owner and mode.
+		cp -p "$main" "$main.pleg-nri.tmp"
+		cat "$main.pleg-nri.tmp.new" >"$main.pleg-nri.tmp"
+		rm -f "$main.pleg-nri.tmp.new"
+		mv "$main.pleg-nri.tmp" "$main"
+		changed=changed
+	fi
+	echo "$changed"
+}
+
+# restart_containerd WHY: restart containerd (its config changed; systemctl waits for its start).
+restart_containerd() {
+	log "restarting $CONTAINERD_UNIT: $1"
+	host systemctl restart "$CONTAINERD_UNIT"
+}
+
 # same FILE1 FILE2: both exist with the same content.
 same() { [ -f "$1" ] && [ -f "$2" ] && [ "$(sha256sum <"$1")" = "$(sha256sum <"$2")" ]; }
 
 install() {
 	restarted=false
+	trap 'stop_health_server' EXIT
+	trap 'exit 143' TERM INT
+	health_server
+	ctrd=$(containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT") || exit 1
+	[ "$ctrd" = unchanged ] ||
+		log "containerd's NRI timeouts: registration '${NRI_REGISTRATION_TIMEOUT:-default}', request '${NRI_REQUEST_TIMEOUT:-default}' ($CONTAINERD_DROPIN)"
 	case $MODE in
 	systemd)
 		# A switch from mode nri: the pre-registered core goes (else the service's core waits for its
 		# state directory's lock, in vain).
 		remove_nri
+		[ "$ctrd" = unchanged ] || restart_containerd "its NRI configuration changed"
 		if same "$BIN" "$HOST_ROOT/usr/local/bin/pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/pleg-nri/config.yaml" &&
 			same "$SRC/systemd/pleg-nri.service" "$HOST_ROOT/etc/systemd/system/pleg-nri.service" &&
 			host systemctl is-active -q pleg-nri.service && [ "$(running_version)" = "$(image_version)" ]; then
@@ -196,7 +311,7 @@ install() {
 		# install's core alone).
 		remove_systemd
 		# The serving core's version too: the files can be in place while an older core still serves.
-		if same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
+		if [ "$ctrd" = unchanged ] && same "$BIN" "$HOST_ROOT/opt/nri/plugins/10-pleg-nri" && same "$CONFIG" "$HOST_ROOT/etc/nri/conf.d/10-pleg-nri.conf" &&
 			ready && [ "$(running_version)" = "$(image_version)" ]; then
 			log "$("$BIN" version) is installed and running pre-registered"
 		else
@@ -226,10 +341,33 @@ install() {
 		kubelet_config "$RESTORE_ENDPOINT" remove
 		rm -f "$SWITCHED"
 	fi
-	touch /tmp/pleg-nri-ready
+	touch "$READY_FILE"
 	log "done; staying for the DaemonSet"
 	trap 'exit 0' TERM INT
-	while :; do sleep 3600 & wait $!; done
+	# With the switch: watch the kubelet's settings for a drift (kubeadm upgrade node rewrites them
+	# from its ConfigMap), log it, and re-apply the switch when asked (PLEG_NRI_REAPPLY_SWITCH).
+	drifted=false
+	while :; do
+		sleep "$DRIFT_PERIOD" &
+		wait $!
+		# The readiness check's server, should it have ended.
+		if [ -n "$health_pid" ] && ! kill -0 "$health_pid" 2>/dev/null; then
+			log "the readiness check's server ended: starting it again"
+			health_server
+		fi
+		[ "$SWITCH" = true ] || continue
+		if drift=$(kubelet_check); then
+			$drifted && log "kubelet: settings as switched again"
+			drifted=false
+			continue
+		fi
+		$drifted || log "kubelet: drift from the switch: $(echo "$drift" | tr '\n' ';')"
+		drifted=true
+		if [ "$REAPPLY" = true ]; then
+			log "kubelet: re-applying the switch (kubelet.reapplySwitch)"
+			kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+		fi
+	done
 }
 
 uninstall() {
@@ -254,6 +392,10 @@ uninstall() {
 	fi
 	remove_systemd
 	remove_nri
+	# containerd's NRI timeouts, if the chart set them: containerd's defaults again.
+	if [ "$(containerd_config "" "")" = changed ]; then
+		restart_containerd "the chart's NRI timeouts are removed"
+	fi
 	# What is left of this install on the host, a process of a replaced binary included: fronts, and a
 	# core of either mode.
 	# The cores first: a core that runs starts a new front in place of one that ends.
@@ -264,9 +406,86 @@ uninstall() {
 	log "pleg-nri removed"
 }
 
+# host_endpoint ENDPOINT: a unix socket endpoint of the host as this pod reaches it (under HOST_ROOT);
+# a TCP endpoint as it is.
+host_endpoint() {
+	case $1 in
+	unix://*) echo "unix://$HOST_ROOT${1#unix://}" ;;
+	/*) echo "$HOST_ROOT$1" ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# health_server: serve node.sh health on HEALTH_ADDRESS (busybox httpd, CGI) in the background, the
+# server's pid in health_pid; tried again for 30 s while the address is in use (the previous pod's
+# server going away).
+health_pid=
+health_server() {
+	[ -n "$HEALTH_ADDRESS" ] || return 0
+	mkdir -p "$HEALTH_DIR/cgi-bin"
+	# The kubelet's event of a failed HTTP probe gives only the status code: each change of the
+	# result goes to the pod's log too (the CGI program's stderr is the server's), with the checks'
+	# output.
+	cat >"$HEALTH_DIR/cgi-bin/health" <<-EOF
+		#!/bin/sh
+		if out=\$(/bin/sh "$SELF" health 2>&1); then st="200 OK"; now=ready; else st="503 Service Unavailable"; now="not ready"; fi
+		if [ "\$now" != "\$(cat "$HEALTH_DIR/state" 2>/dev/null)" ]; then
+			echo "\$now" >"$HEALTH_DIR/state"
+			echo "pleg-nri node: readiness: \$now: \$(echo "\$out" | tr '\n' ';')" >&2
+		fi
+		printf 'Status: %s\r\nContent-Type: text/plain\r\n\r\n%s\n' "\$st" "\$out"
+	EOF
+	rm -f "$HEALTH_DIR/state"
+	chmod 0755 "$HEALTH_DIR/cgi-bin/health"
+	i=0
+	while :; do
+		"$BUSYBOX" httpd -f -p "$HEALTH_ADDRESS" -h "$HEALTH_DIR" &
+		health_pid=$!
+		sleep 1
+		kill -0 "$health_pid" 2>/dev/null && break
+		i=$((i + 1))
+		[ "$i" -lt 30 ] || die "cannot serve the readiness check on $HEALTH_ADDRESS"
+	done
+	log "serving the readiness check on http://$HEALTH_ADDRESS/cgi-bin/health"
+}
+
+stop_health_server() {
+	[ -z "$health_pid" ] || kill "$health_pid" 2>/dev/null || true
+}
+
+# health: the readiness probe. Ready once this pod's install is done (so that a rollout waits for it)
+# and for as long as pleg-nri serves the node: its core's /readyz answers 200 and the kubelet's
+# endpoint (the front) answers a CRI Version call, each within HEALTH_TIMEOUT seconds; with the switch,
+# also while the kubelet's settings are still the switch's (not after kubeadm upgrade node put the
+# ConfigMap's back).
+health() {
+	[ -e "$READY_FILE" ] || { echo "the install has not finished"; exit 1; }
+	ok=true
+	"$BIN" health --readyz "$READYZ" --runtime-endpoint "$(host_endpoint "$ENDPOINT")" --timeout "${HEALTH_TIMEOUT}s" || ok=false
+	if [ "$SWITCH" = true ]; then
+		if out=$(kubelet_check); then
+			echo "kubelet settings: as switched"
+		else
+			echo "kubelet settings: FAIL: $out"
+			ok=false
+		fi
+	fi
+	$ok
+}
+
 case ${1:-} in
 install) install ;;
 uninstall) uninstall ;;
 processes) processes all "$SYSTEMD_BIN" "$NRI_BIN" ;;
-*) die "usage: node.sh install|uninstall|processes" ;;
+health) health ;;
+# health-server: serve node.sh health over HTTP until killed, for tests.
+health-server)
+	trap 'stop_health_server' EXIT
+	trap 'exit 0' TERM INT
+	health_server
+	wait
+	;;
+# containerd-config: containerd_config with the environment's timeouts (no restart), for tests.
+containerd-config) containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT" ;;
+*) die "usage: node.sh install|uninstall|processes|health|health-server|containerd-config" ;;
 esac

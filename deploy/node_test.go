@@ -5,12 +5,34 @@ package deploy
 // of node.sh runs against a real systemd node in test/deploy (make test-deploy).
 
 import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
+
+// TestMain runs the tests and removes the pleg-nri they built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	plegnribin.Cleanup()
+	os.Exit(code)
+}
 
 // fakeProc is one process of a fake /proc: its exe link's target ("" for none, as a kernel thread),
 // its argv and its cgroup file.
@@ -68,4 +90,381 @@ func TestNodeProcesses(t *testing.T) {
 	if string(out) != want {
 		t.Errorf("node.sh processes:\n%s\nwant:\n%s", out, want)
 	}
+}
+
+// nodeSh runs node.sh with env (over the test's environment) and returns its output and error.
+func nodeSh(t *testing.T, env map[string]string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"node.sh"}, args...)...)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+type versionRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (versionRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+}
+
+// TestNodeHealth (issue 60): node.sh health, the installer pod's readiness probe, fails until the
+// install is done, then passes only while the core's /readyz answers 200 and the host's endpoint (the
+// kubelet's socket, reached under HOST_ROOT) answers a CRI Version call: a core that is not ready, a
+// front that accepts without answering (stopped) and a front gone each fail it, within the timeout.
+func TestNodeHealth(t *testing.T) {
+	root := testutil.ShortTempDir(t, "nh-")
+	sockDir := filepath.Join(root, "run", "pleg-nri")
+	if err := os.MkdirAll(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(sockDir, "cri.sock")
+	srv := testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
+	var notReady atomic.Bool
+	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if notReady.Load() {
+			http.Error(w, "NRI plugin not registered", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	t.Cleanup(readyz.Close)
+	readyFile := filepath.Join(root, "ready")
+	env := map[string]string{
+		"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": readyFile,
+		"PLEG_NRI_READYZ": readyz.URL + "/readyz", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT": "1",
+	}
+	check := func(what string, wantOK bool, want string) {
+		t.Helper()
+		start := time.Now()
+		out, err := nodeSh(t, env, "health")
+		if (err == nil) != wantOK || !strings.Contains(out, want) {
+			t.Errorf("%s: node.sh health: %v, want ok=%v and %q:\n%s", what, err, wantOK, want, out)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s: node.sh health took %s, want at most two timeouts of 1s", what, took)
+		}
+	}
+	check("before the install is done", false, "the install has not finished")
+	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("healthy", true, root+"/run/pleg-nri/cri.sock: ok")
+	// With the kubelet switch: ready only while the kubelet's settings are the switch's.
+	kdir := filepath.Join(root, "var", "lib", "kubelet")
+	if err := os.MkdirAll(kdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	switched := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock\nfeatureGates:\n  EventedPLEG: true\n"
+	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(switched), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env["PLEG_NRI_SWITCH_KUBELET"], env["PLEG_NRI_EVENTED_PLEG"] = "true", "true"
+	check("switched", true, "kubelet settings: as switched")
+	// As kubeadm upgrade node leaves it: the ConfigMap's configuration, containerd's socket.
+	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(strings.NewReplacer("unix:///run/pleg-nri/cri.sock", "unix:///run/containerd/containerd.sock",
+		"featureGates:\n  EventedPLEG: true\n", "").Replace(switched)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check("the kubelet's settings drifted", false, "kubelet settings: FAIL: drift: "+root+"/var/lib/kubelet/config.yaml: containerRuntimeEndpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock")
+	env["PLEG_NRI_SWITCH_KUBELET"] = "false"
+	check("not switched: the kubelet's settings are not checked", true, "cri.sock: ok")
+	notReady.Store(true)
+	check("core not ready", false, "FAIL: 503 Service Unavailable: NRI plugin not registered")
+	notReady.Store(false)
+	// A stopped front: the socket accepts, nothing answers.
+	srv.Stop()
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("front stopped", false, "cri.sock: FAIL: CRI Version")
+	_ = l.Close()
+	check("front gone", false, "cri.sock: FAIL: CRI Version")
+}
+
+// containerdBin is the containerd of the dependency cache (make deps-runtime), or "" without one.
+func containerdBin() string {
+	cache := os.Getenv("PLEG_NRI_CACHE")
+	if cache == "" {
+		cache = "/var/cache/pleg-nri"
+	}
+	if p := filepath.Join(cache, "bin", "containerd"); fileExists(p) {
+		return p
+	}
+	return ""
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// kindContainerdConfig is the start of kind's node config (sigs.k8s.io/kind v0.33.0,
+// images/base/files/etc/containerd/config.toml), with the NRI section make e2e-cluster patches in.
+const kindContainerdConfig = `# explicitly use v2 config format
+version = 2
+
+[proxy_plugins]
+[proxy_plugins."fuse-overlayfs"]
+  type = "snapshot"
+  address = "/run/containerd-fuse-overlayfs.sock"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "/var/run/nri/nri.sock"
+`
+
+// TestNodeContainerdNRI (issue 60): the chart's containerd.nri timeouts, as node.sh writes them:
+// a drop-in beside containerd's config and an import of it in the config, only when they change
+// (containerd is restarted only then), removed again when the option is off. With containerd in the
+// dependency cache, containerd itself reads the result (containerd config dump): the timeouts are in
+// effect, and the rest of the NRI section is kept.
+func TestNodeContainerdNRI(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		// wantImports is the config's imports line(s) after the first apply.
+		wantImports string
+		version     string
+	}{
+		{"kind", kindContainerdConfig, `imports = ["DIR/conf.d/pleg-nri*.toml"]`, "2"},
+		{"imports of its own", "version = 3\nimports = [\"/etc/containerd/other.toml\"]\n\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n",
+			`imports = ["DIR/conf.d/pleg-nri*.toml", "/etc/containerd/other.toml"]`, "3"},
+		{"containerd's default imports", "version = 3\nimports = ['DIR/conf.d/*.toml']\n", `imports = ['DIR/conf.d/*.toml']`, "3"},
+		{"no version", "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n", `imports = ["DIR/conf.d/pleg-nri*.toml"]`, "2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			main := filepath.Join(dir, "config.toml")
+			if err := os.WriteFile(main, []byte(strings.ReplaceAll(tc.config, "DIR", dir)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			env := map[string]string{"HOST_ROOT": "/", "PLEG_NRI_CONTAINERD_CONFIG": main,
+				"PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT": "11s", "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT": "7s"}
+			apply := func(want string) {
+				t.Helper()
+				out, err := nodeSh(t, env, "containerd-config")
+				if err != nil || strings.TrimSpace(out) != want {
+					t.Fatalf("node.sh containerd-config: %v %q, want %q", err, out, want)
+				}
+			}
+			dropin := filepath.Join(dir, "conf.d", "pleg-nri.toml")
+			apply("changed")
+			cfg, _ := os.ReadFile(main)
+			if !strings.Contains(string(cfg), strings.ReplaceAll(tc.wantImports, "DIR", dir)+"\n") {
+				t.Errorf("containerd's config:\n%s\nwant the line %s", cfg, strings.ReplaceAll(tc.wantImports, "DIR", dir))
+			}
+			if fi, err := os.Stat(main); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("containerd's config mode changed: %v %v", fi.Mode(), err)
+			}
+			// The rest of the config as it was: every other line kept, in order.
+			var kept []string
+			for _, l := range strings.Split(string(cfg), "\n") {
+				if !strings.HasPrefix(l, "imports =") {
+					kept = append(kept, l)
+				}
+			}
+			var orig []string
+			for _, l := range strings.Split(strings.ReplaceAll(tc.config, "DIR", dir), "\n") {
+				if !strings.HasPrefix(l, "imports =") {
+					orig = append(orig, l)
+				}
+			}
+			if strings.Join(kept, "\n") != strings.Join(orig, "\n") {
+				t.Errorf("containerd's config, but its imports:\n%s\nwant:\n%s", strings.Join(kept, "\n"), strings.Join(orig, "\n"))
+			}
+			want := "# Written by pleg-nri's Helm chart (containerd.nri): containerd's NRI timeouts. Removed when\n# the option is off or the chart is uninstalled.\nversion = " +
+				tc.version + "\n\n[plugins.\"io.containerd.nri.v1.nri\"]\n  plugin_registration_timeout = \"11s\"\n  plugin_request_timeout = \"7s\"\n"
+			if got, _ := os.ReadFile(dropin); string(got) != want {
+				t.Errorf("the drop-in:\n%s\nwant:\n%s", got, want)
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "11s", "plugin_request_timeout": "7s"}, tc.name == "kind")
+			// Again: nothing to do (the installer restarts containerd only on a change).
+			apply("unchanged")
+			if cfg2, _ := os.ReadFile(main); string(cfg2) != string(cfg) {
+				t.Errorf("the config changed on the second apply:\n%s", cfg2)
+			}
+			// One timeout only.
+			delete(env, "PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT")
+			apply("changed")
+			if got, _ := os.ReadFile(dropin); strings.Contains(string(got), "plugin_registration_timeout") || !strings.Contains(string(got), `plugin_request_timeout = "7s"`) {
+				t.Errorf("the drop-in with the request timeout only:\n%s", got)
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "5s", "plugin_request_timeout": "7s"}, false)
+			// Off: the drop-in goes, containerd's defaults again; the import stays and matches nothing.
+			delete(env, "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT")
+			apply("changed")
+			if fileExists(dropin) {
+				t.Error("the drop-in is still there with the option off")
+			}
+			dump(t, main, map[string]string{"plugin_registration_timeout": "5s", "plugin_request_timeout": "2s"}, tc.name == "kind")
+			apply("unchanged")
+		})
+	}
+	// Off, with no config at all: nothing to do. On: a clear failure.
+	env := map[string]string{"HOST_ROOT": "/", "PLEG_NRI_CONTAINERD_CONFIG": filepath.Join(t.TempDir(), "config.toml")}
+	if out, err := nodeSh(t, env, "containerd-config"); err != nil || strings.TrimSpace(out) != "unchanged" {
+		t.Errorf("off without a config: %v %q", err, out)
+	}
+	env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] = "7s"
+	if out, err := nodeSh(t, env, "containerd-config"); err == nil || !strings.Contains(out, "no containerd config at") {
+		t.Errorf("on without a config: %v %q, want a failure naming the config", err, out)
+	}
+}
+
+// dump checks, with the cache's containerd (skipped without one unless make test-deploy runs the
+// test), what containerd reads from config: the NRI section's want keys, and with keep, the keys the
+// config itself sets (kind's disable and socket_path).
+func dump(t *testing.T, config string, want map[string]string, keep bool) {
+	t.Helper()
+	bin := containerdBin()
+	if bin == "" {
+		if os.Getenv("PLEG_NRI_DEPLOY_TESTS") == "1" {
+			t.Fatal("no containerd in the dependency cache (make deps-runtime)")
+		}
+		t.Log("SKIP (loud): containerd config dump: no containerd in the dependency cache (make deps-runtime)")
+		return
+	}
+	out, err := exec.Command(bin, "--config", config, "config", "dump").CombinedOutput()
+	if err != nil {
+		t.Fatalf("containerd config dump: %v\n%s", err, out)
+	}
+	// The NRI section of the dump.
+	_, sec, ok := strings.Cut(string(out), "[plugins.'io.containerd.nri.v1.nri']\n")
+	if !ok {
+		t.Fatalf("containerd config dump has no NRI section:\n%s", out)
+	}
+	if i := strings.Index(sec, "\n  [plugins."); i >= 0 {
+		sec = sec[:i]
+	}
+	for k, v := range want {
+		if !strings.Contains(sec, k+" = '"+v+"'\n") {
+			t.Errorf("containerd reads %s, want %s = %s:\n%s", config, k, v, sec)
+		}
+	}
+	if keep && (!strings.Contains(sec, "socket_path = '/var/run/nri/nri.sock'") || !strings.Contains(sec, "disable = false")) {
+		t.Errorf("containerd's NRI section lost the config's own keys:\n%s", sec)
+	}
+}
+
+// busyboxBin is the static busybox of the image (the dependency cache's, make image), or "".
+func busyboxBin() string {
+	cache := os.Getenv("PLEG_NRI_CACHE")
+	if cache == "" {
+		cache = "/var/cache/pleg-nri"
+	}
+	m, _ := filepath.Glob(filepath.Join(cache, "busybox-static-*", "busybox"))
+	if len(m) == 0 {
+		return ""
+	}
+	return m[0]
+}
+
+// TestNodeHealthServer (issue 60): the installer serves node.sh health over HTTP (busybox httpd, as
+// in the image) for the kubelet's HTTP probe, which does not go through the runtime endpoint it
+// checks: 503 with the checks' output until the install is done or while a check fails, 200 once all
+// pass.
+func TestNodeHealthServer(t *testing.T) {
+	bb := busyboxBin()
+	if bb == "" {
+		if os.Getenv("PLEG_NRI_DEPLOY_TESTS") == "1" {
+			t.Fatal("no busybox-static in the dependency cache (make image)")
+		}
+		t.Skip("SKIP (loud): no busybox-static in the dependency cache (make image fetches it)")
+	}
+	root := testutil.ShortTempDir(t, "hs-")
+	if err := os.MkdirAll(filepath.Join(root, "run", "pleg-nri"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testutil.ServeGRPC(t, filepath.Join(root, "run", "pleg-nri", "cri.sock"), func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
+	var notReady atomic.Bool
+	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if notReady.Load() {
+			http.Error(w, "no relist has completed yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}))
+	t.Cleanup(readyz.Close)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	readyFile := filepath.Join(root, "ready")
+	cmd := exec.Command("sh", "node.sh", "health-server")
+	cmd.Env = append(os.Environ(), "HOST_ROOT="+root, "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE="+readyFile,
+		"PLEG_NRI_READYZ="+readyz.URL+"/readyz", "PLEG_NRI_ENDPOINT=unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT=1",
+		"PLEG_NRI_HEALTH_ADDRESS="+addr, "PLEG_NRI_HEALTH_DIR="+filepath.Join(root, "www"), "PLEG_NRI_BUSYBOX="+bb)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		// The server went with it.
+		if _, err := http.Get("http://" + addr + "/cgi-bin/health"); err == nil {
+			t.Errorf("the health server still answers after node.sh ended")
+		}
+	})
+	get := func(wantCode int, want string) {
+		t.Helper()
+		var code int
+		var body string
+		err := testutil.PollEvery(context.Background(), 10*time.Second, 100*time.Millisecond, "the health server", func() (bool, error) {
+			resp, err := http.Get("http://" + addr + "/cgi-bin/health")
+			if err != nil {
+				return false, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			code, body = resp.StatusCode, string(b)
+			return code == wantCode && strings.Contains(body, want), nil
+		})
+		if err != nil {
+			t.Fatalf("GET /cgi-bin/health: %d %q, want %d and %q (%v); node.sh:\n%s", code, body, wantCode, want, err, out.String())
+		}
+	}
+	get(http.StatusServiceUnavailable, "the install has not finished")
+	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	get(http.StatusOK, "/readyz: ok")
+	notReady.Store(true)
+	get(http.StatusServiceUnavailable, "FAIL: 503 Service Unavailable: no relist has completed yet")
+	notReady.Store(false)
+	get(http.StatusOK, "cri.sock: ok")
+	// Each change of the result is in the installer's log (the pod's), with why.
+	for _, want := range []string{"pleg-nri node: readiness: not ready: the install has not finished;",
+		"pleg-nri node: readiness: ready: core http://",
+		"pleg-nri node: readiness: not ready: core http://" + strings.TrimPrefix(readyz.URL, "http://") + "/readyz: FAIL: 503 Service Unavailable: no relist has completed yet;"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("node.sh's log has no %q:\n%s", want, out.String())
+		}
+	}
+	if n := strings.Count(out.String(), "readiness: ready:"); n != 2 {
+		t.Errorf("node.sh logged %d changes to ready, want 2 (once per change):\n%s", n, out.String())
+	}
+}
+
+// syncBuffer is a buffer a process writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

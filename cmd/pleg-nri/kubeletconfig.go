@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -13,8 +14,10 @@ import (
 
 // kubeletConfigCommand is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's
 // flags file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints
-// "changed" or "unchanged", so that a caller restarts the kubelet only when needed. The Helm chart's
-// node script runs it; an operator can too.
+// "changed" or "unchanged", so that a caller restarts the kubelet only when needed. With --check it
+// changes nothing and fails, naming each setting, when they differ: the Helm chart's readiness probe
+// notices a kubelet taken off pleg-nri that way (issue 60). The Helm chart's node script runs it; an
+// operator can too.
 func kubeletConfigCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "kubelet-config",
@@ -27,6 +30,7 @@ func kubeletConfigCommand() *cli.Command {
 				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine"},
 			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + config.Default().Listen + ")"},
 			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
+			&cli.BoolFlag{Name: "check", Usage: "change nothing: print each setting that differs (a drift) and fail if any does, else print unchanged"},
 		},
 		OnUsageError: onUsageError,
 		Action: func(_ context.Context, cmd *cli.Command) error {
@@ -34,6 +38,20 @@ func kubeletConfigCommand() *cli.Command {
 				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
 			}
 			e := kubeletconfig.Edit{Endpoint: cmd.String("container-runtime-endpoint"), EventedPLEG: cmd.String("evented-pleg")}
+			if cmd.Bool("check") {
+				drift, err := kubeletconfig.Check(cmd.String("config"), cmd.String("kubeadm-flags"), e)
+				if err != nil {
+					return err
+				}
+				if len(drift) == 0 {
+					fmt.Fprintln(cmd.Root().Writer, "unchanged")
+					return nil
+				}
+				for _, d := range drift {
+					fmt.Fprintln(cmd.Root().Writer, "drift: "+d)
+				}
+				return errKubeletDrift
+			}
 			changed, err := kubeletconfig.Apply(cmd.String("config"), cmd.String("kubeadm-flags"), e)
 			if err != nil {
 				return err
@@ -43,6 +61,9 @@ func kubeletConfigCommand() *cli.Command {
 		},
 	}
 }
+
+// errKubeletDrift is the error of `pleg-nri kubelet-config --check` when a setting differs.
+var errKubeletDrift = errors.New("the kubelet's settings differ from the ones asked for")
 
 // runKubeletConfig runs `pleg-nri kubelet-config` with args (after "kubelet-config").
 func runKubeletConfig(args []string, stdout, stderr io.Writer) error {

@@ -25,3 +25,33 @@ func TestRunKubeletConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestKubeletConfigCheck (issue 60): --check writes nothing, names each drift and fails (status 1);
+// after the switch it prints unchanged and succeeds.
+func TestKubeletConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "config.yaml")
+	orig := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n"
+	if err := os.WriteFile(config, []byte(orig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", config, "--kubeadm-flags", filepath.Join(dir, "none.env"),
+		"--container-runtime-endpoint", "unix:///run/pleg-nri/cri.sock", "--evented-pleg", "true"}
+	var out bytes.Buffer
+	err := runKubeletConfig(append([]string{"--check"}, args...), &out, &out)
+	if exitStatus(err, &out) != 1 || !strings.Contains(out.String(), "drift: "+config+": containerRuntimeEndpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock\n") ||
+		!strings.Contains(out.String(), "featureGates.EventedPLEG is unset, want true") {
+		t.Errorf("--check before the switch: %v\n%s", err, out.String())
+	}
+	if data, _ := os.ReadFile(config); string(data) != orig {
+		t.Errorf("--check wrote the configuration:\n%s", data)
+	}
+	out.Reset()
+	if err := runKubeletConfig(args, &out, &out); err != nil || out.String() != "changed\n" {
+		t.Fatalf("the switch: %v %q", err, out.String())
+	}
+	out.Reset()
+	if err := runKubeletConfig(append([]string{"--check"}, args...), &out, &out); err != nil || out.String() != "unchanged\n" {
+		t.Errorf("--check after the switch: %v %q", err, out.String())
+	}
+}

@@ -64,6 +64,7 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 			frontCommand(),
 			stopFrontCommand(),
 			kubeletConfigCommand(),
+			healthCommand(),
 			versionCommand(),
 		},
 	}

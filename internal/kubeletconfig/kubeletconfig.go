@@ -118,3 +118,48 @@ func Apply(config, flags string, e Edit) (changed bool, err error) {
 	}
 	return changed, nil
 }
+
+// Check says how the kubelet's configuration file config and kubeadm's flags file flags (missing is
+// fine) differ from what Apply with e would make them, one line per difference (none: they are as e
+// wants): a drift, such as `kubeadm upgrade node` rewriting the configuration from its ConfigMap. It
+// writes nothing.
+func Check(config, flags string, e Edit) (drift []string, err error) {
+	data, err := os.ReadFile(config)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	if _, changed, err := EditConfig(data, e); err != nil {
+		return nil, fmt.Errorf("%s: %w", config, err)
+	} else if changed {
+		var cfg map[string]any
+		_ = yaml.Unmarshal(data, &cfg)
+		if e.Endpoint != "" && cfg["containerRuntimeEndpoint"] != e.Endpoint {
+			drift = append(drift, fmt.Sprintf("%s: containerRuntimeEndpoint is %v, want %s", config, orNone(cfg["containerRuntimeEndpoint"]), e.Endpoint))
+		}
+		gates, _ := cfg["featureGates"].(map[string]any)
+		if g, ok := gates["EventedPLEG"]; e.EventedPLEG == "remove" && ok {
+			drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want it unset", config, g))
+		} else if e.EventedPLEG == "true" || e.EventedPLEG == "false" {
+			if v, isBool := g.(bool); !isBool || fmt.Sprint(v) != e.EventedPLEG {
+				drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want %s", config, orNone(g), e.EventedPLEG))
+			}
+		}
+	}
+	if fdata, err := os.ReadFile(flags); err == nil {
+		if _, fchanged := EditKubeadmFlags(fdata, e.Endpoint); fchanged {
+			m := runtimeEndpointFlag.FindSubmatch(fdata)
+			drift = append(drift, fmt.Sprintf("%s: --container-runtime-endpoint is %s, want %s", flags, m[1], e.Endpoint))
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("--kubeadm-flags: %w", err)
+	}
+	return drift, nil
+}
+
+// orNone prints an absent value as "unset".
+func orNone(v any) any {
+	if v == nil {
+		return "unset"
+	}
+	return v
+}

@@ -149,3 +149,53 @@ func TestApplyErrors(t *testing.T) {
 		t.Error("a flags file that is a directory: no error")
 	}
 }
+
+// TestCheck (issue 60): Check names every setting that differs from the switch (as after `kubeadm
+// upgrade node` rewrote the configuration from its ConfigMap), none once Apply made them so, and
+// writes nothing.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	config, flags := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "kubeadm-flags.env")
+	if err := os.WriteFile(config, []byte(kubeadmConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flags, []byte("KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := Edit{Endpoint: "unix:///run/pleg-nri/cri.sock", EventedPLEG: "true"}
+	drift, err := Check(config, flags, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		config + ": containerRuntimeEndpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock",
+		config + ": featureGates.EventedPLEG is unset, want true",
+		flags + ": --container-runtime-endpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock",
+	}
+	if diff := cmp.Diff(want, drift); diff != "" {
+		t.Errorf("drift (-want +got):\n%s", diff)
+	}
+	if data, _ := os.ReadFile(config); string(data) != kubeadmConfig {
+		t.Errorf("Check wrote the configuration:\n%s", data)
+	}
+	if _, err := Apply(config, flags, e); err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := Check(config, flags, e); err != nil || len(drift) != 0 {
+		t.Errorf("after Apply: drift %v, %v", drift, err)
+	}
+	// The gate alone turned off.
+	data, _ := os.ReadFile(config)
+	if err := os.WriteFile(config, []byte(strings.Replace(string(data), "EventedPLEG: true", "EventedPLEG: false", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if drift, _ := Check(config, flags, e); len(drift) != 1 || !strings.Contains(drift[0], "featureGates.EventedPLEG is false, want true") {
+		t.Errorf("gate off: drift %v", drift)
+	}
+	if drift, _ := Check(config, flags, Edit{EventedPLEG: "remove"}); len(drift) != 1 || !strings.Contains(drift[0], "want it unset") {
+		t.Errorf("remove: drift %v", drift)
+	}
+	if _, err := Check(filepath.Join(dir, "missing.yaml"), flags, e); err == nil {
+		t.Error("a missing configuration: no error")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -262,5 +263,185 @@ func TestHelmValuesSchema(t *testing.T) {
 		if out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, good...)...); err != nil {
 			t.Errorf("helm template %v was refused: %v\n%s", good, err, out)
 		}
+	}
+}
+
+// TestHelmReadiness (issue 60): the installer pod is ready only while pleg-nri serves its node
+// (node.sh health: the install done, the core's /readyz, a CRI Version call through the kubelet's
+// endpoint; served by the installer for an HTTP probe), with probe settings that make a broken node's pod not Ready within 30 s; it has no
+// liveness probe (restarting the installer repairs nothing: docs/operations.md).
+func TestHelmReadiness(t *testing.T) {
+	c := get(render(t)["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)
+	probe := get(c, "readinessProbe")
+	// An HTTP probe, which the kubelet makes itself (an exec probe goes through the front it checks),
+	// to the installer's server of node.sh health on the node's loopback.
+	if hg, _ := json.Marshal(get(probe, "httpGet")); string(hg) != `{"host":"127.0.0.1","path":"/cgi-bin/health","port":9811}` || get(probe, "exec") != nil {
+		t.Errorf("readiness probe %v, want httpGet 127.0.0.1:9811/cgi-bin/health", probe)
+	}
+	if a := envOf(c)["PLEG_NRI_HEALTH_ADDRESS"]; a != "127.0.0.1:9811" {
+		t.Errorf("PLEG_NRI_HEALTH_ADDRESS=%q, want the probe's 127.0.0.1:9811", a)
+	}
+	period, failures, timeout := get(probe, "periodSeconds").(float64), get(probe, "failureThreshold").(float64), get(probe, "timeoutSeconds").(float64)
+	// The worst case from a fault to not Ready: a probe that just passed, then failureThreshold probes
+	// each a period apart, the last taking its whole timeout.
+	if worst := period*failures + timeout; worst > 30 {
+		t.Errorf("readiness probe: period %vs x %v failures + timeout %vs = %vs, want a broken node not Ready within 30 s", period, failures, timeout, worst)
+	}
+	if failures < 2 || get(probe, "successThreshold") != 1.0 {
+		t.Errorf("readiness probe: failureThreshold %v (a single blip must not flip it), successThreshold %v", failures, get(probe, "successThreshold"))
+	}
+	// Both checks of pleg-nri health fit in the probe's timeout.
+	check, _ := strconv.Atoi(envOf(c)["PLEG_NRI_HEALTH_TIMEOUT"])
+	if check < 1 || float64(2*check) >= timeout {
+		t.Errorf("PLEG_NRI_HEALTH_TIMEOUT %q: two checks must fit in the probe's timeout %vs", envOf(c)["PLEG_NRI_HEALTH_TIMEOUT"], timeout)
+	}
+	if lp := get(c, "livenessProbe"); lp != nil {
+		t.Errorf("the installer has a liveness probe %v: restarting it repairs nothing", lp)
+	}
+	// The drift check's re-apply: off unless asked.
+	if v := envOf(c)["PLEG_NRI_REAPPLY_SWITCH"]; v != "false" {
+		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q by default", v)
+	}
+	if v := envOf(get(render(t, "--set", "kubelet.reapplySwitch=true")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))["PLEG_NRI_REAPPLY_SWITCH"]; v != "true" {
+		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q with kubelet.reapplySwitch=true", v)
+	}
+	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1", "--set", "readiness.port=19811")["DaemonSet/rel-pleg-nri"],
+		"spec", "template", "spec", "containers", 0)
+	if get(c2, "readinessProbe", "periodSeconds") != 2.0 || get(c2, "readinessProbe", "failureThreshold") != 4.0 || envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"] != "1" ||
+		get(c2, "readinessProbe", "httpGet", "port") != 19811.0 || envOf(c2)["PLEG_NRI_HEALTH_ADDRESS"] != "127.0.0.1:19811" {
+		t.Errorf("readiness values not applied: %v, env %v", get(c2, "readinessProbe"), envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"])
+	}
+}
+
+// TestHelmScrape (issue 60): the installer pods carry Prometheus' scrape annotations (and a named
+// metrics port) where pleg-nri's metrics address is reachable beyond loopback, none where it is not;
+// the PodMonitor is off by default, refused on a loopback address, and selects the installer pods on
+// their metrics port with job="pleg-nri" and the node's name, as the shipped rules expect.
+func TestHelmScrape(t *testing.T) {
+	annotations := func(objs map[string]map[string]any) map[string]any {
+		a, _ := get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations").(map[string]any)
+		return a
+	}
+	ports := func(objs map[string]map[string]any) string {
+		p, _ := json.Marshal(get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0, "ports"))
+		return string(p)
+	}
+	for _, addr := range []string{"", "127.0.0.1:9810", "localhost:9810", "127.0.0.2:9810"} {
+		var args []string
+		if addr != "" {
+			args = []string{"--set", "config.metrics-address=" + addr}
+		}
+		objs := render(t, args...)
+		if a := annotations(objs); a["prometheus.io/scrape"] != nil || a["prometheus.io/port"] != nil {
+			t.Errorf("metrics-address %q (loopback): scrape annotations %v", addr, a)
+		}
+		if p := ports(objs); p != "null" {
+			t.Errorf("metrics-address %q (loopback): ports %s", addr, p)
+		}
+		if _, ok := objs["PodMonitor/rel-pleg-nri"]; ok {
+			t.Errorf("a PodMonitor by default")
+		}
+		out, err := tryRun(helmBin(t), append([]string{"template", "rel", chartDir(), "--set", "metrics.podMonitor.enabled=true"}, args...)...)
+		if err == nil || !strings.Contains(out, "listens on loopback only") {
+			t.Errorf("metrics-address %q (loopback) with a PodMonitor: %v\n%s", addr, err, out)
+		}
+	}
+	for addr, port := range map[string]string{"0.0.0.0:9811": "9811", "10.0.0.2:9810": "9810", ":9812": "9812"} {
+		objs := render(t, "--set", "config.metrics-address="+addr)
+		a := annotations(objs)
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != port || a["prometheus.io/path"] != "/metrics" {
+			t.Errorf("metrics-address %s: annotations %v, want scrape true, port %s, path /metrics", addr, a, port)
+		}
+		if p := ports(objs); p != `[{"containerPort":`+port+`,"name":"metrics","protocol":"TCP"}]` {
+			t.Errorf("metrics-address %s: ports %s", addr, p)
+		}
+		if a := annotations(render(t, "--set", "config.metrics-address="+addr, "--set", "metrics.scrapeAnnotations=false")); a["prometheus.io/scrape"] != nil {
+			t.Errorf("metrics.scrapeAnnotations=false: %v", a)
+		}
+	}
+
+	objs := render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.podMonitor.enabled=true",
+		"--set", "metrics.podMonitor.interval=15s", "--set", "metrics.podMonitor.labels.release=prom")
+	pm, ok := objs["PodMonitor/rel-pleg-nri"]
+	if !ok {
+		t.Fatalf("no PodMonitor with metrics.podMonitor.enabled")
+	}
+	if pm["apiVersion"] != "monitoring.coreos.com/v1" || get(pm, "metadata", "labels", "release") != "prom" {
+		t.Errorf("PodMonitor %v %v", pm["apiVersion"], get(pm, "metadata", "labels"))
+	}
+	// It selects the installer pods: its selector is the DaemonSet's, which the pods carry.
+	sel, _ := json.Marshal(get(pm, "spec", "selector", "matchLabels"))
+	dsSel, _ := json.Marshal(get(objs["DaemonSet/rel-pleg-nri"], "spec", "selector", "matchLabels"))
+	if string(sel) != string(dsSel) {
+		t.Errorf("PodMonitor selector %s, DaemonSet's %s", sel, dsSel)
+	}
+	ep := get(pm, "spec", "podMetricsEndpoints", 0)
+	if get(ep, "port") != "metrics" || get(ep, "path") != "/metrics" || get(ep, "interval") != "15s" {
+		t.Errorf("PodMonitor endpoint %v", ep)
+	}
+	relabel, _ := json.Marshal(get(ep, "relabelings"))
+	if !strings.Contains(string(relabel), `{"replacement":"pleg-nri","targetLabel":"job"}`) ||
+		!strings.Contains(string(relabel), `{"sourceLabels":["__meta_kubernetes_pod_node_name"],"targetLabel":"node"}`) {
+		t.Errorf("PodMonitor relabelings %s, want job=pleg-nri and node", relabel)
+	}
+	if ep2 := get(render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.podMonitor.enabled=true")["PodMonitor/rel-pleg-nri"],
+		"spec", "podMetricsEndpoints", 0); get(ep2, "interval") != nil {
+		t.Errorf("PodMonitor interval %v without metrics.podMonitor.interval", get(ep2, "interval"))
+	}
+}
+
+// TestHelmContainerdNRI (issue 60): containerd's NRI timeouts are off by default (empty: node.sh
+// leaves containerd alone) and reach the installer and the uninstall pods when set.
+func TestHelmContainerdNRI(t *testing.T) {
+	objs := render(t)
+	for _, k := range []string{"DaemonSet/rel-pleg-nri", "Job/rel-pleg-nri-uninstall"} {
+		env := envOf(get(objs[k], "spec", "template", "spec", "containers", 0))
+		if env["PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT"] != "" || env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] != "" ||
+			env["PLEG_NRI_CONTAINERD_CONFIG"] != "/etc/containerd/config.toml" {
+			t.Errorf("%s: by default %v", k, env)
+		}
+	}
+	objs = render(t, "--set", "containerd.nri.pluginRegistrationTimeout=20s", "--set", "containerd.nri.pluginRequestTimeout=5s")
+	env := envOf(get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))
+	if env["PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT"] != "20s" || env["PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT"] != "5s" {
+		t.Errorf("set: %v", env)
+	}
+	for _, bad := range []string{"containerd.nri.pluginRequestTimeout=5", "containerd.nri.pluginRegistrationTimeout=soon", "containerd.configPath=config.toml"} {
+		if out, err := tryRun(helmBin(t), "template", "rel", chartDir(), "--set", bad); err == nil || !strings.Contains(out, "schema") {
+			t.Errorf("helm template --set %s was accepted: %v\n%s", bad, err, out)
+		}
+	}
+}
+
+// TestHelmReuseValuesFromOlderChart (issue 60): helm upgrade --reuse-values keeps the previous
+// release's values, not this chart's defaults, so values added since (readiness, metrics, containerd,
+// kubelet.reapplySwitch) may be absent: the chart renders them with their defaults. It failed so in a
+// TestHelmKind run: "at '/readiness': missing property 'port'".
+func TestHelmReuseValuesFromOlderChart(t *testing.T) {
+	absent := []string{"--set", "readiness=null", "--set", "metrics=null", "--set", "containerd=null", "--set", "kubelet.reapplySwitch=null"}
+	objs := render(t, absent...)
+	if _, ok := objs["PodMonitor/rel-pleg-nri"]; ok {
+		t.Error("a PodMonitor without metrics values")
+	}
+	c := get(objs["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)
+	probe, _ := json.Marshal(get(c, "readinessProbe"))
+	if string(probe) != `{"failureThreshold":3,"httpGet":{"host":"127.0.0.1","path":"/cgi-bin/health","port":9811},"periodSeconds":5,"successThreshold":1,"timeoutSeconds":5}` {
+		t.Errorf("readiness probe without readiness values: %s", probe)
+	}
+	env := envOf(c)
+	for k, want := range map[string]string{"PLEG_NRI_HEALTH_ADDRESS": "127.0.0.1:9811", "PLEG_NRI_HEALTH_TIMEOUT": "2", "PLEG_NRI_REAPPLY_SWITCH": "false",
+		"PLEG_NRI_CONTAINERD_CONFIG": "/etc/containerd/config.toml", "PLEG_NRI_CONTAINERD_NRI_REGISTRATION_TIMEOUT": "", "PLEG_NRI_CONTAINERD_NRI_REQUEST_TIMEOUT": ""} {
+		if env[k] != want {
+			t.Errorf("without the new values: env %s=%q, want %q", k, env[k], want)
+		}
+	}
+	// The scrape annotations' default (on) holds without metrics values; an explicit off stays off.
+	a := get(render(t, append(absent, "--set", "config.metrics-address=0.0.0.0:9810")...)["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations")
+	if get(a, "prometheus.io/scrape") != "true" {
+		t.Errorf("annotations without metrics values: %v", a)
+	}
+	a = get(render(t, "--set", "config.metrics-address=0.0.0.0:9810", "--set", "metrics.scrapeAnnotations=false")["DaemonSet/rel-pleg-nri"], "spec", "template", "metadata", "annotations")
+	if get(a, "prometheus.io/scrape") != nil {
+		t.Errorf("metrics.scrapeAnnotations=false: %v", a)
 	}
 }
