@@ -14,8 +14,9 @@ import (
 
 // conformanceCommand is `pleg-nri conformance`: run the conformance suite of CRI container event
 // streams against an endpoint and print one row per check. run gets the suite's options, the
-// timeout and whether to print JSON.
-func conformanceCommand(run func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error) *cli.Command {
+// timeout and whether to print JSON; getenv is os.Getenv in the command: without --runtime-endpoint
+// the endpoint is $CONTAINER_RUNTIME_ENDPOINT, as crictl's, else containerd's socket.
+func conformanceCommand(getenv func(string) string, run func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error) *cli.Command {
 	return &cli.Command{
 		Name:  "conformance",
 		Usage: "check a CRI endpoint's container event stream (containerd's, pleg-nri's, any runtime's) against what a kubelet relies on",
@@ -23,8 +24,8 @@ func conformanceCommand(run func(ctx context.Context, o conformance.Options, tim
 			"It runs pods and containers through the endpoint's runtime (labeled " + conformance.RunLabel + "=<run id>, all\n" +
 			"removed at the end, also when interrupted), prints pass / fail / skip for each check, and exits 1 if any failed.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"}, Value: conformance.DefaultEndpoint,
-				Usage: "CRI endpoint: unix:///path, /path or tcp://host:port"},
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"},
+				Usage: fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, conformance.DefaultEndpoint)},
 			&cli.StringFlag{Name: "image", Value: conformance.DefaultImage,
 				Usage: "image of every container, already on the node, with sh, sleep and tail (busybox)"},
 			&cli.StringFlag{Name: "namespace", Value: conformance.DefaultNamespace, Usage: "Kubernetes namespace of the run's pods"},
@@ -49,8 +50,15 @@ func conformanceCommand(run func(ctx context.Context, o conformance.Options, tim
 			if cmd.Duration("timeout") <= 0 {
 				return usageError{errors.New("--timeout must be positive")}
 			}
+			endpoint := cmd.String("runtime-endpoint")
+			if endpoint == "" {
+				endpoint = getenv(runtimeEndpointEnv)
+			}
+			if endpoint == "" {
+				endpoint = conformance.DefaultEndpoint
+			}
 			o := conformance.Options{
-				Endpoint:  cmd.String("runtime-endpoint"),
+				Endpoint:  endpoint,
 				Image:     cmd.String("image"),
 				Namespace: cmd.String("namespace"),
 				RunID:     cmd.String("run-id"),

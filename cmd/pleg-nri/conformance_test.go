@@ -12,10 +12,16 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/conformance"
 )
 
-// runConformanceCmd runs `pleg-nri conformance args...` with run standing in for the suite.
+// runConformanceCmd runs `pleg-nri conformance args...` with run standing in for the suite, and no
+// environment.
 func runConformanceCmd(args []string, run func(context.Context, conformance.Options, time.Duration, bool) error) (string, error) {
+	return runConformanceCmdEnv(args, noEnv, run)
+}
+
+// runConformanceCmdEnv is runConformanceCmd with getenv as its environment.
+func runConformanceCmdEnv(args []string, getenv func(string) string, run func(context.Context, conformance.Options, time.Duration, bool) error) (string, error) {
 	var out bytes.Buffer
-	cmd := conformanceCommand(run)
+	cmd := conformanceCommand(getenv, run)
 	cmd.Writer, cmd.ErrWriter = &out, &out
 	err := cmd.Run(context.Background(), append([]string{"conformance"}, args...))
 	return out.String(), err
@@ -53,6 +59,40 @@ func TestConformanceFlags(t *testing.T) {
 	out, err := runConformanceCmd([]string{"--list"}, capture)
 	if err != nil || !strings.Contains(out, "once/exit-0") || !strings.Contains(out, "exactly once") {
 		t.Errorf("--list: %v\n%s", err, out)
+	}
+}
+
+// TestConformanceEndpoint: --runtime-endpoint, else $CONTAINER_RUNTIME_ENDPOINT (as crictl reads
+// it), else containerd's socket.
+func TestConformanceEndpoint(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "CONTAINER_RUNTIME_ENDPOINT" {
+				return v
+			}
+			return ""
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		getenv func(string) string
+		want   string
+	}{
+		{"default", nil, noEnv, "unix:///run/containerd/containerd.sock"},
+		{"environment", nil, env("unix:///run/pleg-nri/cri.sock"), "unix:///run/pleg-nri/cri.sock"},
+		{"the flag over the environment", []string{"--runtime-endpoint", "/run/x.sock"}, env("unix:///run/pleg-nri/cri.sock"), "/run/x.sock"},
+		{"the short flag over the environment", []string{"-r", "tcp://127.0.0.1:1"}, env("unix:///run/pleg-nri/cri.sock"), "tcp://127.0.0.1:1"},
+		{"an empty environment variable", nil, env(""), "unix:///run/containerd/containerd.sock"},
+	} {
+		var got string
+		capture := func(_ context.Context, o conformance.Options, _ time.Duration, _ bool) error { got = o.Endpoint; return nil }
+		if _, err := runConformanceCmdEnv(tc.args, tc.getenv, capture); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got != tc.want {
+			t.Errorf("%s: endpoint %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 
