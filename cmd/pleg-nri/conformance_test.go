@@ -86,7 +86,10 @@ func TestConformanceEndpoint(t *testing.T) {
 		{"an empty environment variable", nil, env(""), "unix:///run/containerd/containerd.sock"},
 	} {
 		var got string
-		capture := func(_ context.Context, o conformance.Options, _ time.Duration, _ bool) error { got = o.Endpoint; return nil }
+		capture := func(_ context.Context, o conformance.Options, _ time.Duration, _ bool) error {
+			got = o.Endpoint
+			return nil
+		}
 		if _, err := runConformanceCmdEnv(tc.args, tc.getenv, capture); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
