@@ -327,6 +327,9 @@ type loadRun struct {
 	podID string
 	ids   []string
 	evs   []received
+	// lines are the lines the runtime logged (Options.LogLines) from the pod's start until its events
+	// were received; -1 without Options.LogLines.
+	lines int
 }
 
 // loadScenario runs (once per run) a pod with Options.Load sleeping containers, stops and removes it.
@@ -340,26 +343,12 @@ func (s *suite) runLoad(ctx context.Context) (*loadRun, error) {
 		return nil, err
 	}
 	defer rec.stop()
-	run := &loadRun{}
-	podID, podCfg, err := s.drv.runPod(ctx, "load")
+	lines0, err := s.logLines()
 	if err != nil {
 		return nil, err
 	}
-	run.podID = podID
-	for i := 0; i < s.opts.Load; i++ {
-		id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig(fmt.Sprintf("load-%d", i), "sleep", "3600"))
-		if err != nil {
-			return nil, err
-		}
-		cctx, cancel := callCtx(ctx)
-		_, err = s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("failed to start container load-%d: %w", i, err)
-		}
-		run.ids = append(run.ids, id)
-	}
-	if err := removePod(ctx, s.rt, podID); err != nil {
+	run := &loadRun{}
+	if run.podID, run.ids, err = s.loadPod(ctx, "load"); err != nil {
 		return nil, err
 	}
 	want := 4*len(run.ids) + 4
@@ -376,6 +365,55 @@ func (s *suite) runLoad(ctx context.Context) (*loadRun, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if run.lines, err = s.linesSince(lines0); err != nil {
+		return nil, err
+	}
 	run.evs = rec.events(s.keep)
 	return run, nil
+}
+
+// loadPod runs a pod of the run named name with Options.Load sleeping containers, then stops and
+// removes it, and returns the ids of the pod and its containers.
+func (s *suite) loadPod(ctx context.Context, name string) (string, []string, error) {
+	podID, podCfg, err := s.drv.runPod(ctx, name)
+	if err != nil {
+		return "", nil, err
+	}
+	var ids []string
+	for i := 0; i < s.opts.Load; i++ {
+		id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig(fmt.Sprintf("%s-%d", name, i), "sleep", "3600"))
+		if err != nil {
+			return "", nil, err
+		}
+		cctx, cancel := callCtx(ctx)
+		_, err = s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id})
+		cancel()
+		if err != nil {
+			return "", nil, fmt.Errorf("failed to start container %s-%d: %w", name, i, err)
+		}
+		ids = append(ids, id)
+	}
+	return podID, ids, removePod(ctx, s.rt, podID)
+}
+
+// logLines is how many lines the runtime has logged (Options.LogLines); -1 without it.
+func (s *suite) logLines() (int, error) {
+	if s.opts.LogLines == nil {
+		return -1, nil
+	}
+	n, err := s.opts.LogLines()
+	if err != nil {
+		return 0, fmt.Errorf("failed to count the runtime's log lines: %w", err)
+	}
+	return n, nil
+}
+
+// linesSince is how many lines the runtime logged since it had logged from; -1 without
+// Options.LogLines.
+func (s *suite) linesSince(from int) (int, error) {
+	n, err := s.logLines()
+	if err != nil || n < 0 {
+		return n, err
+	}
+	return n - from, nil
 }
