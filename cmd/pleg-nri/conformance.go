@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -32,6 +34,12 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 			&cli.StringFlag{Name: "run-id", Usage: "value of the run's label on every pod (random by default)"},
 			&cli.StringSliceFlag{Name: "checks", Usage: "run only these checks: ids or prefixes (once, order/pod, ...; comma-separated, repeatable)"},
 			&cli.IntFlag{Name: "load", Value: conformance.DefaultLoad, Usage: "containers in the load check's pod"},
+			&cli.StringFlag{Name: "expect-replay",
+				Usage: "what the endpoint documents a late subscriber gets of the events sent while nobody listened: none or all (default: reported, not judged)"},
+			&cli.DurationFlag{Name: "late-wait",
+				Usage: "how long nobody listens before the late subscriber subscribes (past a runtime's hold of events for nobody: containerd's is 5m)"},
+			&cli.StringFlag{Name: "runtime-log",
+				Usage: "the runtime's log file: the late-subscriber check counts its lines while nobody listens"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "end the run (and clean up) after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 			&cli.BoolFlag{Name: "list", Usage: "print the checks' ids and sentences, run nothing"},
@@ -57,6 +65,13 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 			if endpoint == "" {
 				endpoint = conformance.DefaultEndpoint
 			}
+			replay, err := conformance.ParseReplay(cmd.String("expect-replay"))
+			if err != nil {
+				return usageError{fmt.Errorf("--expect-replay: %w", err)}
+			}
+			if cmd.Duration("late-wait") < 0 {
+				return usageError{errors.New("--late-wait must not be negative")}
+			}
 			o := conformance.Options{
 				Endpoint:  endpoint,
 				Image:     cmd.String("image"),
@@ -64,6 +79,12 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 				RunID:     cmd.String("run-id"),
 				Checks:    trimmed(cmd.StringSlice("checks")),
 				Load:      int(cmd.Int("load")),
+
+				ExpectReplay: replay,
+				LateWait:     cmd.Duration("late-wait"),
+			}
+			if path := cmd.String("runtime-log"); path != "" {
+				o.LogLines = func() (int, error) { return fileLines(path) }
 			}
 			return run(ctx, o, cmd.Duration("timeout"), cmd.Bool("json"))
 		},
@@ -94,5 +115,26 @@ func runConformance(stdout io.Writer) func(context.Context, conformance.Options,
 			return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", conformance.RunLabel, rep.RunID, rep.Cleanup)
 		}
 		return nil
+	}
+}
+
+// fileLines counts the lines of the file at path.
+func fileLines(path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := f.Read(buf)
+		n += bytes.Count(buf[:k], []byte("\n"))
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("failed to read %s: %w", path, err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,23 +36,33 @@ func TestConformanceFlags(t *testing.T) {
 		got, timeout, asJSON = o, d, j
 		return nil
 	}
+	logPath := filepath.Join(t.TempDir(), "containerd.log")
+	if err := os.WriteFile(logPath, []byte("a\nb\nc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := runConformanceCmd(nil, capture); err != nil {
 		t.Fatal(err)
 	}
 	if got.Endpoint != "unix:///run/containerd/containerd.sock" || got.Image != conformance.DefaultImage ||
-		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 {
+		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 ||
+		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil {
 		t.Errorf("defaults: %+v timeout %s json %v", got, timeout, asJSON)
 	}
 	args := []string{"-r", "unix:///run/pleg-nri/cri.sock", "--image", "busybox:x", "--namespace", "ns", "--run-id", "r1",
-		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json"}
+		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json",
+		"--expect-replay", "all", "--late-wait", "5m10s", "--runtime-log", logPath}
 	if _, err := runConformanceCmd(args, capture); err != nil {
 		t.Fatal(err)
 	}
 	if got.Endpoint != "unix:///run/pleg-nri/cri.sock" || got.Image != "busybox:x" || got.Namespace != "ns" || got.RunID != "r1" ||
-		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON {
+		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON ||
+		got.ExpectReplay != conformance.ReplayAll || got.LateWait != 5*time.Minute+10*time.Second || got.LogLines == nil {
 		t.Errorf("flags: %+v timeout %s json %v", got, timeout, asJSON)
 	}
-	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}} {
+	if n, err := got.LogLines(); n != 3 || err != nil {
+		t.Errorf("--runtime-log counts %d lines (%v), want 3", n, err)
+	}
+	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}, {"--expect-replay", "some"}, {"--late-wait", "-1s"}} {
 		if _, err := runConformanceCmd(bad, capture); !errors.As(err, new(usageError)) {
 			t.Errorf("%v: %v, want a usage error", bad, err)
 		}
