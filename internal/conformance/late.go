@@ -20,9 +20,9 @@ import (
 //     created_at in nanoseconds and never decreasing on the stream, each object's events in the order
 //     CREATED < STARTED < STOPPED < DELETED and none twice;
 //   - replay what Options.ExpectReplay says the endpoint documents (all of the pod's events, or none);
-//   - with Options.LogLines, show no log line per event sent to nobody: the runtime may log no more
-//     lines, from the pod's start to the late subscription, than half an event's worth beyond what it
-//     logged for the same pods with a subscriber (the load scenario).
+//   - with Options.LogLines, show no log line per event sent to nobody: from the pod's start to the
+//     late subscription, the runtime must log fewer lines beyond what it logged for the same pods
+//     with a subscriber (the load scenario) than half the pod's 4N+4 events.
 //
 // The figure says what the endpoint replayed (and so held for nobody: its events and their bytes),
 // which is all the suite can see of its memory: memory itself is not visible through the CRI.
@@ -32,7 +32,8 @@ func checkLateSubscriber(ctx context.Context, s *suite) (string, error) {
 		return "", err
 	}
 	// Nobody of the suite listens now: every scenario's stream was closed when it returned. Give the
-	// endpoint Quiet to see them gone (containerd sees a stream gone only when it sends to it).
+	// endpoint Quiet to see them gone. (An endpoint that sees a stream gone only when it next sends to
+	// it, as containerd, still hands the first events to it: the figure shows how many are missing.)
 	s.quiet(ctx)
 	lines0, err := s.logLines()
 	if err != nil {
