@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -14,8 +16,9 @@ import (
 
 // conformanceCommand is `pleg-nri conformance`: run the conformance suite of CRI container event
 // streams against an endpoint and print one row per check. run gets the suite's options, the
-// timeout and whether to print JSON.
-func conformanceCommand(run func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error) *cli.Command {
+// timeout and whether to print JSON; getenv is os.Getenv in the command: without --runtime-endpoint
+// the endpoint is $CONTAINER_RUNTIME_ENDPOINT, as crictl's, else containerd's socket.
+func conformanceCommand(getenv func(string) string, run func(ctx context.Context, o conformance.Options, timeout time.Duration, asJSON bool) error) *cli.Command {
 	return &cli.Command{
 		Name:  "conformance",
 		Usage: "check a CRI endpoint's container event stream (containerd's, pleg-nri's, any runtime's) against what a kubelet relies on",
@@ -23,14 +26,20 @@ func conformanceCommand(run func(ctx context.Context, o conformance.Options, tim
 			"It runs pods and containers through the endpoint's runtime (labeled " + conformance.RunLabel + "=<run id>, all\n" +
 			"removed at the end, also when interrupted), prints pass / fail / skip for each check, and exits 1 if any failed.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"}, Value: conformance.DefaultEndpoint,
-				Usage: "CRI endpoint: unix:///path, /path or tcp://host:port"},
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r", "endpoint"},
+				Usage: fmt.Sprintf("CRI endpoint: unix:///path, /path or tcp://host:port (default $%s, else %s)", runtimeEndpointEnv, conformance.DefaultEndpoint)},
 			&cli.StringFlag{Name: "image", Value: conformance.DefaultImage,
 				Usage: "image of every container, already on the node, with sh, sleep and tail (busybox)"},
 			&cli.StringFlag{Name: "namespace", Value: conformance.DefaultNamespace, Usage: "Kubernetes namespace of the run's pods"},
 			&cli.StringFlag{Name: "run-id", Usage: "value of the run's label on every pod (random by default)"},
 			&cli.StringSliceFlag{Name: "checks", Usage: "run only these checks: ids or prefixes (once, order/pod, ...; comma-separated, repeatable)"},
 			&cli.IntFlag{Name: "load", Value: conformance.DefaultLoad, Usage: "containers in the load check's pod"},
+			&cli.StringFlag{Name: "expect-replay",
+				Usage: "what the endpoint documents a late subscriber gets of the events sent while nobody listened: none or all (default: reported, not judged)"},
+			&cli.DurationFlag{Name: "late-wait",
+				Usage: "how long nobody listens before the late subscriber subscribes (past a runtime's hold of events for nobody: containerd's is 5m)"},
+			&cli.StringFlag{Name: "runtime-log",
+				Usage: "the runtime's log file: the late-subscriber check counts its lines while nobody listens"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "end the run (and clean up) after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 			&cli.BoolFlag{Name: "list", Usage: "print the checks' ids and sentences, run nothing"},
@@ -49,13 +58,33 @@ func conformanceCommand(run func(ctx context.Context, o conformance.Options, tim
 			if cmd.Duration("timeout") <= 0 {
 				return usageError{errors.New("--timeout must be positive")}
 			}
+			endpoint := cmd.String("runtime-endpoint")
+			if endpoint == "" {
+				endpoint = getenv(runtimeEndpointEnv)
+			}
+			if endpoint == "" {
+				endpoint = conformance.DefaultEndpoint
+			}
+			replay, err := conformance.ParseReplay(cmd.String("expect-replay"))
+			if err != nil {
+				return usageError{fmt.Errorf("--expect-replay: %w", err)}
+			}
+			if cmd.Duration("late-wait") < 0 {
+				return usageError{errors.New("--late-wait must not be negative")}
+			}
 			o := conformance.Options{
-				Endpoint:  cmd.String("runtime-endpoint"),
+				Endpoint:  endpoint,
 				Image:     cmd.String("image"),
 				Namespace: cmd.String("namespace"),
 				RunID:     cmd.String("run-id"),
 				Checks:    trimmed(cmd.StringSlice("checks")),
 				Load:      int(cmd.Int("load")),
+
+				ExpectReplay: replay,
+				LateWait:     cmd.Duration("late-wait"),
+			}
+			if path := cmd.String("runtime-log"); path != "" {
+				o.LogLines = func() (int, error) { return fileLines(path) }
 			}
 			return run(ctx, o, cmd.Duration("timeout"), cmd.Bool("json"))
 		},
@@ -86,5 +115,26 @@ func runConformance(stdout io.Writer) func(context.Context, conformance.Options,
 			return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", conformance.RunLabel, rep.RunID, rep.Cleanup)
 		}
 		return nil
+	}
+}
+
+// fileLines counts the lines of the file at path.
+func fileLines(path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := f.Read(buf)
+		n += bytes.Count(buf[:k], []byte("\n"))
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("failed to read %s: %w", path, err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,10 +13,16 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/conformance"
 )
 
-// runConformanceCmd runs `pleg-nri conformance args...` with run standing in for the suite.
+// runConformanceCmd runs `pleg-nri conformance args...` with run standing in for the suite, and no
+// environment.
 func runConformanceCmd(args []string, run func(context.Context, conformance.Options, time.Duration, bool) error) (string, error) {
+	return runConformanceCmdEnv(args, noEnv, run)
+}
+
+// runConformanceCmdEnv is runConformanceCmd with getenv as its environment.
+func runConformanceCmdEnv(args []string, getenv func(string) string, run func(context.Context, conformance.Options, time.Duration, bool) error) (string, error) {
 	var out bytes.Buffer
-	cmd := conformanceCommand(run)
+	cmd := conformanceCommand(getenv, run)
 	cmd.Writer, cmd.ErrWriter = &out, &out
 	err := cmd.Run(context.Background(), append([]string{"conformance"}, args...))
 	return out.String(), err
@@ -29,23 +36,33 @@ func TestConformanceFlags(t *testing.T) {
 		got, timeout, asJSON = o, d, j
 		return nil
 	}
+	logPath := filepath.Join(t.TempDir(), "containerd.log")
+	if err := os.WriteFile(logPath, []byte("a\nb\nc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := runConformanceCmd(nil, capture); err != nil {
 		t.Fatal(err)
 	}
 	if got.Endpoint != "unix:///run/containerd/containerd.sock" || got.Image != conformance.DefaultImage ||
-		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 {
+		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 ||
+		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil {
 		t.Errorf("defaults: %+v timeout %s json %v", got, timeout, asJSON)
 	}
 	args := []string{"-r", "unix:///run/pleg-nri/cri.sock", "--image", "busybox:x", "--namespace", "ns", "--run-id", "r1",
-		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json"}
+		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json",
+		"--expect-replay", "all", "--late-wait", "5m10s", "--runtime-log", logPath}
 	if _, err := runConformanceCmd(args, capture); err != nil {
 		t.Fatal(err)
 	}
 	if got.Endpoint != "unix:///run/pleg-nri/cri.sock" || got.Image != "busybox:x" || got.Namespace != "ns" || got.RunID != "r1" ||
-		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON {
+		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON ||
+		got.ExpectReplay != conformance.ReplayAll || got.LateWait != 5*time.Minute+10*time.Second || got.LogLines == nil {
 		t.Errorf("flags: %+v timeout %s json %v", got, timeout, asJSON)
 	}
-	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}} {
+	if n, err := got.LogLines(); n != 3 || err != nil {
+		t.Errorf("--runtime-log counts %d lines (%v), want 3", n, err)
+	}
+	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}, {"--expect-replay", "some"}, {"--late-wait", "-1s"}} {
 		if _, err := runConformanceCmd(bad, capture); !errors.As(err, new(usageError)) {
 			t.Errorf("%v: %v, want a usage error", bad, err)
 		}
@@ -53,6 +70,43 @@ func TestConformanceFlags(t *testing.T) {
 	out, err := runConformanceCmd([]string{"--list"}, capture)
 	if err != nil || !strings.Contains(out, "once/exit-0") || !strings.Contains(out, "exactly once") {
 		t.Errorf("--list: %v\n%s", err, out)
+	}
+}
+
+// TestConformanceEndpoint: --runtime-endpoint, else $CONTAINER_RUNTIME_ENDPOINT (as crictl reads
+// it), else containerd's socket.
+func TestConformanceEndpoint(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "CONTAINER_RUNTIME_ENDPOINT" {
+				return v
+			}
+			return ""
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		getenv func(string) string
+		want   string
+	}{
+		{"default", nil, noEnv, "unix:///run/containerd/containerd.sock"},
+		{"environment", nil, env("unix:///run/pleg-nri/cri.sock"), "unix:///run/pleg-nri/cri.sock"},
+		{"the flag over the environment", []string{"--runtime-endpoint", "/run/x.sock"}, env("unix:///run/pleg-nri/cri.sock"), "/run/x.sock"},
+		{"the short flag over the environment", []string{"-r", "tcp://127.0.0.1:1"}, env("unix:///run/pleg-nri/cri.sock"), "tcp://127.0.0.1:1"},
+		{"an empty environment variable", nil, env(""), "unix:///run/containerd/containerd.sock"},
+	} {
+		var got string
+		capture := func(_ context.Context, o conformance.Options, _ time.Duration, _ bool) error {
+			got = o.Endpoint
+			return nil
+		}
+		if _, err := runConformanceCmdEnv(tc.args, tc.getenv, capture); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got != tc.want {
+			t.Errorf("%s: endpoint %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 

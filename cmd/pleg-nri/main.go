@@ -60,7 +60,7 @@ func newApp(stdout, stderr io.Writer, getenv func(string) string) *cli.Command {
 		},
 		Commands: []*cli.Command{
 			eventsCommand(getenv, func(ctx context.Context, o eventprint.Options) error { return eventprint.Stream(ctx, o, stdout) }),
-			conformanceCommand(runConformance(stdout)),
+			conformanceCommand(getenv, runConformance(stdout)),
 			frontCommand(),
 			stopFrontCommand(),
 			kubeletConfigCommand(),

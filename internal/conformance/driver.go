@@ -34,10 +34,28 @@ type driver struct {
 	ids map[string]bool
 	// syncs counts the sync pods, to name them.
 	syncs int
+	// gone are the objects a scenario has begun to remove.
+	gone map[string]bool
+}
+
+// removing notes that a scenario is about to remove ids: reads may find them gone from then on.
+func (d *driver) removing(ids ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, id := range ids {
+		d.gone[id] = true
+	}
+}
+
+// isRemoving reports whether a scenario has begun to remove id.
+func (d *driver) isRemoving(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gone[id]
 }
 
 func newDriver(rt runtimeapi.RuntimeServiceClient, opts *Options, runID string) *driver {
-	return &driver{rt: rt, opts: opts, runID: runID, ids: map[string]bool{}}
+	return &driver{rt: rt, opts: opts, runID: runID, ids: map[string]bool{}, gone: map[string]bool{}}
 }
 
 // ours reports whether id is a sandbox or container the run made.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,12 +56,41 @@ type faults struct {
 	// pauseStopTwice leaves a sandbox READY after its pause process was killed, so StopPodSandbox
 	// sends its STOPPED again.
 	pauseStopTwice bool
+	// restart is how the streams take a restart of the runtime (restartEnds by default).
+	restart restartMode
+	// forgetWhileDown makes a restarted runtime miss what happened while it was down: a container
+	// killed then still says RUNNING.
+	forgetWhileDown bool
+	// holdUnheard keeps the events sent while nobody listens and sends them to the next subscriber
+	// first (as containerd does for 5 minutes); replayTwice sends them twice, replayReversed newest
+	// first.
+	holdUnheard, replayTwice, replayReversed bool
+	// lateHang leaves a stream that got held events silent after them.
+	lateHang bool
+	// logUnheard logs a line for each event sent while nobody listens.
+	logUnheard bool
 	// delay is slept in each RunPodSandbox and RemovePodSandbox: a runtime that takes its time, so
 	// that a blocked send to a consumer that does not read lasts long enough to count as stuck.
 	delay time.Duration
 	// onRunPod is called after each RunPodSandbox.
 	onRunPod func()
 }
+
+// restartMode is how the fake's streams take a restart of the runtime.
+type restartMode int
+
+const (
+	// restartEnds ends every stream with Unavailable (containerd's).
+	restartEnds restartMode = iota
+	// restartHangs leaves every stream open, and silent from then on.
+	restartHangs
+	// restartSurvives leaves every stream open; what happens while the runtime is down is sent once it
+	// is back (pleg-nri's).
+	restartSurvives
+	// restartSurvivesForgetful leaves every stream open, but never sends what happened while the
+	// runtime was down.
+	restartSurvivesForgetful
+)
 
 type fakePod struct {
 	// pid is its pause process's pid, for the verbose status and killPause.
@@ -78,6 +108,8 @@ type fakeCtr struct {
 	created, started, finished int64
 	exitCode                   int32
 	reason                     string
+	// pid is its process's pid, for the verbose status and kill.
+	pid int
 }
 
 // fakeRuntime is a CRI runtime in memory with an event stream: busybox's `sh -c "exit N"` exits with
@@ -95,10 +127,28 @@ type fakeRuntime struct {
 	held *runtimeapi.ContainerEventResponse
 	last int64
 	pids int
+	// down says the runtime is stopped (restart); whileDown are the events of that time that
+	// restartSurvives sends once it is back.
+	down      bool
+	whileDown []*runtimeapi.ContainerEventResponse
+	// unheard are the events sent while nobody listened (holdUnheard).
+	unheard []*runtimeapi.ContainerEventResponse
+	// lines counts the lines the fake "logged": one per CRI call that changes something, one per
+	// event sent to nobody with logUnheard.
+	lines int
 }
 
-// killPause kills the pause process pid: its sandbox stops (twice with faults.pauseStopTwice).
-func (fr *fakeRuntime) killPause(pid int, _ string) error {
+// logLines is Options.LogLines of the fake.
+func (fr *fakeRuntime) logLines() (int, error) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return fr.lines, nil
+}
+
+// kill kills the process pid: a pause process's sandbox stops (twice with faults.pauseStopTwice), a
+// container's exits with 137 (with forgetWhileDown, a container killed while the runtime is down
+// stays RUNNING).
+func (fr *fakeRuntime) kill(pid int, _ string) error {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	for _, p := range fr.pods {
@@ -107,6 +157,14 @@ func (fr *fakeRuntime) killPause(pid int, _ string) error {
 			fr.emit(p.id, p.id, "sandbox", stopped)
 			if fr.f.pauseStopTwice {
 				p.state = runtimeapi.PodSandboxState_SANDBOX_READY
+			}
+			return nil
+		}
+	}
+	for _, c := range fr.ctrs {
+		if c.pid == pid && c.state == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			if !(fr.down && fr.f.forgetWhileDown) {
+				fr.exitLocked(c.id, 137, "")
 			}
 			return nil
 		}
@@ -125,23 +183,35 @@ type fakeSub struct {
 	ended bool
 }
 
-// restart ends every stream with Unavailable, as a runtime's restart does; with hang, the streams stay
-// open and get nothing more.
-func (fr *fakeRuntime) restart(hang bool) {
+// restart stops the runtime, calls whileDown and starts it again: the streams take it as
+// faults.restart says.
+func (fr *fakeRuntime) restart(ctx context.Context, whileDown func(context.Context) error) error {
 	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	for s := range fr.subs {
-		delete(fr.subs, s)
-		if !hang {
-			s.mu.Lock()
-			s.ended = true
-			s.mu.Unlock()
-			select {
-			case s.wake <- struct{}{}:
-			default:
+	fr.down = true
+	if fr.f.restart == restartEnds || fr.f.restart == restartHangs {
+		for s := range fr.subs {
+			delete(fr.subs, s)
+			if fr.f.restart == restartEnds {
+				s.mu.Lock()
+				s.ended = true
+				s.mu.Unlock()
+				select {
+				case s.wake <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}
+	fr.mu.Unlock()
+	err := whileDown(ctx)
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	fr.down = false
+	for _, ev := range fr.whileDown {
+		fr.send(ev)
+	}
+	fr.whileDown = nil
+	return err
 }
 
 func newFake(t *testing.T, f faults) (*fakeRuntime, string) {
@@ -209,6 +279,12 @@ func (fr *fakeRuntime) emit(id, podID, name string, typ runtimeapi.ContainerEven
 		fr.held = ev
 		return
 	}
+	if fr.down {
+		if fr.f.restart == restartSurvives {
+			fr.whileDown = append(fr.whileDown, ev)
+		}
+		return
+	}
 	fr.send(ev)
 	if fr.f.duplicate != nil && fr.f.duplicate(name, typ) {
 		fr.send(ev)
@@ -220,6 +296,14 @@ func (fr *fakeRuntime) emit(id, podID, name string, typ runtimeapi.ContainerEven
 }
 
 func (fr *fakeRuntime) send(ev *runtimeapi.ContainerEventResponse) {
+	if len(fr.subs) == 0 {
+		if fr.f.logUnheard {
+			fr.lines++
+		}
+		if fr.f.holdUnheard {
+			fr.unheard = append(fr.unheard, ev)
+		}
+	}
 	for s := range fr.subs {
 		s.mu.Lock()
 		stuck := !s.sending.IsZero() && time.Since(s.sending) > 20*time.Millisecond
@@ -243,7 +327,18 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 	}
 	s := &fakeSub{wake: make(chan struct{}, 1)}
 	fr.mu.Lock()
-	fr.subs[s] = true
+	replay := fr.unheard
+	fr.unheard = nil
+	if fr.f.replayReversed {
+		slices.Reverse(replay)
+	}
+	if fr.f.replayTwice {
+		replay = append(replay, replay...)
+	}
+	s.queue = replay
+	if !(fr.f.lateHang && len(replay) > 0) {
+		fr.subs[s] = true
+	}
 	fr.mu.Unlock()
 	defer func() {
 		fr.mu.Lock()
@@ -281,6 +376,7 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 func (fr *fakeRuntime) RunPodSandbox(_ context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
 	time.Sleep(fr.f.delay)
 	fr.mu.Lock()
+	fr.lines++
 	fr.pids++
 	p := &fakePod{pid: 1000 + fr.pids, cfg: req.Config, id: newID(), state: runtimeapi.PodSandboxState_SANDBOX_READY, created: time.Now().UnixNano()}
 	fr.pods[p.id] = p
@@ -295,6 +391,7 @@ func (fr *fakeRuntime) RunPodSandbox(_ context.Context, req *runtimeapi.RunPodSa
 
 func (fr *fakeRuntime) CreateContainer(_ context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	if fr.pods[req.PodSandboxId] == nil {
 		return nil, status.Errorf(codes.NotFound, "pod %s", req.PodSandboxId)
@@ -307,6 +404,7 @@ func (fr *fakeRuntime) CreateContainer(_ context.Context, req *runtimeapi.Create
 
 func (fr *fakeRuntime) StartContainer(_ context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	c := fr.ctrs[req.ContainerId]
 	if c == nil {
@@ -317,7 +415,8 @@ func (fr *fakeRuntime) StartContainer(_ context.Context, req *runtimeapi.StartCo
 		c.state, c.finished, c.exitCode, c.reason = runtimeapi.ContainerState_CONTAINER_EXITED, time.Now().UnixNano(), 128, "StartError"
 		return nil, status.Errorf(codes.Unknown, "exec: %q: no such file or directory", cmd[0])
 	}
-	c.state, c.started = runtimeapi.ContainerState_CONTAINER_RUNNING, time.Now().UnixNano()
+	fr.pids++
+	c.state, c.started, c.pid = runtimeapi.ContainerState_CONTAINER_RUNNING, time.Now().UnixNano(), 1000+fr.pids
 	fr.emit(c.id, c.podID, c.cfg.Metadata.Name, started)
 	script := ""
 	if len(cmd) == 3 && cmd[0] == "sh" {
@@ -359,6 +458,7 @@ func (fr *fakeRuntime) exitLocked(id string, code int32, reason string) {
 
 func (fr *fakeRuntime) StopContainer(_ context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	if fr.ctrs[req.ContainerId] == nil {
 		return nil, status.Errorf(codes.NotFound, "container %s", req.ContainerId)
@@ -369,6 +469,7 @@ func (fr *fakeRuntime) StopContainer(_ context.Context, req *runtimeapi.StopCont
 
 func (fr *fakeRuntime) RemoveContainer(_ context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	fr.removeLocked(req.ContainerId)
 	return &runtimeapi.RemoveContainerResponse{}, nil
@@ -386,6 +487,7 @@ func (fr *fakeRuntime) removeLocked(id string) {
 
 func (fr *fakeRuntime) StopPodSandbox(_ context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	p := fr.pods[req.PodSandboxId]
 	if p == nil {
@@ -415,6 +517,7 @@ func (fr *fakeRuntime) StopPodSandbox(_ context.Context, req *runtimeapi.StopPod
 func (fr *fakeRuntime) RemovePodSandbox(_ context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
 	time.Sleep(fr.f.delay)
 	fr.mu.Lock()
+	fr.lines++
 	defer fr.mu.Unlock()
 	p := fr.pods[req.PodSandboxId]
 	if p == nil {
@@ -437,7 +540,11 @@ func (fr *fakeRuntime) ContainerStatus(_ context.Context, req *runtimeapi.Contai
 	if c == nil {
 		return nil, status.Errorf(codes.NotFound, "container %s", req.ContainerId)
 	}
-	return &runtimeapi.ContainerStatusResponse{Status: fr.ctrStatus(c)}, nil
+	resp := &runtimeapi.ContainerStatusResponse{Status: fr.ctrStatus(c)}
+	if req.Verbose && c.pid != 0 {
+		resp.Info = map[string]string{"info": fmt.Sprintf(`{"pid": %d}`, c.pid)}
+	}
+	return resp, nil
 }
 
 func (fr *fakeRuntime) ListContainers(_ context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {

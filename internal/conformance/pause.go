@@ -30,14 +30,12 @@ func checkPauseKilled(ctx context.Context, s *suite) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("failed to get the verbose status of pod %s: %w", short(podID), err)
 	}
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(st.Info["info"]), &info); err != nil || info.Pid <= 0 {
+	pid := verbosePid(st.Info)
+	if pid == 0 {
 		return "", skipf("the runtime's verbose PodSandboxStatus gives no pid of the pause process")
 	}
-	if err := s.opts.KillPause(info.Pid, podID); err != nil {
-		return "", skipf("cannot kill the pause process %d from here: %v", info.Pid, err)
+	if err := s.opts.Kill(pid, podID); err != nil {
+		return "", skipf("cannot kill the pause process %d from here: %v", pid, err)
 	}
 	rec.waitFor(ctx, s.opts.EventWait, hasEvent(podID, stopped))
 	if err := removePod(cctx, s.rt, podID); err != nil {
@@ -49,19 +47,32 @@ func checkPauseKilled(ctx context.Context, s *suite) (string, error) {
 	return countsFigure(n), exactlyOnce("the sandbox whose pause process was killed", n, allTypes...)
 }
 
-// killPause SIGKILLs pid if this host's /proc shows it in a cgroup named with sandboxID: the pid a
-// runtime reports is in its own pid namespace, which may not be this one (a runtime in a container, or
-// on another host through tcp://), and another process must never be killed in its place.
-func killPause(pid int, sandboxID string) error {
+// killInCgroup SIGKILLs pid if this host's /proc shows it in a cgroup named with id (a sandbox's or a
+// container's: containerd names their cgroups with it, under cgroupfs as under systemd): the pid a
+// runtime reports is in its own pid namespace, which may not be this one (a runtime in a container,
+// or on another host through tcp://), and another process must never be killed in its place.
+func killInCgroup(pid int, id string) error {
 	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return fmt.Errorf("failed to read the cgroup of pid %d: %w", pid, err)
 	}
-	if !strings.Contains(string(cg), sandboxID) {
-		return fmt.Errorf("pid %d here is not in sandbox %s's cgroup (the runtime is in another pid namespace?)", pid, short(sandboxID))
+	if !strings.Contains(string(cg), id) {
+		return fmt.Errorf("pid %d here is not in %s's cgroup (the runtime is in another pid namespace?)", pid, short(id))
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("failed to kill pid %d: %w", pid, err)
 	}
 	return nil
+}
+
+// verbosePid is the pid a runtime's verbose status gives (info["info"], JSON with "pid", as
+// containerd's): 0 if none.
+func verbosePid(info map[string]string) int {
+	var v struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(info["info"]), &v); err != nil || v.Pid <= 0 {
+		return 0
+	}
+	return v.Pid
 }

@@ -70,15 +70,49 @@ type Options struct {
 	// PodConfig, if set, makes the base config of a pod (the suite sets its metadata and run label):
 	// for a node that needs a cgroup parent or a log directory. Default: a pod on the node's network.
 	PodConfig func(name string) *runtimeapi.PodSandboxConfig
-	// RestartRuntime, if set, restarts the runtime behind the endpoint and returns once it answers
-	// again; the restart check is skipped without it.
-	RestartRuntime func(context.Context) error
-	// KillPause kills the pause process pid of sandbox sandboxID (the pid the runtime gives in its
-	// verbose status); by default killPause, which kills it only if this host's /proc shows that pid in
-	// the sandbox's cgroup.
-	KillPause func(pid int, sandboxID string) error
+	// RestartRuntime, if set, stops the runtime behind the endpoint, calls whileDown (which changes
+	// something the runtime must find when it is back), starts the runtime again and returns once it
+	// answers; the restart check is skipped without it.
+	RestartRuntime func(ctx context.Context, whileDown func(context.Context) error) error
+	// Kill SIGKILLs the process pid of sandbox or container id (the pid the runtime gives in its
+	// verbose status: a sandbox's pause process, a container's first process); by default
+	// killInCgroup, which kills it only if this host's /proc shows that pid in a cgroup named with id.
+	Kill func(pid int, id string) error
+	// ExpectReplay is what the endpoint documents a late subscriber gets of the events sent while
+	// nobody listened (the late-subscriber check fails if it gets otherwise); ReplayUndeclared: only
+	// reported.
+	ExpectReplay Replay
+	// LateWait is how long nobody listens after the late-subscriber check's pod is gone, before the
+	// late subscriber subscribes: long enough, a runtime that holds events for nobody for a while
+	// (containerd: 5 minutes) has dropped them, and logged what it logs for it.
+	LateWait time.Duration
+	// LogLines, if set, counts the lines the runtime behind the endpoint has logged so far: the
+	// late-subscriber check then compares the lines logged while nobody listened with those logged for
+	// the same pods with a subscriber.
+	LogLines func() (int, error)
 	// Now is the clock events are stamped with on receipt (time.Now by default).
 	Now func() time.Time
+}
+
+// Replay is what a subscriber that comes late gets of the events sent while nobody listened.
+type Replay string
+
+const (
+	// ReplayUndeclared: the endpoint says nothing; whatever it replays is reported, not judged.
+	ReplayUndeclared Replay = ""
+	// ReplayNone: nothing; the stream starts with the events from the subscription on.
+	ReplayNone Replay = "none"
+	// ReplayAll: every event sent while nobody listened, then the events from the subscription on.
+	ReplayAll Replay = "all"
+)
+
+// ParseReplay parses a Replay: "", "none" or "all".
+func ParseReplay(s string) (Replay, error) {
+	switch r := Replay(s); r {
+	case ReplayUndeclared, ReplayNone, ReplayAll:
+		return r, nil
+	}
+	return "", fmt.Errorf("unknown replay %q: none or all", s)
 }
 
 func (o *Options) setDefaults() error {
@@ -113,11 +147,17 @@ func (o *Options) setDefaults() error {
 	if o.ProbeWait <= 0 {
 		o.ProbeWait = DefaultProbeWait
 	}
-	if o.KillPause == nil {
-		o.KillPause = killPause
+	if o.Kill == nil {
+		o.Kill = killInCgroup
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if _, err := ParseReplay(string(o.ExpectReplay)); err != nil {
+		return err
+	}
+	if o.LateWait < 0 {
+		return fmt.Errorf("a negative LateWait %s", o.LateWait)
 	}
 	for _, c := range o.Checks {
 		if !knownCheck(c) {

@@ -195,6 +195,7 @@ func (s *suite) runLifecycle(ctx context.Context) (*lifecycleRun, error) {
 				r.waitFor(ctx, s.opts.EventWait, hasEvent(c.id, stopped))
 			}
 		}
+		s.drv.removing(c.id)
 		cctx, cancel := callCtx(ctx)
 		_, err = s.rt.RemoveContainer(cctx, &runtimeapi.RemoveContainerRequest{ContainerId: c.id})
 		cancel()
@@ -215,6 +216,7 @@ func (s *suite) runLifecycle(ctx context.Context) (*lifecycleRun, error) {
 	for _, r := range []*recorder{main, reader} {
 		r.waitFor(ctx, s.opts.EventWait, hasEvent(podID, stopped))
 	}
+	s.drv.removing(podID, c.id)
 	cctx, cancel = callCtx(ctx)
 	_, err = s.rt.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
 	cancel()
@@ -276,8 +278,15 @@ func (s *suite) readAfter(ctx context.Context, r received, log *readLog) {
 	log.checked++
 	log.mu.Unlock()
 	var bad []string
+	// An object the suite has begun to remove may be gone by the read (a STOPPED that comes just
+	// before the removal, such as one for a failed start, which the scenario does not wait for): not
+	// found is then no stale read.
+	gone := func(id string, err error) bool { return isNotFound(err) && s.drv.isRemoving(id) }
 	if podID == ev.ContainerId {
 		resp, err := s.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: podID})
+		if gone(podID, err) {
+			return
+		}
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("PodSandboxStatus %s after its STOPPED: %v", short(podID), err))
 		} else if st := resp.GetStatus().GetState(); st != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
@@ -288,6 +297,9 @@ func (s *suite) readAfter(ctx context.Context, r received, log *readLog) {
 	}
 	id := ev.ContainerId
 	cs, err := s.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if gone(id, err) {
+		return
+	}
 	if err != nil {
 		bad = append(bad, fmt.Sprintf("ContainerStatus %s after its STOPPED: %v", short(id), err))
 	} else if st := cs.GetStatus().GetState(); st != runtimeapi.ContainerState_CONTAINER_EXITED {
@@ -327,6 +339,9 @@ type loadRun struct {
 	podID string
 	ids   []string
 	evs   []received
+	// lines are the lines the runtime logged (Options.LogLines) from the pod's start until its events
+	// were received; -1 without Options.LogLines.
+	lines int
 }
 
 // loadScenario runs (once per run) a pod with Options.Load sleeping containers, stops and removes it.
@@ -340,26 +355,12 @@ func (s *suite) runLoad(ctx context.Context) (*loadRun, error) {
 		return nil, err
 	}
 	defer rec.stop()
-	run := &loadRun{}
-	podID, podCfg, err := s.drv.runPod(ctx, "load")
+	lines0, err := s.logLines()
 	if err != nil {
 		return nil, err
 	}
-	run.podID = podID
-	for i := 0; i < s.opts.Load; i++ {
-		id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig(fmt.Sprintf("load-%d", i), "sleep", "3600"))
-		if err != nil {
-			return nil, err
-		}
-		cctx, cancel := callCtx(ctx)
-		_, err = s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("failed to start container load-%d: %w", i, err)
-		}
-		run.ids = append(run.ids, id)
-	}
-	if err := removePod(ctx, s.rt, podID); err != nil {
+	run := &loadRun{}
+	if run.podID, run.ids, err = s.loadPod(ctx, "load"); err != nil {
 		return nil, err
 	}
 	want := 4*len(run.ids) + 4
@@ -376,6 +377,55 @@ func (s *suite) runLoad(ctx context.Context) (*loadRun, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if run.lines, err = s.linesSince(lines0); err != nil {
+		return nil, err
+	}
 	run.evs = rec.events(s.keep)
 	return run, nil
+}
+
+// loadPod runs a pod of the run named name with Options.Load sleeping containers, then stops and
+// removes it, and returns the ids of the pod and its containers.
+func (s *suite) loadPod(ctx context.Context, name string) (string, []string, error) {
+	podID, podCfg, err := s.drv.runPod(ctx, name)
+	if err != nil {
+		return "", nil, err
+	}
+	var ids []string
+	for i := 0; i < s.opts.Load; i++ {
+		id, err := s.drv.create(ctx, podID, podCfg, s.drv.containerConfig(fmt.Sprintf("%s-%d", name, i), "sleep", "3600"))
+		if err != nil {
+			return "", nil, err
+		}
+		cctx, cancel := callCtx(ctx)
+		_, err = s.rt.StartContainer(cctx, &runtimeapi.StartContainerRequest{ContainerId: id})
+		cancel()
+		if err != nil {
+			return "", nil, fmt.Errorf("failed to start container %s-%d: %w", name, i, err)
+		}
+		ids = append(ids, id)
+	}
+	return podID, ids, removePod(ctx, s.rt, podID)
+}
+
+// logLines is how many lines the runtime has logged (Options.LogLines); -1 without it.
+func (s *suite) logLines() (int, error) {
+	if s.opts.LogLines == nil {
+		return -1, nil
+	}
+	n, err := s.opts.LogLines()
+	if err != nil {
+		return 0, fmt.Errorf("failed to count the runtime's log lines: %w", err)
+	}
+	return n, nil
+}
+
+// linesSince is how many lines the runtime logged since it had logged from; -1 without
+// Options.LogLines.
+func (s *suite) linesSince(from int) (int, error) {
+	n, err := s.logLines()
+	if err != nil || n < 0 {
+		return n, err
+	}
+	return n - from, nil
 }

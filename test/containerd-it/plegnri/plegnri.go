@@ -9,6 +9,7 @@ package plegnri
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,9 +60,11 @@ type Daemon struct {
 	binary string
 	// proc is the core while it runs.
 	proc *harness.Process
-	// mu guards tail, the last lines it logged (over every run, restarts included).
-	mu   sync.Mutex
-	tail []string
+	// mu guards tail, the last lines it logged (over every run, restarts included), and lines, how
+	// many it logged.
+	mu    sync.Mutex
+	tail  []string
+	lines int
 }
 
 // Start starts pleg-nri and waits until it is ready (NRI registered, events subscribed, one relist
@@ -159,6 +162,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		for sc.Scan() {
 			d.mu.Lock()
 			d.tail = append(d.tail, sc.Text())
+			d.lines++
 			if len(d.tail) > 2*logTailLines {
 				d.tail = append(d.tail[:0], d.tail[len(d.tail)-logTailLines:]...)
 			}
@@ -321,6 +325,18 @@ func StopFrontIn(runDir string) error {
 func (d *Daemon) FrontLog() string {
 	b, _ := os.ReadFile(filepath.Join(d.RunDir, "front.log"))
 	return string(b)
+}
+
+// LogLines is how many lines pleg-nri has logged: the core (every run, restarts included) and the
+// front (its log file).
+func (d *Daemon) LogLines() (int, error) {
+	front, err := os.ReadFile(filepath.Join(d.RunDir, "front.log"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lines + bytes.Count(front, []byte("\n")), nil
 }
 
 // Running says whether the process runs.
