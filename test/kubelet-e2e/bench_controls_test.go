@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
 	"github.com/pleg-nri/pleg-nri/test/kubelet-e2e/nodebench"
@@ -159,7 +160,8 @@ func controlsMarkdown(p func(string, ...any), runs []*benchRun, setups []setup, 
 		p("| %s | %s | %s | %s | %s |", s.Name, q(emitted), q(received), q(done), nodebench.Ms(benchreport.Median(plegNRILeadOf(runs, s))))
 	}
 	p("")
-	p("%s", nodebench.ComparisonsMarkdown(cs))
+	p("%s", strings.TrimRight(nodebench.ComparisonsMarkdown(cs), "\n"))
+	p("")
 	whole, sooner, own := comparisonOf(cs, setupEventedPlegNRI, setupEventedDirect), comparisonOf(cs, setupEventedPlegNRI, setupAttached),
 		comparisonOf(cs, setupAttached, setupEventedDirect)
 	if whole != nil && sooner != nil && own != nil {
