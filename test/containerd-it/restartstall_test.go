@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -51,9 +53,15 @@ type stallWindow struct {
 	// them.
 	maxCreate, maxStart time.Duration
 	calls               int
-	// maxLock is the lock probe's longest call overlapping the window, lockCalls their number.
-	maxLock   time.Duration
-	lockCalls int
+	// maxLock is the lock probe's longest call overlapping the window, lockCalls their number;
+	// maxLockStop and maxLockStart split maxLock (restarts only) by when the call began: while the old
+	// core stopped, or once the new one was starting.
+	maxLock                   time.Duration
+	lockCalls                 int
+	maxLockStop, maxLockStart time.Duration
+	// hold is NRI's sync as containerd logged it: from "Synchronizing NRI (plugin) with current
+	// runtime state" (the sync lock taken) to "plugin ... connected and synchronized" (0: not found).
+	hold time.Duration
 	// sync is the new core's Synchronize as pleg-nri measured it (its handler, restarts only).
 	sync time.Duration
 }
@@ -77,7 +85,7 @@ func BenchmarkRestartStall(b *testing.B) {
 	rt := benchRuntime(b, env.Address)
 	start := time.Now()
 	stallNode(b, rt, pods)
-	b.Logf("%d pods of one sleeping container running in %s", pods, time.Since(start).Round(time.Millisecond))
+	stallLogf("%d pods of one sleeping container running in %s", pods, time.Since(start).Round(time.Millisecond))
 	probePod, probeCfg := benchRunPod(b, rt, "bench-stall-probe")
 	exited := stallExited(b, rt, probePod, probeCfg)
 	// pleg-nri takes the node's events in before the first window.
@@ -92,16 +100,23 @@ func BenchmarkRestartStall(b *testing.B) {
 			order = []bool{false, true}
 		}
 		for _, restart := range order {
-			w, calls := stallProbe(b, rt, probePod, probeCfg, exited, func() {
+			logFrom := env.LogSize()
+			w, calls := stallProbe(b, rt, probePod, probeCfg, exited, func() (stopped time.Time) {
 				if !restart {
 					time.Sleep(last)
-					return
+					return time.Time{}
 				}
-				if err := p.Restart(b.Context()); err != nil {
+				p.Stop()
+				stopped = time.Now()
+				if err := p.Start(b.Context()); err != nil {
 					b.Fatalf("restart %d: %v", i+1, err)
 				}
+				return stopped
 			})
 			w.restart = restart
+			if restart {
+				w.hold = nriSyncHold(env.LogSince(logFrom))
+			}
 			if restart {
 				last = w.to.Sub(w.from)
 				sum, err := p.Metric("pleg_nri_hook_duration_seconds_sum", `callback="Synchronize"`)
@@ -112,9 +127,11 @@ func BenchmarkRestartStall(b *testing.B) {
 			} else {
 				quietCalls = append(quietCalls, calls...)
 			}
-			b.Logf("window %d (restart %t): %s, %d probes overlapping, longest create %s, start %s; lock probe: %d calls, longest %s; Synchronize %s",
+			stallLogf("window %d (restart %t): %s, %d probes overlapping, longest create %s, start %s; lock probe: %d calls, longest %s "+
+				"(begun while the old core stopped %s, once the new one started %s); containerd's NRI sync %s; pleg-nri's Synchronize %s",
 				len(windows)+1, restart, w.to.Sub(w.from).Round(time.Millisecond), w.calls, w.maxCreate.Round(100*time.Microsecond),
-				w.maxStart.Round(100*time.Microsecond), w.lockCalls, w.maxLock.Round(100*time.Microsecond), w.sync.Round(10*time.Microsecond))
+				w.maxStart.Round(100*time.Microsecond), w.lockCalls, w.maxLock.Round(100*time.Microsecond), w.maxLockStop.Round(100*time.Microsecond),
+				w.maxLockStart.Round(100*time.Microsecond), w.hold.Round(100*time.Microsecond), w.sync.Round(10*time.Microsecond))
 			windows = append(windows, w)
 		}
 	}
@@ -122,6 +139,39 @@ func BenchmarkRestartStall(b *testing.B) {
 		b.Errorf("the stream through the front ended across the restarts: %v", err)
 	}
 	stallReport(b, pods, windows, quietCalls)
+}
+
+// nriSyncRe finds a containerd log line's time.
+var nriSyncRe = regexp.MustCompile(`time="([^"]+)"`)
+
+// nriSyncHold returns how long containerd's NRI sync of a plugin took in log (its first sync), from
+// its "Synchronizing NRI (plugin) with current runtime state" to its "connected and synchronized"
+// (0 when either is missing).
+func nriSyncHold(log string) time.Duration {
+	var from time.Time
+	for _, l := range strings.Split(log, "\n") {
+		m := nriSyncRe.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		switch {
+		case from.IsZero() && strings.Contains(l, "Synchronizing NRI (plugin) with current runtime state"):
+			from = at
+		case !from.IsZero() && strings.Contains(l, "connected and synchronized"):
+			return at.Sub(from)
+		}
+	}
+	return 0
+}
+
+// stallLogf prints a line of BenchmarkRestartStall's figures on stdout: the testing package keeps only
+// the first 10 lines of a benchmark's log.
+func stallLogf(format string, args ...any) {
+	fmt.Printf("restart-stall: "+format+"\n", args...)
 }
 
 // stallShape returns the node's pods and the restarts of BenchmarkRestartStall.
@@ -201,7 +251,8 @@ func stallExited(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, c
 // starts containers in the probe pod one after the other (what a pod start sees; they are removed
 // afterwards, untimed), the other stops the exited container every stallLockEvery (NRI's hold). It
 // returns the window do took and every create and start.
-func stallProbe(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, cfg *runtimeapi.PodSandboxConfig, exited string, do func()) (stallWindow, []stallCall) {
+func stallProbe(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, cfg *runtimeapi.PodSandboxConfig, exited string,
+	do func() (split time.Time)) (stallWindow, []stallCall) {
 	ctx, cancel := context.WithCancel(b.Context())
 	var (
 		mu        sync.Mutex
@@ -256,7 +307,7 @@ func stallProbe(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, cf
 	}()
 	time.Sleep(stallMargin)
 	w := stallWindow{from: time.Now()}
-	do()
+	split := do()
 	w.to = time.Now()
 	time.Sleep(stallMargin)
 	cancel()
@@ -275,6 +326,11 @@ func stallProbe(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, cf
 		if c.at.Before(w.to) && c.end().After(w.from) {
 			w.lockCalls++
 			w.maxLock = max(w.maxLock, c.create)
+			if !split.IsZero() && c.at.Before(split) {
+				w.maxLockStop = max(w.maxLockStop, c.create)
+			} else if !split.IsZero() {
+				w.maxLockStart = max(w.maxLockStart, c.create)
+			}
 		}
 	}
 	parallel(b, len(calls), 4, func(i int) error {
@@ -287,11 +343,15 @@ func stallProbe(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod string, cf
 // stallReport logs the figures of BenchmarkRestartStall and reports its key ones.
 func stallReport(b *testing.B, pods int, windows []stallWindow, quietCalls []stallCall) {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
-	var rCreate, rStart, rLock, qCreate, qStart, qLock, syncs, lengths []float64
+	var rCreate, rStart, rLock, rLockStop, rLockStart, holds, qCreate, qStart, qLock, syncs, lengths []float64
 	for _, w := range windows {
 		if w.restart {
 			rCreate, rStart, rLock = append(rCreate, ms(w.maxCreate)), append(rStart, ms(w.maxStart)), append(rLock, ms(w.maxLock))
 			syncs, lengths = append(syncs, ms(w.sync)), append(lengths, ms(w.to.Sub(w.from)))
+			rLockStop, rLockStart = append(rLockStop, ms(w.maxLockStop)), append(rLockStart, ms(w.maxLockStart))
+			if w.hold > 0 {
+				holds = append(holds, ms(w.hold))
+			}
 		} else {
 			qCreate, qStart, qLock = append(qCreate, ms(w.maxCreate)), append(qStart, ms(w.maxStart)), append(qLock, ms(w.maxLock))
 		}
@@ -304,22 +364,25 @@ func stallReport(b *testing.B, pods int, windows []stallWindow, quietCalls []sta
 		return fmt.Sprintf("p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms (n %d)", benchreport.Median(v), benchreport.Quantile(v, 0.9),
 			benchreport.Quantile(v, 0.99), benchreport.Quantile(v, 1), len(v))
 	}
-	b.Logf("%d pods; %d core restarts (SIGTERM to ready): %s", pods, len(lengths), q(lengths))
-	b.Logf("pleg-nri's Synchronize (its handler, pleg_nri_hook_duration_seconds): %s", q(syncs))
-	b.Logf("longest CreateContainer of a window, restart: %s", q(rCreate))
-	b.Logf("longest CreateContainer of a window, quiet:   %s", q(qCreate))
-	b.Logf("longest StartContainer of a window, restart:  %s", q(rStart))
-	b.Logf("longest StartContainer of a window, quiet:    %s", q(qStart))
-	b.Logf("longest lock probe of a window, restart:      %s", q(rLock))
-	b.Logf("longest lock probe of a window, quiet:        %s", q(qLock))
-	b.Logf("every CreateContainer of the quiet windows:   %s", q(callCreate))
-	b.Logf("every StartContainer of the quiet windows:    %s", q(callStart))
+	stallLogf("%d pods; %d core restarts (SIGTERM to ready): %s", pods, len(lengths), q(lengths))
+	stallLogf("pleg-nri's Synchronize (its handler, pleg_nri_hook_duration_seconds): %s", q(syncs))
+	stallLogf("longest CreateContainer of a window, restart: %s", q(rCreate))
+	stallLogf("longest CreateContainer of a window, quiet:   %s", q(qCreate))
+	stallLogf("longest StartContainer of a window, restart:  %s", q(rStart))
+	stallLogf("longest StartContainer of a window, quiet:    %s", q(qStart))
+	stallLogf("longest lock probe of a window, restart:      %s", q(rLock))
+	stallLogf("longest lock probe of a window, quiet:        %s", q(qLock))
+	stallLogf("  of a restart, begun while the old core stopped: %s", q(rLockStop))
+	stallLogf("  of a restart, begun once the new one started:   %s", q(rLockStart))
+	stallLogf("containerd's NRI sync of the new core (its log):  %s", q(holds))
+	stallLogf("every CreateContainer of the quiet windows:   %s", q(callCreate))
+	stallLogf("every StartContainer of the quiet windows:    %s", q(callStart))
 	for _, d := range []struct {
 		name string
 		a, b []float64
 	}{{"create", rCreate, qCreate}, {"start", rStart, qStart}, {"lock probe", rLock, qLock}} {
 		// Windows in pairs (ABBA): restart i against the quiet window next to it.
-		b.Logf("longest %s, restart minus quiet, paired: p50 %s; p99 %s", d.name, benchreport.PairedQuantileDiff(d.a, d.b, 0.5),
+		stallLogf("longest %s, restart minus quiet, paired: p50 %s; p99 %s", d.name, benchreport.PairedQuantileDiff(d.a, d.b, 0.5),
 			benchreport.PairedQuantileDiff(d.a, d.b, 0.99))
 	}
 	b.ReportMetric(0, "ns/op")
@@ -327,5 +390,9 @@ func stallReport(b *testing.B, pods int, windows []stallWindow, quietCalls []sta
 	b.ReportMetric(benchreport.Quantile(syncs, 0.99), "sync-p99-ms")
 	b.ReportMetric(benchreport.Quantile(rCreate, 0.99)-benchreport.Median(callCreate), "create-stall-p99-ms")
 	b.ReportMetric(benchreport.Quantile(rStart, 0.99)-benchreport.Median(callStart), "start-stall-p99-ms")
+	b.ReportMetric(benchreport.Median(rLock), "lock-hold-p50-ms")
 	b.ReportMetric(benchreport.Quantile(rLock, 0.99), "lock-hold-p99-ms")
+	b.ReportMetric(benchreport.Quantile(qLock, 0.99), "lock-quiet-p99-ms")
+	b.ReportMetric(benchreport.Median(lengths), "restart-p50-ms")
+	b.ReportMetric(benchreport.Quantile(holds, 0.99), "nri-sync-p99-ms")
 }
