@@ -429,18 +429,28 @@ func benchInterleaved(b *testing.B, method string, direct, other runtimeapi.Runt
 	return pm
 }
 
-// BenchmarkPodStart measures RunPodSandbox + CreateContainer + StartContainer with pleg-nri connected
-// and not, in alternating phases (ABBA), one pod at a time.
+// BenchmarkPodStart measures RunPodSandbox + CreateContainer + StartContainer with pleg-nri connected,
+// with pleg-nri connected but no state-dir (a control: no checkpoint), and without pleg-nri, in phases
+// whose order rotates from round to round, one pod at a time.
 func BenchmarkPodStart(b *testing.B) {
 	rt := benchRuntime(b, env.Address)
-	// A kubelet's subscriber on containerd's own stream, in both phases.
+	// A kubelet's subscriber on containerd's own stream, in every phase.
 	subscribeStamped(b, env.Address)
 	res := &benchreport.PodStart{Rounds: podRounds}
 	n := 0
-	phase := func(with bool) {
+	const (
+		phaseWithout = iota
+		phaseWith
+		phaseNoStateDir
+	)
+	phase := func(kind int) {
 		var p *plegNRI
-		if with {
-			p = startPlegNRI(b, benchPlegFlags...)
+		if kind != phaseWithout {
+			flags := benchPlegFlags
+			if kind == phaseNoStateDir {
+				flags = append(slices.Clone(benchPlegFlags), "--state-dir=")
+			}
+			p = startPlegNRI(b, flags...)
 			sub := subscribeStamped(b, p.Socket)
 			defer sub.close()
 			defer p.stop()
@@ -472,24 +482,38 @@ func BenchmarkPodStart(b *testing.B) {
 			if i < 0 {
 				continue
 			}
-			if with {
+			switch kind {
+			case phaseWith:
 				res.WithMs = append(res.WithMs, d)
-			} else {
+			case phaseNoStateDir:
+				res.WithNoStateDirMs = append(res.WithNoStateDirMs, d)
+			default:
 				res.WithoutMs = append(res.WithoutMs, d)
 			}
 		}
 	}
+	// Each round runs the three phases in an order of its own: every phase comes first, second and
+	// third in turn, forwards and backwards.
 	for r := range podRounds {
-		phase(r%2 == 0)
-		phase(r%2 != 0)
+		order := []int{phaseWith, phaseWithout, phaseNoStateDir}
+		k := r % len(order)
+		order = append(order[k:], order[:k]...)
+		if r/len(order)%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, kind := range order {
+			phase(kind)
+		}
 	}
 	with, without := benchreport.Median(res.WithMs), benchreport.Median(res.WithoutMs)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(without, "without-p50-ms")
 	b.ReportMetric(with, "with-p50-ms")
 	b.ReportMetric((with-without)/without*100, "overhead-%")
-	b.Logf("pod start, %d pods each: without pleg-nri p50 %.1f ms, with %.1f ms (%+.1f%%)",
-		len(res.WithMs), without, with, (with-without)/without*100)
+	noState := benchreport.Median(res.WithNoStateDirMs)
+	b.ReportMetric(noState, "with-no-state-dir-p50-ms")
+	b.Logf("pod start, %d pods each: without pleg-nri p50 %.1f ms, with %.1f ms (%+.1f%%), with and no state-dir %.1f ms (%+.1f%%)",
+		len(res.WithMs), without, with, (with-without)/without*100, noState, (noState-without)/without*100)
 	saveBench(b, func(r *benchreport.Results) { r.PodStart = res })
 }
 

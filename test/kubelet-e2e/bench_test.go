@@ -9,11 +9,14 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/test/containerd-it/benchreport"
@@ -23,8 +26,8 @@ import (
 )
 
 // The crash-restart workload: benchPods pods of benchContainers containers, each of which crashes
-// (exit 1) exactly once, benchSpacing after the one before it; benchRounds rounds of the three setups
-// in turn, so that a load change on the shared machine hits every setup alike. Only a container's first restart comes
+// (exit 1) exactly once, benchSpacing after the one before it; benchRounds rounds of the setups in
+// turn, so that a load change on the shared machine hits every setup alike. Only a container's first restart comes
 // without the kubelet's crash-loop back-off (every later one waits until at least 1 s after the exit,
 // even with the shortest back-off the kubelet allows), so each container crashes once and the samples
 // are many containers, not many crashes of one. One container per pod: each exit then finds its pod's
@@ -49,12 +52,54 @@ const (
 	// benchReadSourceEnv adds setups: pleg-nri with each read-source it lists ("state"): the
 	// kubelet's reads answered from pleg-nri's state instead of containerd, in the same run.
 	benchReadSourceEnv = "PLEG_NRI_KUBELET_BENCH_READ_SOURCE"
+	// benchControlsEnv=0 leaves out the control setups (benchControls).
+	benchControlsEnv = "PLEG_NRI_KUBELET_BENCH_CONTROLS"
+	// benchRoundsEnv and benchPodsEnv make a shorter (or longer) run than benchRounds rounds of
+	// benchPods pods, e.g. a smoke run of every setup.
+	benchRoundsEnv = "PLEG_NRI_KUBELET_BENCH_ROUNDS"
+	benchPodsEnv   = "PLEG_NRI_KUBELET_BENCH_PODS"
 )
 
-// benchSetups are the setups of BenchmarkCrashRestart: allSetups, and pleg-nri with the read-freshness
-// modes benchFreshnessEnv lists and the read-sources benchReadSourceEnv lists.
+// The control setups: pleg-nri attached to containerd (its NRI plugin registered, containerd's task
+// events subscribed, its status reads, a subscriber of its stream standing in for the kubelet's) while
+// the kubelet runs EventedPLEG on containerd's own stream and endpoint, with its checkpoint and with no
+// state-dir. Against EventedPLEG on containerd they measure what pleg-nri's own work adds to
+// containerd's handling of the exit and to the replacement's create and start; against EventedPLEG on
+// pleg-nri, what its events give the kubelet.
+var (
+	setupAttached        = setup{Name: "EventedPLEG on containerd, pleg-nri attached", Evented: true, Attached: true}
+	setupAttachedNoState = setup{Name: "EventedPLEG on containerd, pleg-nri attached, no state-dir", Evented: true, Attached: true,
+		NoStateDir: true}
+	benchControls = []setup{setupAttached, setupAttachedNoState}
+)
+
+// benchShape returns the rounds and the pods per round of BenchmarkCrashRestart: benchRounds and
+// benchPods unless benchRoundsEnv and benchPodsEnv say otherwise.
+func benchShape(tb testing.TB) (rounds, pods int) {
+	rounds, pods = benchRounds, benchPods
+	for _, v := range []struct {
+		env string
+		to  *int
+	}{{benchRoundsEnv, &rounds}, {benchPodsEnv, &pods}} {
+		if s := os.Getenv(v.env); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				tb.Fatalf("%s=%q: want a positive number", v.env, s)
+			}
+			*v.to = n
+		}
+	}
+	return rounds, pods
+}
+
+// benchSetups are the setups of BenchmarkCrashRestart: allSetups, benchControls (unless
+// benchControlsEnv=0), and pleg-nri with the read-freshness modes benchFreshnessEnv lists and the
+// read-sources benchReadSourceEnv lists.
 func benchSetups(tb testing.TB) []setup {
 	out := slices.Clone(allSetups)
+	if os.Getenv(benchControlsEnv) != "0" {
+		out = append(out, benchControls...)
+	}
 	for _, key := range []struct {
 		env, name string
 		set       func(*setup, string)
@@ -83,6 +128,10 @@ type restartSample struct {
 	// ContainerdDone is the created_at of containerd's own STOPPED event for the crashed container:
 	// when containerd had handled the exit (its CRI status updated); 0 when it was not seen.
 	ContainerdDone int64
+	// PlegNRIEmitted and PlegNRIReceived are, in the setups pleg-nri is attached in, the created_at of
+	// pleg-nri's STOPPED for the crashed container and when the bench's subscriber of its stream
+	// (through the front, as the kubelet's) received it; 0 in the other setups or when not seen.
+	PlegNRIEmitted, PlegNRIReceived int64
 }
 
 func (s restartSample) createdMs() float64 { return float64(s.Created-s.FinishedAt) / 1e6 }
@@ -116,12 +165,13 @@ type benchRun struct {
 func BenchmarkCrashRestart(b *testing.B) {
 	var runs []*benchRun
 	setups := benchSetups(b)
-	for round := 1; round <= benchRounds; round++ {
+	rounds, pods := benchShape(b)
+	for round := 1; round <= rounds; round++ {
 		for _, s := range setups {
 			b.Run(fmt.Sprintf("round%d_%s", round, strings.ReplaceAll(s.Name, " ", "_")), func(b *testing.B) {
 				var r *benchRun
 				for i := 0; i < b.N; i++ {
-					r = runCrashBench(b, s)
+					r = runCrashBench(b, s, pods)
 				}
 				r.Round = round
 				created, started := r.latencies()
@@ -132,11 +182,11 @@ func BenchmarkCrashRestart(b *testing.B) {
 			})
 		}
 	}
-	if path := os.Getenv(benchReportEnv); path != "" && len(runs) == benchRounds*len(setups) {
-		if err := os.WriteFile(path, []byte(benchMarkdown(runs, setups)), 0o644); err != nil {
+	if path := os.Getenv(benchReportEnv); path != "" && len(runs) == rounds*len(setups) {
+		if err := os.WriteFile(path, []byte(benchMarkdown(runs, setups, rounds, pods)), 0o644); err != nil {
 			b.Fatal(err)
 		}
-		js, err := benchJSON(runs, setups)
+		js, err := benchJSON(runs, setups, rounds)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -170,7 +220,7 @@ func latenciesOf(runs []*benchRun, s setup) (created, started []float64) {
 // crashName names the k-th crashing container: c00, c01, ...
 func crashName(k int) string { return fmt.Sprintf("c%02d", k) }
 
-func runCrashBench(b *testing.B, s setup) *benchRun {
+func runCrashBench(b *testing.B, s setup, pods int) *benchRun {
 	b.StopTimer()
 	n := startNode(b, s, nodeOptions{quiet: true})
 	// containerd replays to its stream's first subscriber the events of the pods the previous setup
@@ -178,11 +228,17 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 	time.Sleep(2 * time.Second)
 	r := &benchRun{Setup: s, Before: n.plegMetrics()}
 	watch := watchContainerdStops(b, n)
+	// Where pleg-nri is attached, a subscriber of its stream stands in for the kubelet's: pleg-nri
+	// sends its events as it would to the kubelet, and its STOPPED is timed.
+	var plegNRIWatch *stopWatch
+	if s.Attached {
+		plegNRIWatch = watchStops(b, dialCRI(b, n.p.Socket), "pleg-nri")
+	}
 	kubeletCPU, plegNRICPU := processCPU(n.k.PID), 0.0
 	if n.p != nil {
 		plegNRICPU = processCPU(n.p.PID)
 	}
-	for i := 0; i < benchPods; i++ {
+	for i := 0; i < pods; i++ {
 		p := kubelet.Pod{Name: fmt.Sprintf("crash%d", i)}
 		for j := 0; j < benchContainers; j++ {
 			k := i*benchContainers + j
@@ -195,7 +251,7 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 		}
 	}
 	b.StartTimer()
-	for i := 0; i < benchPods; i++ {
+	for i := 0; i < pods; i++ {
 		name := fmt.Sprintf("crash%d", i)
 		pod := n.waitPod(name, "every container restarted once and running", func(p *kubelet.PodStatus) (bool, error) {
 			if len(p.Status.ContainerStatuses) != benchContainers {
@@ -227,8 +283,12 @@ func runCrashBench(b *testing.B, s setup) *benchRun {
 				b.Fatalf("pod %s container %s: attempts %d (exit %d) and %d, want 0 (exit 1) and 1", name, name,
 					old.GetMetadata().GetAttempt(), old.GetExitCode(), repl.GetMetadata().GetAttempt())
 			}
-			r.Samples = append(r.Samples, restartSample{Container: name, FinishedAt: old.GetFinishedAt(), ContainerdDone: watch.stopped(old.GetId()),
-				Created: repl.GetCreatedAt(), Started: repl.GetStartedAt()})
+			x := restartSample{Container: name, FinishedAt: old.GetFinishedAt(), Created: repl.GetCreatedAt(), Started: repl.GetStartedAt()}
+			x.ContainerdDone, _ = watch.stopped(old.GetId())
+			if plegNRIWatch != nil {
+				x.PlegNRIEmitted, x.PlegNRIReceived = plegNRIWatch.stopped(old.GetId())
+			}
+			r.Samples = append(r.Samples, x)
 		}
 	}
 	b.StopTimer()
@@ -263,22 +323,40 @@ func (n *node) waitExited(id string) *runtimeapi.ContainerStatus {
 	return st
 }
 
-// stopWatch records, from containerd's own event stream (a subscriber of the bench's, in every setup),
-// when containerd sent the STOPPED of each container: containerd sends it once it has handled the exit
-// and updated the container's CRI status.
+// stopWatch records, from an event stream (a subscriber of the bench's), when the STOPPED of each
+// container was sent and received.
 type stopWatch struct {
 	mu sync.Mutex
-	// at is created_at of containerd's STOPPED, by container id.
-	at map[string]int64
+	// at is the created_at of the first STOPPED of each container id, received when it reached the
+	// watcher (ns since the epoch).
+	at, received map[string]int64
 }
 
+// watchContainerdStops watches containerd's own stream, in every setup: containerd sends a container's
+// STOPPED once it has handled the exit and updated the container's CRI status.
 func watchContainerdStops(tb testing.TB, n *node) *stopWatch {
-	w := &stopWatch{at: map[string]int64{}}
+	return watchStops(tb, n.cri, "containerd")
+}
+
+// dialCRI returns a client of the CRI endpoint at socket, closed when the test ends.
+func dialCRI(tb testing.TB, socket string) runtimeapi.RuntimeServiceClient {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+// watchStops subscribes to the event stream of cri (what names it in errors) until the test ends.
+func watchStops(tb testing.TB, cri runtimeapi.RuntimeServiceClient, what string) *stopWatch {
+	w := &stopWatch{at: map[string]int64{}, received: map[string]int64{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := n.cri.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	stream, err := cri.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
 		cancel()
-		tb.Fatalf("containerd GetContainerEvents: %v", err)
+		tb.Fatalf("%s GetContainerEvents: %v", what, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -289,8 +367,11 @@ func watchContainerdStops(tb testing.TB, n *node) *stopWatch {
 				return
 			}
 			if ev.GetContainerEventType() == runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT {
+				now := time.Now().UnixNano()
 				w.mu.Lock()
-				w.at[ev.GetContainerId()] = ev.GetCreatedAt()
+				if _, seen := w.at[ev.GetContainerId()]; !seen {
+					w.at[ev.GetContainerId()], w.received[ev.GetContainerId()] = ev.GetCreatedAt(), now
+				}
 				w.mu.Unlock()
 			}
 		}
@@ -302,10 +383,12 @@ func watchContainerdStops(tb testing.TB, n *node) *stopWatch {
 	return w
 }
 
-func (w *stopWatch) stopped(id string) int64 {
+// stopped returns the created_at of container id's first STOPPED and when the watcher received it (0s
+// when it did not).
+func (w *stopWatch) stopped(id string) (createdAt, received int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.at[id]
+	return w.at[id], w.received[id]
 }
 
 // processCPU returns the CPU seconds (user+system) process pid used so far (0 when it is gone).
@@ -394,12 +477,16 @@ func cpuOf(runs []*benchRun, s setup) (kubelet, plegNRI float64, wall time.Durat
 }
 
 // benchJSON renders the figures of the markdown as JSON (docs/kubelet-bench-<version>.json).
-func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
+func benchJSON(runs []*benchRun, setups []setup, rounds int) ([]byte, error) {
 	type setupJSON struct {
 		Name string `json:"name"`
 		// ReadFreshness is pleg-nri's mode ("" when pleg-nri is not in the setup, "default" for its
 		// default).
-		ReadFreshness   string              `json:"read_freshness,omitempty"`
+		ReadFreshness string `json:"read_freshness,omitempty"`
+		// Attached: pleg-nri runs while the kubelet uses containerd's endpoint (a control setup);
+		// NoStateDir: pleg-nri has no state-dir.
+		Attached        bool                `json:"plegnri_attached_only,omitempty"`
+		NoStateDir      bool                `json:"plegnri_no_state_dir,omitempty"`
 		N               int                 `json:"n"`
 		ExitToCreatedMs nodebench.Quantiles `json:"exit_to_created_ms"`
 		// ExitToContainerdDoneMs is the exit to containerd's own STOPPED (containerd done with the exit),
@@ -413,6 +500,10 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 		PlegNRICPUPerMin *float64 `json:"plegnri_cpu_seconds_per_minute,omitempty"`
 		HeldReads        *float64 `json:"plegnri_held_reads,omitempty"`
 		OverlaidReads    *float64 `json:"plegnri_overlaid_reads,omitempty"`
+		// ExitToPlegNRIEmittedMs and ExitToPlegNRIReceivedMs (attached setups): the exit to pleg-nri's
+		// STOPPED's created_at and to its receipt by the bench's subscriber of pleg-nri's stream.
+		ExitToPlegNRIEmittedMs  *nodebench.Quantiles `json:"exit_to_plegnri_emitted_ms,omitempty"`
+		ExitToPlegNRIReceivedMs *nodebench.Quantiles `json:"exit_to_plegnri_received_ms,omitempty"`
 	}
 	out := struct {
 		Kubelet    string      `json:"kubelet"`
@@ -422,8 +513,10 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 		Rounds     int         `json:"rounds"`
 		Loads      []string    `json:"load_at_end_of_each_run"`
 		Setups     []setupJSON `json:"setups"`
+		// Controls compare the control setups with the others, where they ran.
+		Controls []nodebench.ComparisonJSON `json:"controls,omitempty"`
 	}{Kubelet: kubeletVersion, Containerd: strings.Fields(commandOutput(env.BinDir+"/containerd", "--version") + " ? ? ?")[2],
-		Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Rounds: benchRounds}
+		Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Rounds: rounds}
 	for _, r := range runs {
 		out.Loads = append(out.Loads, r.Load)
 	}
@@ -434,7 +527,8 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 		j := setupJSON{Name: s.Name, N: len(created), ExitToCreatedMs: nodebench.QuantilesOf(created), ExitToStartedMs: nodebench.QuantilesOf(started),
 			ExitToContainerdDoneMs: nodebench.QuantilesOf(done), ContainerdDoneToCreatedMs: nodebench.QuantilesOf(doneToCreated),
 			CreatedToStarted: nodebench.QuantilesOf(stagesOf(runs, s)), KubeletCPUPerMin: math.Round(kcpu/wall.Minutes()*1000) / 1000}
-		if s.PlegNRI {
+		if s.runsPlegNRI() {
+			j.Attached, j.NoStateDir = s.Attached, s.NoStateDir
 			j.ReadFreshness = s.Freshness
 			if j.ReadFreshness == "" {
 				j.ReadFreshness = "default"
@@ -449,13 +543,20 @@ func benchJSON(runs []*benchRun, setups []setup) ([]byte, error) {
 			}
 			j.HeldReads, j.OverlaidReads = &held, &overlaid
 		}
+		if s.Attached {
+			emitted, received := nodebench.QuantilesOf(plegNRIStagesOf(runs, s, false)), nodebench.QuantilesOf(plegNRIStagesOf(runs, s, true))
+			j.ExitToPlegNRIEmittedMs, j.ExitToPlegNRIReceivedMs = &emitted, &received
+		}
 		out.Setups = append(out.Setups, j)
+	}
+	for _, c := range controlComparisons(runs, setups) {
+		out.Controls = append(out.Controls, c.JSON())
 	}
 	return json.MarshalIndent(out, "", "  ")
 }
 
 // benchMarkdown renders docs/kubelet-bench-<version>.md from the runs, in the order of setups.
-func benchMarkdown(runs []*benchRun, setups []setup) string {
+func benchMarkdown(runs []*benchRun, setups []setup, rounds, pods int) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("# A real kubelet: crash to restart, by PLEG")
@@ -467,7 +568,7 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 		runtime.NumCPU(), commandOutput("uname", "-r"))
 	p("")
 	p("Each setup runs its own kubelet against the same containerd; %d rounds of the %d setups in turn, %d pods of %d",
-		benchRounds, len(setups), benchPods, benchContainers)
+		rounds, len(setups), pods, benchContainers)
 	p("busybox container(s) per round. Each container exits 1 once (the first %s after it started, each next one %s",
 		benchFirstExit, benchSpacing)
 	p("later) and the kubelet restarts it: a container's first restart has no crash-loop back-off. From containerd's")
@@ -482,7 +583,7 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 		stage := stagesOf(runs, s)
 		kcpu, pcpu, wall := cpuOf(runs, s)
 		pcell := "-"
-		if s.PlegNRI {
+		if s.runsPlegNRI() {
 			pcell = fmt.Sprintf("%.2f", pcpu/wall.Minutes())
 		}
 		p50[s.Name] = benchreport.Median(created)
@@ -530,7 +631,7 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	for _, r := range runs {
 		created, _ := r.latencies()
 		held, overlaid := "-", "-"
-		if r.Setup.PlegNRI {
+		if r.Setup.runsPlegNRI() {
 			held, overlaid = fmt.Sprintf("%g (%.2f)", r.HeldReads, r.HeldSeconds), fmt.Sprintf("%g", r.OverlaidReads)
 		}
 		events := r.After.EventsReceived - r.Before.EventsReceived
@@ -573,6 +674,10 @@ func benchMarkdown(runs []*benchRun, setups []setup) string {
 	p("(1.37: the relist the STOPPED requests; 1.36: its on-demand relist after a sync), and what it gets for the exited")
 	p("container while containerd is behind depends on pleg-nri's `read-freshness` (see docs/internals.md): overlay answers with")
 	p("the stop already sent (reads overlaid), hold waits for containerd (reads held), off forwards containerd's RUNNING.")
+	if cs := controlComparisons(runs, setups); len(cs) > 0 {
+		p("")
+		controlsMarkdown(p, runs, setups, cs)
+	}
 	return b.String()
 }
 

@@ -37,7 +37,16 @@ type setup struct {
 	// RefreshAfterStop and CacheTick set pleg-nri's keys of the same names (off: its defaults).
 	RefreshAfterStop bool
 	CacheTick        time.Duration
+	// Attached runs pleg-nri beside containerd (its NRI plugin registered, containerd's task events
+	// subscribed, its checkpoint written) while the kubelet keeps containerd's endpoint: a control
+	// for what pleg-nri's own work costs containerd, apart from what its events give the kubelet.
+	Attached bool
+	// NoStateDir runs pleg-nri with no state-dir (no checkpoint).
+	NoStateDir bool
 }
+
+// runsPlegNRI says whether pleg-nri runs in the setup: the kubelet's endpoint, or attached only.
+func (s setup) runsPlegNRI() bool { return s.PlegNRI || s.Attached }
 
 var (
 	setupGeneric         = setup{Name: "GenericPLEG on containerd"}
@@ -63,7 +72,7 @@ type node struct {
 	t     testing.TB
 	setup setup
 	k     *kubelet.Kubelet
-	// p is pleg-nri (nil unless setup.PlegNRI).
+	// p is pleg-nri (nil unless setup.runsPlegNRI()).
 	p *plegnri.Daemon
 	// cri is containerd's own CRI, to check what the kubelet did.
 	cri runtimeapi.RuntimeServiceClient
@@ -91,9 +100,9 @@ type nodeOptions struct {
 	kubeletDuplicates bool
 }
 
-// startNode starts pleg-nri (setup 3) and a kubelet, and arranges for both to be stopped, the kubelet
-// torn down (failing the test when it leaves something behind), and their logs printed when the test
-// fails. It also watches containerd for two running containers of the same name in a pod for as long as
+// startNode starts pleg-nri (setup 3, and the setups it is attached in) and a kubelet, and arranges for
+// both to be stopped, the kubelet torn down (failing the test when it leaves something behind), and
+// their logs printed when the test fails. It also watches containerd for two running containers of the same name in a pod for as long as
 // the node runs.
 func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	t.Helper()
@@ -124,7 +133,7 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	n.cri = runtimeapi.NewRuntimeServiceClient(conn)
 
 	endpoint := "unix://" + env.Address
-	if s.PlegNRI {
+	if s.runsPlegNRI() {
 		dir := testutil.ShortTempDir(t, "plegnri-")
 		if s.Freshness == "" {
 			s.Freshness = os.Getenv(freshnessEnv)
@@ -137,6 +146,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		}
 		if s.ReadSource != "" {
 			plegNRIFlags = append(plegNRIFlags, "--read-source", s.ReadSource)
+		}
+		if s.NoStateDir {
+			plegNRIFlags = append(plegNRIFlags, "--state-dir=")
 		}
 		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir, Extra: plegNRIFlags})
 		if err != nil {
@@ -157,7 +169,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 				t.Logf("pleg-nri front log (last lines):\n%s", lastLines(n.p.FrontLog(), 50))
 			}
 		})
-		endpoint = "unix://" + n.p.Socket
+		if s.PlegNRI {
+			endpoint = "unix://" + n.p.Socket
+		}
 		if s.Freshness != "" {
 			t.Logf("pleg-nri with read-freshness %s", s.Freshness)
 		}

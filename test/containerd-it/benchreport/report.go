@@ -104,6 +104,14 @@ func Markdown(r *Results, svgName string) string {
 			ms(a), ms(p), fmt.Sprintf("%+.2f%%", pct), fmt.Sprintf("< %g%%", GoalPodStartPct), yesNo(pct < GoalPodStartPct))
 		a90, p90 := Quantile(s.WithoutMs, .9), Quantile(s.WithMs, .9)
 		row("pod start, p90", ms(a90), ms(p90), fmt.Sprintf("%+.1f%%", (p90-a90)/a90*100), "", "")
+		if len(s.WithNoStateDirMs) > 0 {
+			row("pod start, median: with minus without pleg-nri (95 % interval)", "", "", QuantileDiff(s.WithMs, s.WithoutMs, .5).String(), "", "")
+			n := Median(s.WithNoStateDirMs)
+			row(fmt.Sprintf("pod start with pleg-nri connected, no state-dir (control), median (%d pods)", len(s.WithNoStateDirMs)),
+				ms(a), ms(n), fmt.Sprintf("%+.2f%%", (n-a)/a*100), "", "")
+			row("pod start, median: with minus with no state-dir (the checkpoint's share, 95 % interval)", "", "",
+				QuantileDiff(s.WithMs, s.WithNoStateDirMs, .5).String(), "", "")
+		}
 	}
 	w("\n")
 
@@ -183,8 +191,14 @@ func Markdown(r *Results, svgName string) string {
 		w("## Pod start\n\n")
 		w("Pods started one at a time (RunPodSandbox + CreateContainer + StartContainer of a sleeping busybox, timed\n")
 		w("from the first call to the last answer; each pod is removed before the next, untimed) in %d rounds\n", s.Rounds)
-		w("of two phases, in ABBA order: with pleg-nri running (its NRI plugin registered, one subscriber on its\n")
-		w("stream) and with pleg-nri stopped. A subscriber on containerd's own stream is connected in both phases.\n\n")
+		if len(s.WithNoStateDirMs) > 0 {
+			w("of three phases, their order rotating from round to round: with pleg-nri running (its NRI plugin\n")
+			w("registered, one subscriber on its stream, its checkpoint), the same with no state-dir (no checkpoint), and\n")
+			w("with pleg-nri stopped. A subscriber on containerd's own stream is connected in every phase.\n\n")
+		} else {
+			w("of two phases, in ABBA order: with pleg-nri running (its NRI plugin registered, one subscriber on its\n")
+			w("stream) and with pleg-nri stopped. A subscriber on containerd's own stream is connected in both phases.\n\n")
+		}
 	}
 	return b.String()
 }

@@ -139,6 +139,9 @@ type PodStart struct {
 	Rounds    int       `json:"rounds"`
 	WithMs    []float64 `json:"with_ms"`
 	WithoutMs []float64 `json:"without_ms"`
+	// WithNoStateDirMs is the control phase: pleg-nri connected as in WithMs but with no state-dir (no
+	// checkpoint); absent in results made before it.
+	WithNoStateDirMs []float64 `json:"with_no_state_dir_ms,omitempty"`
 }
 
 // GoBench is one line of `go test -bench` output.

@@ -104,6 +104,20 @@ func TestReport(t *testing.T) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
 	}
+	if strings.Contains(md, "no state-dir") {
+		t.Errorf("the control's rows without its samples:\n%s", md)
+	}
+	// With the control phase of BenchmarkPodStart (pleg-nri with no state-dir): its rows and the
+	// differences with their intervals.
+	r.PodStart.WithNoStateDirMs, r.PodStart.WithMs, r.PodStart.WithoutMs = []float64{100, 100}, []float64{103, 103}, []float64{100, 100}
+	md = Markdown(r, "exit-latency.svg")
+	for _, want := range []string{"| pod start with pleg-nri connected, no state-dir (control), median (2 pods) | 100.0 ms | 100.0 ms | +0.00% |",
+		"with minus with no state-dir (the checkpoint's share, 95 % interval) |  |  | +3 ms (95 % interval +3 to +3 ms, 2 / 2 samples: later) |",
+		"of three phases, their order rotating"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
 	svg := SVG(r.ExitLatency)
 	if err := xml.Unmarshal([]byte(svg), new(struct{})); err != nil {
 		t.Errorf("SVG is not well-formed XML: %v", err)
