@@ -438,7 +438,13 @@ func TestNodeHealthServer(t *testing.T) {
 	get(http.StatusServiceUnavailable, "FAIL: 503 Service Unavailable: no relist has completed yet")
 	notReady.Store(false)
 	get(http.StatusOK, "cri.sock: ok")
-	// Each change of the result is in the installer's log (the pod's), with why.
+	// Each change of the result is in the installer's log (the pod's), with why. The log line of the
+	// last change may come a moment after the answer that shows it: wait for it, then count.
+	if err := testutil.PollEvery(context.Background(), 10*time.Second, 20*time.Millisecond, "the last change in node.sh's log", func() (bool, error) {
+		return strings.Count(out.String(), "readiness: ready:") >= 2, nil
+	}); err != nil {
+		t.Errorf("%v:\n%s", err, out.String())
+	}
 	for _, want := range []string{"pleg-nri node: readiness: not ready: the install has not finished;",
 		"pleg-nri node: readiness: ready: core http://",
 		"pleg-nri node: readiness: not ready: core http://" + strings.TrimPrefix(readyz.URL, "http://") + "/readyz: FAIL: 503 Service Unavailable: no relist has completed yet;"} {
