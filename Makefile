@@ -321,18 +321,6 @@ bench: deps-runtime ## Side-by-side benchmarks against a real containerd (~5 min
 	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -skip '^BenchmarkRestartStall$$' -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
 
-# make bench-reads: the pods BenchmarkStateReads lists (a dense node by default).
-READ_PODS ?= 250
-READ_PER_POD ?= 1
-
-.PHONY: bench-reads
-bench-reads: deps-runtime ## The kubelet's reads answered from pleg-nri's state against the same calls to containerd, with READ_PODS (250) pods of READ_PER_POD (1) containers (~5 min); writes docs/state-reads-<n>pods.md.
-	@out=/tmp/pleg-nri-bench-reads; rm -rf $$out; mkdir -p $$out; \
-	PLEG_NRI_BENCH_RESULTS=$$out/results.json PLEG_NRI_BENCH_READ_PODS=$(READ_PODS) PLEG_NRI_BENCH_READ_PER_POD=$(READ_PER_POD) \
-	  $(GO) test -count=1 -run '^$$' -bench '^BenchmarkStateReads$$' -benchtime=1x -timeout 30m ./test/containerd-it/ && \
-	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json -reads-md docs/state-reads-$(READ_PODS)pods.md \
-	  -read-pods $(READ_PODS) -read-per-pod $(READ_PER_POD)
-
 # make bench-stall: the node's pods and the core restarts of BenchmarkRestartStall.
 STALL_PODS ?= 110
 STALL_RESTARTS ?= 20

@@ -24,15 +24,14 @@ func (s *state) ensureFetch(o *object) {
 	o.fetching = true
 	o.fetchAttempt = 1
 	o.fetchStart = now
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: now, entry: s.serveReads && o.kind == KindContainer && o.entry == nil})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: now})
 }
 
 // retryFetch schedules the next attempt of an object's status call.
 func (s *state) retryFetch(o *object, limit time.Duration) {
 	o.fetching = true
 	o.fetchAttempt++
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: s.clock().Add(s.backoff.delay(o.fetchAttempt-1, limit)),
-		entry: s.serveReads && o.kind == KindContainer && o.entry == nil})
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, due: s.clock().Add(s.backoff.delay(o.fetchAttempt-1, limit))})
 }
 
 // giveUpFetch stops asking for o's status: what the CRI never told is synthesized (an exit code 255,
@@ -93,12 +92,6 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	o := s.objects[r.req.id]
 	if o == nil || o.dropped || o.kind != r.req.kind {
 		return
-	}
-	if r.err == nil && r.info != nil && o.kind == KindSandbox {
-		o.info = r.info
-	}
-	if r.entry != nil && o.kind == KindContainer && r.entry.GetId() == o.id {
-		o.entry = r.entry
 	}
 	switch {
 	case r.req.oom:

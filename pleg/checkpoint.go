@@ -230,7 +230,6 @@ func (s *state) restore(c *checkpoint) int {
 
 func restoreObject(o *object, c *ckptObject) {
 	o.phase, o.emitted = c.phase, c.phase
-	o.restored = true // until containerd gives this process a status of it (reads.go)
 	o.started = c.flags&ckptStarted != 0
 	o.exited = c.flags&ckptExited != 0
 	if o.kind == KindContainer && c.phase == PhaseCreated && !o.started {

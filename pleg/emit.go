@@ -150,9 +150,6 @@ func (s *state) emitUpTo(ctx context.Context, o *object, target Phase) {
 			if o.kind == KindContainer && o.ctrAnswer.State != runtimeapi.ContainerState_CONTAINER_EXITED && target == PhaseExited {
 				s.verify(o, true) // the exit came from fast inputs: check it (and a late OOM) against the CRI
 			}
-			if o.kind == KindSandbox && s.serveReads && o.sbAnswer.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY && target == PhaseExited {
-				s.verify(o, true) // for the reads (reads.go): until containerd's status shows the exit
-			}
 		case PhaseRemoved:
 			if o.kind == KindContainer {
 				if i := slices.Index(p.listed, o); i >= 0 {

@@ -28,9 +28,7 @@ type fetchReq struct {
 	// refresh asks again for a status that changed in a way no phase tells (a resource update)
 	refresh bool
 	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
-	oom bool
-	// entry also asks for the container's list entry (ContainerEntrySource), for the reads
-	entry  bool
+	oom    bool
 	cgroup string    // the container's cgroupsPath, for an oom request
 	due    time.Time // not before
 }
@@ -41,12 +39,8 @@ type fetchResult struct {
 	sandbox   *runtimeapi.PodSandboxStatus
 	container *runtimeapi.ContainerStatus
 	oomKilled bool // the answer of an OOM check
-	// info is the info map of a sandbox's answer, and entry the container's list entry (for the reads;
-	// nil when not asked or not given)
-	info  map[string]string
-	entry *runtimeapi.Container
-	err   error
-	at    time.Time // when the answer came
+	err       error
+	at        time.Time // when the answer came
 }
 
 // fetcher queues status calls: ready ones for the workers, delayed ones (retries, verifications) in a
@@ -192,14 +186,7 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 	res := fetchResult{req: r}
 	switch r.kind {
 	case KindSandbox:
-		if src, ok := p.cfg.Status.(SandboxResponseSource); ok && p.cfg.ServeReads {
-			var resp *runtimeapi.PodSandboxStatusResponse
-			if resp, res.err = src.PodSandboxStatusResponse(cctx, r.id); res.err == nil {
-				res.sandbox, res.info = resp.GetStatus(), resp.GetInfo()
-			}
-		} else {
-			res.sandbox, res.err = p.cfg.Status.PodSandboxStatus(cctx, r.id)
-		}
+		res.sandbox, res.err = p.cfg.Status.PodSandboxStatus(cctx, r.id)
 		if res.err == nil && res.sandbox == nil {
 			res.err = fmt.Errorf("failed to get status of sandbox %s: empty status", r.id)
 		}
@@ -207,10 +194,6 @@ func (p *PLEG) callStatus(ctx context.Context, r fetchReq) fetchResult {
 		res.container, res.err = p.cfg.Status.ContainerStatus(cctx, r.id)
 		if res.err == nil && res.container == nil {
 			res.err = fmt.Errorf("failed to get status of container %s: empty status", r.id)
-		}
-		if src, ok := p.cfg.Lister.(ContainerEntrySource); ok && r.entry && res.err == nil {
-			// Best effort: without it the lists are forwarded until a relist brings the entry.
-			res.entry, _ = src.ListContainer(cctx, r.id)
 		}
 	}
 	d := time.Since(start)

@@ -89,13 +89,6 @@ type Config struct {
 	// CheckpointInterval is the least time between two checkpoint writes; default
 	// DefaultCheckpointInterval.
 	CheckpointInterval time.Duration
-	// ServeReads makes the state keep what the reads answered from it need (reads.go: the containers'
-	// list entries, the sandboxes' info maps, a confirmation of each sandbox exit and of each status
-	// restored from the checkpoint), at the cost of a filtered ListContainers per new container and a
-	// status call per sandbox exit and per restored object. Without it the reads are never answered.
-	ServeReads bool
-	// Inputs tells whether the inputs are live, for the reads (reads.go); nil: never current.
-	Inputs InputState
 	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand, in a CREATED
 	// event about its sandbox (cachetick.go): a kubelet 1.35 or 1.36 writes it into its pod cache and
 	// acts on nothing, and its pod workers, which wait for a status newer than their pod's last sync,
@@ -239,7 +232,6 @@ func New(cfg Config) (*PLEG, error) {
 	p.st = newState(cfg.Clock, cfg.Metrics, p.fetch, p.fan, cfg.VerifyDelay)
 	p.st.oomCheck = cfg.OOM != nil
 	p.st.oomFast, _ = cfg.OOM.(OOMCgroupReader)
-	p.st.serveReads = cfg.ServeReads
 	if cfg.StartupReplay > 0 {
 		p.fan.startReplay(cfg.Clock, cfg.StartupReplay)
 	}

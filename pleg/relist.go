@@ -52,13 +52,6 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	p.drainLocked(ctx)
 	snap := p.st.seq
 	p.mu.Unlock()
-	// The inputs' generation before the lists: a reconnection during the listing needs another relist
-	// before the reads trust the state (reads.go).
-	var gen uint64
-	if p.cfg.Inputs != nil {
-		_, gen = p.cfg.Inputs()
-	}
-
 	sandboxes, err := p.cfg.Lister.ListPodSandbox(ctx)
 	if err != nil {
 		return RelistResult{}, err // the Lister says what failed
@@ -73,20 +66,12 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 	defer p.mu.Unlock()
 	p.drainLocked(ctx)
 	repairs := diffRelist(p.st.objects, p.st.tombs, snap, sandboxes, containers, p.clock())
-	p.st.relistGen, p.st.relisted, p.st.repaired = gen, true, len(repairs) > 0
-	if p.st.serveReads {
-		p.st.keepEntries(containers)
-		p.st.reaskUnsettled()
-	}
 	// The first successful relist is the startup reconciliation: what it finds changed while pleg-nri
 	// was not running (against the checkpoint's state, or everything on a first start).
 	startup := !p.startupDone.Load()
 	if startup {
 		p.startupDone.Store(true)
 		p.fan.startupDone()
-		if p.st.serveReads {
-			p.st.verifyRestored()
-		}
 		for i := range repairs {
 			repairs[i].Source = SourceStartup
 		}
@@ -108,39 +93,6 @@ func (p *PLEG) relist(ctx context.Context) (RelistResult, error) {
 		p.st.apply(ctx, input{obs: ob})
 	}
 	return res, nil
-}
-
-// keepEntries records the list entries of the containers the state knows (reads.go): their static
-// fields, which a status does not hold (the config's image spec).
-func (s *state) keepEntries(containers []*runtimeapi.Container) {
-	for _, c := range containers {
-		if o := s.objects[c.GetId()]; o != nil && o.kind == KindContainer && o.entry == nil && c.GetPodSandboxId() == o.pod.id {
-			o.entry = c
-		}
-	}
-}
-
-// reaskUnsettled asks containerd again for the status of every object that is not settled (reads.go)
-// and has no call outstanding: an exit whose verification gave up before containerd showed it, say.
-// Without it such an object would keep every list forwarded.
-func (s *state) reaskUnsettled() {
-	for _, o := range s.objects {
-		if o.dropped || o.phase == PhaseNone || o.phase == PhaseRemoved || o.emitted != o.phase || o.queued ||
-			o.fetching || o.verifying || o.refreshing || o.oomChecking || settled(o) {
-			continue
-		}
-		s.verify(o, o.phase == PhaseExited)
-	}
-}
-
-// verifyRestored asks containerd for the status of every object whose status the checkpoint gave
-// (reads.go): the reads trust only a status containerd gave this process.
-func (s *state) verifyRestored() {
-	for _, o := range s.objects {
-		if o.restored && !o.dropped && o.phase < PhaseRemoved {
-			s.verify(o, false)
-		}
-	}
 }
 
 // countRepairs adds to m the events applying ob to o (nil: unknown object) implies.

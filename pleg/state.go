@@ -121,14 +121,6 @@ type object struct {
 	// statusCause is the input of the last status answer (the cause of a correction it brings).
 	statusCause cause
 
-	// The reads answered from the state (reads.go), kept when Config.ServeReads is set. entry is the
-	// container's list entry as containerd last listed it (its static fields); info is the info map of
-	// the sandbox's last (non-verbose) PodSandboxStatus answer; restored says the status is the
-	// checkpoint's, not one containerd gave this process (a verification call asks).
-	entry    *runtimeapi.Container
-	info     map[string]string
-	restored bool
-
 	// emitSeq is, per phase, the fan-out sequence number of the event emitted for it (0: none, or
 	// restored from the checkpoint): the checkpoint records a phase only once its events were received.
 	emitSeq [5]uint64
@@ -174,14 +166,6 @@ type state struct {
 	unacked  []*object     // deleted objects whose DELETED some subscriber has not received yet
 	// ckptUrgent asks the writer not to wait for CheckpointInterval (set by the fan-out, any goroutine).
 	ckptUrgent atomic.Bool
-
-	// The reads' view (reads.go). serveReads is Config.ServeReads. relistGen is the inputs' generation
-	// read before the lists of the last successful relist (relisted: there was one); repaired says that
-	// relist found changes the inputs missed.
-	serveReads bool
-	relistGen  uint64
-	relisted   bool
-	repaired   bool
 }
 
 func newState(c Clock, m Metrics, f *fetcher, fan *fanout, verifyDelay time.Duration) *state {
@@ -371,7 +355,6 @@ func (s *state) setContainerBase(o *object, st *runtimeapi.ContainerStatus, src 
 		return PhaseNone
 	}
 	o.ctrAnswer = st
-	o.restored = false
 	if o.created == 0 || st.CreatedAt != 0 {
 		o.created = st.CreatedAt
 	}
@@ -393,7 +376,6 @@ func (s *state) setSandboxBase(o *object, st *runtimeapi.PodSandboxStatus, src S
 		return PhaseNone
 	}
 	o.sbAnswer = st
-	o.restored = false
 	// A sandbox the CRI has a status for has run its pause process (containerd rolls a failed
 	// RunPodSandbox back), even when this answer lands after its removal was observed: its end then
 	// gives STOPPED before DELETED, as for any sandbox that started.

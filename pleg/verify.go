@@ -58,7 +58,7 @@ func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
 	if r.err != nil {
 		if !isNotFound(r.err) {
 			logger.WithError(r.err).Debug("verification status call failed")
-			if o.verifyExit || o.restored {
+			if o.verifyExit {
 				s.reverify(ctx, o)
 			}
 		}
@@ -74,9 +74,6 @@ func (s *state) applyVerify(ctx context.Context, o *object, r *fetchResult) {
 	}
 	if o.verifyExit && o.kind == KindContainer && o.ctrAnswer.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
 		s.reverify(ctx, o) // containerd has not finished its exit handling yet: ask again
-	}
-	if o.verifyExit && o.kind == KindSandbox && o.sbAnswer.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
-		s.reverify(ctx, o) // a sandbox exit's confirmation, for the reads: ask again
 	}
 	s.flush(ctx, o.pod)
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"time"
 
+	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
@@ -22,7 +25,7 @@ func daemonFlags(d config.Config) []cli.Flag {
 	dur := func(name, usage string, v config.Duration) cli.Flag {
 		return &cli.DurationFlag{Name: name, Usage: usage, Value: time.Duration(v), Local: true}
 	}
-	return []cli.Flag{
+	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "YAML config file (keys: the flag names)", TakesFile: true, Local: true},
 		str("nri-socket", "NRI socket to dial when running as an external plugin", d.NRISocket),
 		str("containerd-address", "containerd's gRPC socket (events)", d.ContainerdAddress),
@@ -43,12 +46,16 @@ func daemonFlags(d config.Config) []cli.Flag {
 		dur("checkpoint-interval", "least time between two checkpoint writes", d.CheckpointInterval),
 		dur("startup-replay", "how long after startup a new subscriber still gets every event since the start (0 disables)", d.StartupReplay),
 		str("read-freshness", "status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off", d.ReadFreshness),
-		str("read-source", "where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are answered: runtime (forwarded), state (pleg-nri's state where it is current) or check (forwarded and compared with the state)", d.ReadSource),
 		dur("cache-tick", "send each pod's statuses again this often as a CREATED of its sandbox (kubelet 1.35/1.36: pod workers wait at most this long for a newer status instead of 5 s; 0 disables)", d.CacheTick),
 		dur("core-grace", "end the kubelet's event stream (UNAVAILABLE: it relists) once no core has served the front for this long (0 disables)", d.CoreGrace),
 		&cli.BoolFlag{Name: "refresh-after-stop", Value: d.RefreshAfterStop, Local: true,
 			Usage: "send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)"},
 	}
+	// A retired key's flag is still taken, hidden, and ignored with the key's warning (daemonConfig).
+	for _, key := range slices.Sorted(maps.Keys(config.Retired)) {
+		flags = append(flags, &cli.StringFlag{Name: key, Usage: "retired, ignored: " + config.Retired[key], Hidden: true, Local: true})
+	}
+	return flags
 }
 
 // daemonConfig builds the daemon's configuration from defaults, the --config file, then the flags cmd
@@ -70,6 +77,11 @@ func daemonConfig(cmd *cli.Command) (cfg config.Config, path string, err error) 
 	for key, field := range config.Fields(&cfg) {
 		if cmd.IsSet(key) {
 			field.Set(reflect.ValueOf(cmd.Value(key)).Convert(field.Type()))
+		}
+	}
+	for key, note := range config.Retired {
+		if cmd.IsSet(key) {
+			log.L.WithField("flag", "--"+key).Warn("flag retired, ignored: " + note)
 		}
 	}
 	return cfg, path, cfg.Validate()

@@ -1,10 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 )
@@ -26,5 +33,34 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	}
 	if _, _, err := loadConfig([]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}); err == nil {
 		t.Error("a missing config file was accepted")
+	}
+}
+
+// TestRetiredFlagIgnored: a daemon started with a retired key's flag (a unit written for an earlier
+// release) starts with a warning, the flag ignored, and does not list it in its help.
+func TestRetiredFlagIgnored(t *testing.T) {
+	var buf bytes.Buffer
+	logger := logrus.New()
+	logger.SetOutput(&buf)
+	old := log.L
+	log.L = logrus.NewEntry(logger)
+	t.Cleanup(func() { log.L = old })
+	cfg, _, err := loadConfig([]string{"--read-source", "state", "--relist-period", "7s"})
+	if err != nil {
+		t.Fatalf("a daemon with --read-source: %v", err)
+	}
+	if cfg.RelistPeriod != config.Duration(7*time.Second) {
+		t.Errorf("cfg = %+v", cfg)
+	}
+	if out := buf.String(); !strings.Contains(out, "--read-source") || !strings.Contains(out, "retired") {
+		t.Errorf("log %q: want a warning naming --read-source as retired", out)
+	}
+	var help bytes.Buffer
+	app := newApp(&help, io.Discard, func(string) string { return "" })
+	if err := app.Run(context.Background(), []string{"pleg-nri", "--help"}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(help.String(), "read-source") || !strings.Contains(help.String(), "read-freshness") {
+		t.Errorf("--help lists the retired flag, or not the others:\n%s", help.String())
 	}
 }

@@ -304,8 +304,7 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 	}
 	pcfg := pleg.Config{Status: cri, Lister: cri, OOM: oom, Metrics: m, SubscriberQueue: cfg.SubscriberQueue, Reconnect: cri.ResetConnectBackoff,
 		RelistPeriod: time.Duration(cfg.RelistPeriod), StartupReplay: time.Duration(cfg.StartupReplay), CacheTick: time.Duration(cfg.CacheTick),
-		CheckpointInterval: time.Duration(cfg.CheckpointInterval), SubscriberStallTimeout: stall,
-		ServeReads: cfg.ReadSource != string(kubelet.ReadSourceRuntime), Inputs: m.ready.inputs}
+		CheckpointInterval: time.Duration(cfg.CheckpointInterval), SubscriberStallTimeout: stall}
 	unlock := func() {}
 	if cfg.StateDir != "" {
 		if unlock, err = pleg.LockStateDir(ctx, cfg.StateDir, pleg.DefaultStateLockWait); err != nil {
@@ -330,10 +329,10 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 
 // serveCoreEvents serves the core's side of the core link (corelink.Core) on its socket in the run
 // directory, where the front subscribes: the core's events, and the front's refresh requests
-// (refresh-after-stop, the hold mode) and reads from the state (read-source). It forwards nothing: the
+// (refresh-after-stop, the hold mode). It forwards nothing: the
 // kubelet's endpoint is the front's. stop stops it, the first time it is called.
 func serveCoreEvents(ctx context.Context, cfg config.Config, core *pleg.PLEG, m coreLinkMetrics) (srv *kubelet.Server, stop func(), err error) {
-	link, err := corelink.NewCore(corelink.CoreConfig{Events: eventSource{core}, Metrics: m, RefreshStopped: core.RefreshStopped, State: core})
+	link, err := corelink.NewCore(corelink.CoreConfig{Events: eventSource{core}, Metrics: m, RefreshStopped: core.RefreshStopped})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -415,7 +414,6 @@ func (s eventStream) Close() { s.sub.Close() }
 var (
 	_ pleg.Observer              = (*pleg.PLEG)(nil)
 	_ kubelet.EventSource        = eventSource{}
-	_ corelink.StateReader       = (*pleg.PLEG)(nil)
 	_ kubelet.EncodedEventStream = eventStream{}
 )
 

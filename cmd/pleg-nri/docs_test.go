@@ -48,6 +48,13 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 		}
 		current = doc[:i] + doc[i+end:]
 	}
+	// The retired keys' section names what is gone on purpose, and names every retired key.
+	retired, current := section(t, current, "### Retired keys")
+	for k := range config.Retired {
+		if !strings.Contains(retired, "| `"+k+"` |") {
+			t.Errorf("docs/operations.md's Retired keys do not list %s", k)
+		}
+	}
 	for _, n := range regexp.MustCompile(`\bpleg_nri_[a-z0-9_]+`).FindAllString(current, -1) {
 		if !names[n] {
 			t.Errorf("docs/operations.md names the metric %s, which does not exist", n)
@@ -62,7 +69,7 @@ func TestOperationsDocNamesWhatExists(t *testing.T) {
 			t.Errorf("docs/operations.md does not describe the config key %s", k)
 		}
 	}
-	table := doc[strings.Index(doc, "## Configuration"):strings.Index(doc, "## Metrics and alerts")]
+	table := current[strings.Index(current, "## Configuration"):strings.Index(current, "## Metrics and alerts")]
 	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z-]+)`(?:, `([a-z-]+)`)? \\|").FindAllStringSubmatch(table, -1) {
 		for _, k := range m[1:] {
 			if k != "" && !keys[k] {
@@ -157,4 +164,19 @@ func TestDocFlagCheckCatchesUnknown(t *testing.T) {
 	if err := runKubeletConfig([]string{"--endpoint=x"}, &b, &b); err == nil || !strings.Contains(err.Error(), "not defined") {
 		t.Errorf("runKubeletConfig(--endpoint): %v", err)
 	}
+}
+
+// section returns the section of doc under heading (to the next heading of any level) and doc without
+// it; a heading doc lacks fails the test.
+func section(t *testing.T, doc, heading string) (sec, rest string) {
+	t.Helper()
+	i := strings.Index(doc, "\n"+heading+"\n")
+	if i < 0 {
+		t.Fatalf("docs/operations.md has no %q", heading)
+	}
+	end := len(doc)
+	if j := regexp.MustCompile(`\n#{2,3} `).FindStringIndex(doc[i+1:]); j != nil {
+		end = i + 1 + j[0]
+	}
+	return doc[i:end], doc[:i] + doc[end:]
 }

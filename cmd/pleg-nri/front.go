@@ -16,7 +16,7 @@ import (
 // frontConfig is the front's configuration for the daemon's cfg.
 func frontConfig(cfg config.Config) front.Config {
 	return front.Config{Listen: cfg.Listen, RuntimeEndpoint: cfg.RuntimeEndpoint, RunDir: cfg.RunDirectory(), LogLevel: cfg.LogLevel,
-		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop, ReadSource: cfg.ReadSource,
+		ReadFreshness: cfg.ReadFreshness, RefreshAfterStop: cfg.RefreshAfterStop,
 		CoreGrace: time.Duration(cfg.CoreGrace), AllowTCPListen: cfg.AllowTCPListen, Version: version}
 }
 

@@ -24,23 +24,6 @@ type readiness struct {
 	nri, events atomic.Bool
 	// relisted is set after the first successful relist.
 	relisted atomic.Bool
-	// connects counts the times the NRI connection or the event subscription came up: the core's reads
-	// trust its state only after a relist since the last one (pleg.InputState).
-	connects atomic.Uint64
-}
-
-// inputs is the core's pleg.InputState: both inputs up, and how many times one of them came up.
-func (r *readiness) inputs() (live bool, generation uint64) {
-	gen := r.connects.Load()
-	return r.nri.Load() && r.events.Load(), gen
-}
-
-// setInput records a change of an input's state.
-func (r *readiness) setInput(input *atomic.Bool, up bool) {
-	if up {
-		r.connects.Add(1)
-	}
-	input.Store(up)
 }
 
 // check says whether the daemon is ready, and if not, what it waits for.
@@ -66,7 +49,7 @@ type nriHooks struct {
 
 func (h nriHooks) ConnectionState(up bool) {
 	h.Metrics.ConnectionState(up)
-	h.ready.setInput(&h.ready.nri, up)
+	h.ready.nri.Store(up)
 }
 
 // coreHooks are the core's hooks: its metrics (with the OOM checks'), and its first relist for
@@ -95,7 +78,7 @@ func (h taskHooks) OnReconnect() { h.relist() }
 
 func (h taskHooks) OnConnectionState(up bool) {
 	h.upstreams.Set("events", up, false)
-	h.ready.setInput(&h.ready.events, up)
+	h.ready.events.Store(up)
 }
 
 // frontHooks are the front supervisor's hooks: its metrics, whether a front serves for readiness, and
@@ -117,7 +100,6 @@ var (
 	_ front.SupervisorHooks      = frontHooks{}
 	_ plugin.Metrics             = nriHooks{}
 	_ pleg.Metrics               = coreHooks{}
-	_ pleg.InputState            = (*readiness)(nil).inputs
 	_ pleg.OOMCheckMetrics       = coreHooks{}
 	_ containerd.TaskEventsHooks = taskHooks{}
 )

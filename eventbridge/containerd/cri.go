@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -22,10 +21,8 @@ type CRIClient struct {
 }
 
 var (
-	_ pleg.StatusSource          = (*CRIClient)(nil)
-	_ pleg.Lister                = (*CRIClient)(nil)
-	_ pleg.SandboxResponseSource = (*CRIClient)(nil)
-	_ pleg.ContainerEntrySource  = (*CRIClient)(nil)
+	_ pleg.StatusSource = (*CRIClient)(nil)
+	_ pleg.Lister       = (*CRIClient)(nil)
 )
 
 // NewCRIClient returns a CRI client over conn (see dial.CRI), which its owner closes.
@@ -47,33 +44,6 @@ func (c *CRIClient) PodSandboxStatus(ctx context.Context, id string) (*runtimeap
 		return nil, fmt.Errorf("failed to get status of sandbox %s: runtime returned no status", id)
 	}
 	return resp.GetStatus(), nil
-}
-
-// PodSandboxStatusResponse returns the runtime's whole (non-verbose) answer about a sandbox: its status
-// and its info map.
-func (c *CRIClient) PodSandboxStatusResponse(ctx context.Context, id string) (*runtimeapi.PodSandboxStatusResponse, error) {
-	resp, err := c.runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
-	if err != nil {
-		return nil, fmt.Errorf("failed to get status of sandbox %s: %w", id, fromGRPC(err))
-	}
-	if resp.GetStatus() == nil {
-		return nil, fmt.Errorf("failed to get status of sandbox %s: runtime returned no status", id)
-	}
-	return resp, nil
-}
-
-// ListContainer returns the runtime's list entry of one container (ListContainers filtered on its id).
-func (c *CRIClient) ListContainer(ctx context.Context, id string) (*runtimeapi.Container, error) {
-	resp, err := c.runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
-	if err != nil {
-		return nil, fmt.Errorf("failed to list container %s: %w", id, fromGRPC(err))
-	}
-	for _, ct := range resp.GetContainers() {
-		if ct.GetId() == id {
-			return ct, nil
-		}
-	}
-	return nil, fmt.Errorf("failed to list container %s: %w", id, errdefs.ErrNotFound)
 }
 
 // ContainerStatus returns the runtime's (non-verbose) status of a container.

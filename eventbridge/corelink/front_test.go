@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,13 +13,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/kubelettest"
-	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -176,38 +173,8 @@ func (linkRuntime) StopContainer(context.Context, *runtimeapi.StopContainerReque
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 
-// fakeState is the core's state: it answers ContainerStatus of the containers it holds, and is not
-// current for anything else.
-type fakeState struct {
-	mu         sync.Mutex
-	containers map[string]*runtimeapi.ContainerStatusResponse
-}
-
-var _ StateReader = (*fakeState)(nil)
-
-func (s *fakeState) ContainerStatus(_ context.Context, r *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v := s.containers[r.GetContainerId()]
-	return v, v != nil
-}
-
-func (*fakeState) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, bool) {
-	return nil, false
-}
-
-func (*fakeState) PodSandboxStatus(context.Context, *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, bool) {
-	return nil, false
-}
-
-func (*fakeState) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, bool) {
-	return nil, false
-}
-
-// linkEnv is a front (read-source state, refresh-after-stop) over a Relay of a Core with a fakeState,
-// both in front of a linkRuntime.
+// linkEnv is a front over a Relay of a Core, both in front of a linkRuntime.
 type linkEnv struct {
-	state     *fakeState
 	src       *kubelettest.Source
 	refreshed chan string
 	relay     *Relay
@@ -221,49 +188,19 @@ func newLinkEnv(t *testing.T) *linkEnv {
 	dir := testutil.ShortTempDir(t, "cl-")
 	rtPath := filepath.Join(dir, "rt.sock")
 	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, linkRuntime{}) })
-	e := &linkEnv{state: &fakeState{containers: map[string]*runtimeapi.ContainerStatusResponse{}}, src: kubelettest.NewSource(),
-		refreshed: make(chan string, 4)}
+	e := &linkEnv{src: kubelettest.NewSource(), refreshed: make(chan string, 4)}
 	var core *kubelet.Server
-	core, e.stopCore = kubelettest.Serve(t, filepath.Join(dir, "core.sock"), mustCore(t, CoreConfig{Events: e.src, State: e.state,
+	core, e.stopCore = kubelettest.Serve(t, filepath.Join(dir, "core.sock"), mustCore(t, CoreConfig{Events: e.src,
 		RefreshStopped: func(id string) { e.refreshed <- id }}))
 	var err error
 	if e.relay, err = DialRelay(RelayConfig{Endpoint: "unix://" + core.Addr().String()}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.relay.Close() })
-	front, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: kubelettest.Connect(t, rtPath), Events: e.relay,
-		ReadSource: kubelet.ReadSourceState, State: e.relay})
+	front, _ := startServer(t, filepath.Join(dir, "front.sock"), kubelet.ProxyConfig{Backend: kubelettest.Connect(t, rtPath), Events: e.relay})
 	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, front.Addr().String()))
 	e.core = kubelettest.Connect(t, core.Addr().String())
 	return e
-}
-
-// TestReadSourceStateThroughTheCore: the front asks the core over its socket (Relay.ReadState, the
-// Core's state methods); a read the state is not current for, and every read once the core is gone,
-// is the runtime's.
-func TestReadSourceStateThroughTheCore(t *testing.T) {
-	e := newLinkEnv(t)
-	ctx := kubelettest.Ctx(t)
-	fromState := &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c0", State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 42}}
-	e.state.mu.Lock()
-	e.state.containers["c0"] = fromState
-	e.state.mu.Unlock()
-	if got, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c0"}); err != nil || !proto.Equal(got, fromState) {
-		t.Errorf("ContainerStatus = %v, %v; want the core's state's answer", got, err)
-	}
-	if got, err := e.client.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err != nil || len(got.GetContainers()) != 2 {
-		t.Errorf("ListContainers the state cannot answer = %v, %v; want the runtime's", got, err)
-	}
-	// The core's state methods answer nothing else.
-	var out grpcraw.Frame
-	if err := e.relay.conn.Invoke(ctx, StateMethodPrefix+"Version", &grpcraw.Frame{}, &out, grpc.ForceCodecV2(grpcraw.Codec{})); status.Code(err) != codes.Unimplemented {
-		t.Errorf("the core's state method Version: %v, want UNIMPLEMENTED", err)
-	}
-	e.stopCore()
-	got, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c0"})
-	if err != nil || got.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
-		t.Errorf("ContainerStatus with the core gone = %v, %v; want the runtime's RUNNING", got, err)
-	}
 }
 
 // TestRefreshStoppedThroughTheCore: a front's refresh (fresh.Config.Refresh) reaches the core's

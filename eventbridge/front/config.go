@@ -32,9 +32,6 @@ type Config struct {
 	RefreshAfterStop bool
 	// AllowTCPListen is the daemon's allow-tcp-listen key: without it a tcp:// Listen is refused.
 	AllowTCPListen bool
-	// ReadSource is the daemon's read-source key (kubelet.ReadSource): the front answers reads from
-	// the core's state (asked on its socket) with state, and compares them with check.
-	ReadSource string
 	// CoreGrace is the daemon's core-grace key (corelink.RelayConfig.CoreGrace): how long the core may be
 	// gone before the front ends its clients' event streams; 0 never.
 	CoreGrace time.Duration
@@ -60,9 +57,6 @@ func (c Config) Args() []string {
 	if c.AllowTCPListen {
 		a = append(a, "--allow-tcp-listen")
 	}
-	if c.ReadSource != "" {
-		a = append(a, "--read-source", c.ReadSource)
-	}
 	if c.LogFile != "" {
 		a = append(a, "--log-file", c.LogFile)
 	}
@@ -83,7 +77,6 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.IntVar(&c.ListenFD, "listen-fd", 0, "serve --listen on this inherited listening socket (a front respawned by the core)")
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
-	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
 	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
 	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")

@@ -33,9 +33,6 @@ type Info struct {
 	ReadFreshness   string `json:"read_freshness"`
 	// RefreshAfterStop is absent from the answer of a front older than the key (false).
 	RefreshAfterStop bool `json:"refresh_after_stop,omitempty"`
-	// ReadSource is absent from the answer of a front older than the key (runtime: it forwards every
-	// read).
-	ReadSource string `json:"read_source,omitempty"`
 	// CoreGrace is the front's core grace (a Go duration); absent from the answer of a front older than
 	// the key, which never ends a stream for a core gone (0).
 	CoreGrace string `json:"core_grace,omitempty"`
@@ -46,7 +43,7 @@ type Info struct {
 func (info Info) compatible(fc Config) bool {
 	return info.Protocol == Protocol && info.Revision == Revision && info.Listen == fc.Listen && info.RuntimeEndpoint == fc.RuntimeEndpoint &&
 		info.ReadFreshness == fc.ReadFreshness && info.RefreshAfterStop == fc.RefreshAfterStop &&
-		readSource(info.ReadSource) == readSource(fc.ReadSource) && coreGrace(info.CoreGrace) == fc.CoreGrace
+		coreGrace(info.CoreGrace) == fc.CoreGrace
 }
 
 // coreGrace is the duration of an Info's CoreGrace, "" (a front older than the key) being 0, and
@@ -60,14 +57,6 @@ func coreGrace(s string) time.Duration {
 		return -1
 	}
 	return d
-}
-
-// readSource is a read-source key's value, "" (a front older than the key) being the runtime.
-func readSource(s string) string {
-	if s == "" {
-		return string(kubelet.ReadSourceRuntime)
-	}
-	return s
 }
 
 // request is one request on the control socket.
@@ -135,7 +124,7 @@ func (f *front) serveControl(ctx context.Context) {
 
 func (f *front) info() Info {
 	return Info{Protocol: Protocol, Revision: Revision, Version: f.cfg.Version, PID: os.Getpid(), Listen: f.cfg.Listen, RuntimeEndpoint: f.cfg.RuntimeEndpoint,
-		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop, ReadSource: f.cfg.ReadSource,
+		ReadFreshness: f.cfg.ReadFreshness, RefreshAfterStop: f.cfg.RefreshAfterStop,
 		CoreGrace: f.cfg.CoreGrace.String()}
 }
 

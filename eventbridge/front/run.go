@@ -102,10 +102,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("--read-freshness: %w", err)
 	}
-	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em, Hooks: hooks,
-		ReadSource: kubelet.ReadSource(cfg.ReadSource), State: relay})
+	proxy, err := kubelet.NewProxy(kubelet.ProxyConfig{Backend: backend, Events: relay, Metrics: em, Hooks: hooks})
 	if err != nil {
-		return fmt.Errorf("--read-source: %w", err)
+		return fmt.Errorf("the kubelet's endpoint: %w", err)
 	}
 	srv, err := kubelet.NewServer(cfg.Listen, proxy)
 	if err != nil {

@@ -4,8 +4,7 @@
 // streaming, known or not, byte for byte to the runtime (containerd), and answers GetContainerEvents
 // itself from an EventSource (EventService: one subscription per stream). What adjusts the answers after
 // the events sits behind one seam, ReadHook (hook.go): status reads kept consistent with the events
-// already sent and the refresh after a stop (package fresh), reads answered from pleg-nri's state
-// (ReadSource, readcheck.go).
+// already sent and the refresh after a stop (package fresh).
 //
 // The kubelet's endpoint runs in pleg-nri's front process (package front), whose EventSource is a
 // corelink.Relay of the core's socket (see docs/restarts.md); a Server hands its listening socket to a

@@ -46,14 +46,12 @@ type unaryCall struct {
 	resp     grpcraw.Frame
 	hdr, trl metadata.MD
 	err      error
-	// raw is the runtime's answer before the overlay rewrote it (nil: resp is the runtime's answer).
-	raw []byte
 }
 
 // invoke sends the request to the runtime; its answer replaces the previous one.
 func (c *unaryCall) invoke(ctx context.Context, backend *grpc.ClientConn) {
 	c.resp.Free()
-	c.hdr, c.trl, c.raw = nil, nil, nil
+	c.hdr, c.trl = nil, nil
 	c.err = backend.Invoke(ctx, c.method, &c.req, &c.resp, grpc.ForceCodecV2(grpcraw.Codec{}), grpc.Header(&c.hdr), grpc.Trailer(&c.trl))
 }
 

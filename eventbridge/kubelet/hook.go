@@ -8,9 +8,8 @@ import (
 )
 
 // ReadHook is the one seam between the endpoint and what adjusts the answers a client gets after the
-// events it was sent: read freshness and the refresh after a stop (package fresh) and read-source
-// (readcheck.go) each implement it, and the Proxy knows none of them. The Proxy tells a hook
-// every event it sends, and hands it every call it wants; a hook forwards a call it wants to the
+// events it was sent: read freshness and the refresh after a stop (package fresh) each implement it,
+// and the Proxy knows none of them. The Proxy tells a hook every event it sends, and hands it every call it wants; a hook forwards a call it wants to the
 // runtime (through the hooks after it) as often as it needs, or answers it itself.
 //
 // A hook must be safe for concurrent use, and Wants and Sending cheap: they run for every call and
@@ -71,20 +70,8 @@ func (c *Call) Answer() ([]byte, error) {
 	return c.u.resp.Keep(), nil
 }
 
-// RuntimeAnswer returns the runtime's own answer to the last forward, before a hook replaced it.
-func (c *Call) RuntimeAnswer() ([]byte, error) {
-	if c.u != nil && c.u.raw != nil {
-		return c.u.raw, nil
-	}
-	return c.Answer()
-}
-
-// SetAnswer makes b (an encoded answer) the one the client gets, with no error; the runtime's own stays
-// RuntimeAnswer's. Unary calls only.
+// SetAnswer makes b (an encoded answer) the one the client gets, with no error. Unary calls only.
 func (c *Call) SetAnswer(b []byte) {
-	if c.u.err == nil && c.u.raw == nil && c.forwarded {
-		c.u.raw = c.u.resp.Keep()
-	}
 	c.u.resp.Free()
 	c.u.resp.Data, c.u.err = b, nil
 }

@@ -23,8 +23,6 @@ type PrometheusMetrics struct {
 	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
 	coreGone      prometheus.Counter
-	stateReads    *prometheus.CounterVec
-	differences   *prometheus.CounterVec
 	// upstreams and upstream are where the runtime connection's state goes.
 	upstreams *promutil.Upstreams
 	upstream  string
@@ -54,21 +52,15 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 			Help: "Subscriptions of the front to the core's events made again after one ended (a restart of the core)."}),
 		coreGone: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "event_streams_core_gone_total",
 			Help: "GetContainerEvents streams the front ended (UNAVAILABLE, also counted in event_streams_closed_total) because the core had not come back within core-grace."}),
-		stateReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_reads_total",
-			Help: "Reads the endpoint can answer from pleg-nri's state (read-source state or check), by method and result: state (answered from the state), runtime (forwarded: the state was not current, or a call in flight could change the answer), equal or differ (check: compared with containerd's answer), inconclusive (check: something changed while comparing)."}, []string{"method", "result"}),
-		differences: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "state_read_differences_total",
-			Help: "Reads whose answer from pleg-nri's state differed from containerd's (read-source check), by method: each one is a bug."}, []string{"method"}),
 		upstreams: upstreams,
 		upstream:  upstream,
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.refused, m.resubscribed, m.coreGone,
-		m.stateReads, m.differences)
+	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.refused, m.resubscribed, m.coreGone)
 	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
-	// from 0 and a panel has data on a node where nothing happened yet: each read method's differences
-	// and held reads, and the codes a stream most often ends with.
+	// from 0 and a panel has data on a node where nothing happened yet: each read method's held reads,
+	// and the codes a stream most often ends with.
 	for _, method := range []string{ListPodSandboxMethod, ListContainersMethod, PodSandboxStatusMethod, ContainerStatusMethod} {
 		label := promutil.MethodLabel(method)
-		m.differences.WithLabelValues(label)
 		for _, result := range []string{"caught_up", "gave_up"} {
 			m.staleReads.WithLabelValues(label, result)
 		}
@@ -86,19 +78,9 @@ var (
 	_ Metrics          = (*PrometheusMetrics)(nil)
 	_ FreshnessMetrics = (*PrometheusMetrics)(nil)
 	_ RefreshMetrics   = (*PrometheusMetrics)(nil)
-	_ StateReadMetrics = (*PrometheusMetrics)(nil)
 
 	_ StreamLimitMetrics = (*PrometheusMetrics)(nil)
 )
-
-// StateRead is StateReadMetrics' hook.
-func (m *PrometheusMetrics) StateRead(method, result string) {
-	label := promutil.MethodLabel(method)
-	m.stateReads.WithLabelValues(label, result).Inc()
-	if result == StateReadDiffer {
-		m.differences.WithLabelValues(label).Inc()
-	}
-}
 
 func (m *PrometheusMetrics) ForwardedCall(method string, code codes.Code, d time.Duration) {
 	m.forwarded.WithLabelValues(promutil.MethodLabel(method), code.String()).Observe(d.Seconds())

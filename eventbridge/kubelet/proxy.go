@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"fmt"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -25,7 +24,7 @@ var _ grpc.StreamHandler = (*Proxy)(nil).Handle
 // Proxy is the CRI endpoint's gRPC handler. It registers no service: every method, unary or streaming,
 // known to this build or not, goes to one handler that forwards it byte for byte to the runtime, except
 // GetContainerEvents, which is answered from the EventSource (EventService); what adjusts the answers
-// after events (read freshness, the refresh after a stop, read-source) sits behind one seam, ReadHook.
+// after events (read freshness, the refresh after a stop: package fresh) sits behind one seam, ReadHook.
 type Proxy struct {
 	backend *grpc.ClientConn
 	// events answers GetContainerEvents; nil forwards it to the runtime like any other method.
@@ -48,49 +47,26 @@ type ProxyConfig struct {
 	// FreshnessMetrics and RefreshMetrics.
 	Metrics Metrics
 	// Hooks adjust the answers after the events (read freshness and the refresh after a stop: package
-	// fresh), in the order a call goes through them, after read-source's (ReadSource).
+	// fresh), in the order a call goes through them.
 	Hooks []ReadHook
-	// ReadSource says where ListPodSandbox, ListContainers, PodSandboxStatus and ContainerStatus are
-	// answered; "" is DefaultReadSource. ReadSourceState answers them from State when it says it is
-	// current for what is asked, and no mutating call forwarded by this proxy that may change the
-	// answer is in flight; otherwise they are forwarded (through Hooks). ReadSourceCheck forwards
-	// them, and compares each answer with State's where State is current and nothing changed while it
-	// asked (StateReadMetrics counts every read and every difference; the first differences are
-	// logged). ReadSourceRuntime forwards them as any call.
-	ReadSource ReadSource
-	// State answers the reads for ReadSourceState and ReadSourceCheck: on the front, its Relay (the
-	// core's state); required by those modes.
-	State EncodedStateReader
 	// MaxEventStreams and MaxEventStreamsPerConnection bound the GetContainerEvents streams (see
 	// EventServiceConfig).
 	MaxEventStreams, MaxEventStreamsPerConnection int
 }
 
-// NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events. A
-// ReadSource that ParseReadSource refuses is an error.
+// NewProxy returns a Proxy that forwards to cfg.Backend and answers GetContainerEvents from cfg.Events.
 func NewProxy(cfg ProxyConfig) (*Proxy, error) {
-	source, err := ParseReadSource(string(cfg.ReadSource))
-	if err != nil {
-		return nil, err
-	}
-	if source != ReadSourceRuntime && cfg.State == nil {
-		return nil, fmt.Errorf("read source %q needs a state to read", source)
-	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NopMetrics{}
 	}
-	p := &Proxy{backend: cfg.Backend, metrics: cfg.Metrics, now: time.Now}
-	// Read-source wraps the others: a mutation is in flight until the runtime answered, whatever they do.
-	if source != ReadSourceRuntime {
-		p.hooks = append(p.hooks, newStateReads(source, cfg.State, cfg.Metrics, func() time.Time { return p.now() }))
-	}
-	p.hooks = append(p.hooks, cfg.Hooks...)
+	p := &Proxy{backend: cfg.Backend, metrics: cfg.Metrics, now: time.Now, hooks: cfg.Hooks}
 	if cfg.Events != nil {
 		ecfg := EventServiceConfig{Source: cfg.Events, Metrics: cfg.Metrics, MaxEventStreams: cfg.MaxEventStreams,
 			MaxEventStreamsPerConnection: cfg.MaxEventStreamsPerConnection}
 		if len(p.hooks) > 0 {
 			ecfg.Sending = p.sending
 		}
+		var err error
 		if p.events, err = NewEventService(ecfg); err != nil {
 			return nil, err
 		}
@@ -162,7 +138,7 @@ func (p *Proxy) Handle(_ any, ss grpc.ServerStream) error {
 	}
 	start := p.now()
 	forwarded, err := p.serveCall(ss, method)
-	// A read a hook answered itself (read-source's state) was not forwarded.
+	// A call a hook answered itself was not forwarded.
 	if forwarded || err != nil {
 		p.metrics.ForwardedCall(method, status.Code(err), p.now().Sub(start))
 	}

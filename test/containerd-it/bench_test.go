@@ -24,7 +24,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -298,69 +297,6 @@ func BenchmarkProxyUnary(b *testing.B) {
 	}}
 	b.ReportMetric(0, "ns/op")
 	saveBench(b, func(r *benchreport.Results) { r.Proxy = res })
-}
-
-// BenchmarkStateReads measures the kubelet's reads answered from pleg-nri's state (read-source state)
-// against the same calls made directly to containerd, alternating A/B per iteration, on a quiet node
-// (nothing changes while it calls, so the state is current and answers every one: it fails otherwise,
-// which would be a benchmark of forwarding).
-func BenchmarkStateReads(b *testing.B) {
-	p := startPlegNRI(b, append(slices.Clone(benchPlegFlags), "--read-source", "state")...)
-	direct := benchRuntime(b, env.Address)
-	state := benchRuntime(b, p.Socket)
-	pods, perPod := benchReadsShape(b)
-	containers := benchSleepers(b, direct, "bench-state", pods, perPod)
-	// The state is current once pleg-nri's relist after the setup repaired nothing and every object
-	// is settled: wait until a list is answered from it.
-	err := harness.WaitFor(b.Context(), 60*time.Second, "pleg-nri to answer ListContainers from its state", func() (bool, error) {
-		if _, err := state.ListContainers(b.Context(), &runtimeapi.ListContainersRequest{}); err != nil {
-			return false, err
-		}
-		n, err := p.Metric("pleg_nri_state_reads_total", `result="state"`)
-		return n > 0, err
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	before, err := p.Metric("pleg_nri_state_reads_total", `result="runtime"`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	res := &benchreport.Proxy{Methods: []benchreport.ProxyMethod{
-		benchInterleaved(b, "ListContainers", direct, state, benchListContainers(b)),
-		benchInterleaved(b, "ContainerStatus", direct, state, func(rt runtimeapi.RuntimeServiceClient) (int, error) {
-			_, err := rt.ContainerStatus(b.Context(), &runtimeapi.ContainerStatusRequest{ContainerId: containers[0]})
-			return 0, err
-		}),
-	}}
-	if after, err := p.Metric("pleg_nri_state_reads_total", `result="runtime"`); err != nil || after != before {
-		b.Fatalf("pleg-nri forwarded %v of the reads to containerd (%v): this measured forwarding, not the state", after-before, err)
-	}
-	b.ReportMetric(0, "ns/op")
-	saveBench(b, func(r *benchreport.Results) { r.StateReads = res })
-}
-
-// benchReadsShape is the pods BenchmarkStateReads lists: PLEG_NRI_BENCH_READ_PODS pods (default 4) of
-// PLEG_NRI_BENCH_READ_PER_POD sleeping containers each (default 3); make bench-reads sets them for a
-// node-sized list (250 pods of one container, a dense node).
-func benchReadsShape(b *testing.B) (pods, perPod int) {
-	b.Helper()
-	pods, perPod = 4, 3
-	for _, v := range []struct {
-		env string
-		n   *int
-	}{{"PLEG_NRI_BENCH_READ_PODS", &pods}, {"PLEG_NRI_BENCH_READ_PER_POD", &perPod}} {
-		s := os.Getenv(v.env)
-		if s == "" {
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			b.Fatalf("%s=%q: want a positive number", v.env, s)
-		}
-		*v.n = n
-	}
-	return pods, perPod
 }
 
 // benchSleepers runs pods pods with perPod sleeping containers each on rt (something to list), and

@@ -49,9 +49,6 @@ const (
 	// benchFreshnessEnv adds setups: pleg-nri with each read-freshness mode it lists ("hold,off"),
 	// to compare them with the default in the same run.
 	benchFreshnessEnv = "PLEG_NRI_KUBELET_BENCH_FRESHNESS"
-	// benchReadSourceEnv adds setups: pleg-nri with each read-source it lists ("state"): the
-	// kubelet's reads answered from pleg-nri's state instead of containerd, in the same run.
-	benchReadSourceEnv = "PLEG_NRI_KUBELET_BENCH_READ_SOURCE"
 	// benchControlsEnv=0 leaves out the control setups (benchControls).
 	benchControlsEnv = "PLEG_NRI_KUBELET_BENCH_CONTROLS"
 	// benchRoundsEnv and benchPodsEnv make a shorter (or longer) run than benchRounds rounds of
@@ -93,8 +90,7 @@ func benchShape(tb testing.TB) (rounds, pods int) {
 }
 
 // benchSetups are the setups of BenchmarkCrashRestart: allSetups, benchControls (unless
-// benchControlsEnv=0), and pleg-nri with the read-freshness modes benchFreshnessEnv lists and the
-// read-sources benchReadSourceEnv lists.
+// benchControlsEnv=0), and pleg-nri with the read-freshness modes benchFreshnessEnv lists.
 func benchSetups(tb testing.TB) []setup {
 	out := slices.Clone(allSetups)
 	if os.Getenv(benchControlsEnv) != "0" {
@@ -105,7 +101,6 @@ func benchSetups(tb testing.TB) []setup {
 		set       func(*setup, string)
 	}{
 		{benchFreshnessEnv, "read-freshness", func(s *setup, v string) { s.Freshness = v }},
-		{benchReadSourceEnv, "read-source", func(s *setup, v string) { s.ReadSource = v }},
 	} {
 		for _, v := range strings.Split(os.Getenv(key.env), ",") {
 			if v = strings.TrimSpace(v); v != "" {

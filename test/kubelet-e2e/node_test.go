@@ -32,8 +32,6 @@ type setup struct {
 	Evented, PlegNRI bool
 	// Freshness is pleg-nri's read-freshness (empty: its default).
 	Freshness string
-	// ReadSource is pleg-nri's read-source (empty: its default, or what PLEG_NRI_IT_READ_SOURCE says).
-	ReadSource string
 	// RefreshAfterStop and CacheTick set pleg-nri's keys of the same names (off: its defaults).
 	RefreshAfterStop bool
 	CacheTick        time.Duration
@@ -144,9 +142,6 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		if os.Getenv(refreshAfterStopEnv) == "1" {
 			plegNRIFlags = append(plegNRIFlags, "--refresh-after-stop")
 		}
-		if s.ReadSource != "" {
-			plegNRIFlags = append(plegNRIFlags, "--read-source", s.ReadSource)
-		}
 		if s.NoStateDir {
 			plegNRIFlags = append(plegNRIFlags, "--state-dir=")
 		}
@@ -155,11 +150,6 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			// In the check mode (PLEG_NRI_IT_READ_SOURCE=check), every read compared equalled
-			// containerd's answer.
-			if err := n.p.CheckReads(); err != nil {
-				t.Error(err)
-			}
 			// The front too: a test that leaves a process of pleg-nri behind fails.
 			if err := n.p.Close(); err != nil {
 				t.Error(err)

@@ -94,9 +94,6 @@ func Markdown(r *Results, svgName string) string {
 			row(fmt.Sprintf("%s, p90", name), us(d90), us(p90), fmt.Sprintf("+%s", us(p90-d90)), "", "")
 		}
 	}
-	if p := r.StateReads; p != nil {
-		stateReadRows(p, row)
-	}
 	if s := r.PodStart; s != nil {
 		a, p := Median(s.WithoutMs), Median(s.WithMs)
 		pct := (p - a) / a * 100
@@ -181,12 +178,6 @@ func Markdown(r *Results, svgName string) string {
 		w("proxied then direct, ...) after a warm-up, so both see the same machine load. The difference is what the\n")
 		w("extra hop costs: a unix-socket round trip, the frame copy and the proxy's bookkeeping.\n\n")
 	}
-	if p := r.StateReads; p != nil {
-		w("## Reads answered from pleg-nri's state\n\n")
-		w("The same alternation with pleg-nri run with `read-source: state`, on a quiet node (the same pods, nothing\n")
-		w("changing): the kubelet's reads answered by the front from the core's state (a round trip to the core's\n")
-		w("socket) against the same call made directly to containerd. The benchmark fails if any was forwarded.\n\n")
-	}
 	if s := r.PodStart; s != nil {
 		w("## Pod start\n\n")
 		w("Pods started one at a time (RunPodSandbox + CreateContainer + StartContainer of a sleeping busybox, timed\n")
@@ -200,45 +191,6 @@ func Markdown(r *Results, svgName string) string {
 			w("stream) and with pleg-nri stopped. A subscriber on containerd's own stream is connected in both phases.\n\n")
 		}
 	}
-	return b.String()
-}
-
-// stateReadRows renders BenchmarkStateReads' rows of the goals table.
-func stateReadRows(p *Proxy, row func(measure, a, p, diff, goal, met string)) {
-	for _, m := range p.Methods {
-		d50, s50 := Median(m.DirectUs), Median(m.ProxiedUs)
-		d99, s99 := Quantile(m.DirectUs, .99), Quantile(m.ProxiedUs, .99)
-		name := m.name()
-		row(fmt.Sprintf("%s from pleg-nri's state (read-source state), p50 (%d calls each)", name, len(m.DirectUs)), us(d50), us(s50),
-			fmt.Sprintf("%+.0f%%", (s50-d50)/d50*100), "below direct", yesNo(s50 < d50))
-		row(fmt.Sprintf("%s from the state, p99", name), us(d99), us(s99), fmt.Sprintf("%+.0f%%", (s99-d99)/d99*100), "below direct", yesNo(s99 < d99))
-	}
-}
-
-// ReadsCommand is how StateReadsMarkdown's figures are produced.
-const ReadsCommand = "make bench-reads"
-
-// StateReadsMarkdown renders BenchmarkStateReads' results alone (make bench-reads), for a node-sized
-// list: pods pods of perPod containers.
-func StateReadsMarkdown(r *Results, pods, perPod int) string {
-	var b strings.Builder
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("# Reads answered from pleg-nri's state, %d pods\n\n", pods)
-	w("%s.\n", generated(fmt.Sprintf("%s READ_PODS=%d READ_PER_POD=%d", ReadsCommand, pods, perPod), r))
-	if len(r.Load) > 0 {
-		w("Load average (1, 5, 15 min) when the benchmark ended: %s.\n", loads(r.Load))
-	}
-	w("\nThe integration harness's containerd runs %d pods of %d sleeping busybox container(s) each; pleg-nri runs\n", pods, perPod)
-	w("with `read-source: state`. One client on containerd's socket and one on pleg-nri's call the same read\n")
-	w("alternately (direct then through pleg-nri, then the other way round) after a warm-up, on a quiet node:\n")
-	w("nothing changes while they call, so every read through pleg-nri is answered by the front from the core's\n")
-	w("state (a round trip to the core's socket); the benchmark fails if any was forwarded to containerd. The goal\n")
-	w("(issue 25) is an answer sooner than containerd's own, at p50 and p99.\n\n")
-	w("| measure | containerd | pleg-nri's state | difference | goal | met |\n")
-	w("| --- | --- | --- | --- | --- | --- |\n")
-	stateReadRows(r.StateReads, func(measure, a, p, diff, goal, met string) {
-		w("| %s | %s | %s | %s | %s | %s |\n", measure, a, p, diff, goal, met)
-	})
 	return b.String()
 }
 

@@ -34,10 +34,7 @@ type Results struct {
 	// over every series; ByCallback counts by the metric's main label): where its exit latency goes.
 	Internals map[string]*Hook `json:"internals,omitempty"`
 	Proxy     *Proxy           `json:"proxy,omitempty"`
-	// StateReads are reads answered from pleg-nri's state (read-source state) against the same calls
-	// made directly to containerd (ProxiedUs: through pleg-nri).
-	StateReads *Proxy    `json:"state_reads,omitempty"`
-	PodStart   *PodStart `json:"pod_start,omitempty"`
+	PodStart  *PodStart        `json:"pod_start,omitempty"`
 	// HookBench is the plugin's in-process hook benchmark (go test -bench BenchmarkHook ./plugin/), when it
 	// exists; filled by the report from that benchmark's text output.
 	HookBench []GoBench `json:"hook_bench,omitempty"`

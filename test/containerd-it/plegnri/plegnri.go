@@ -76,7 +76,7 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{Socket: filepath.Join(opts.Dir, "run", "cri.sock"), RunDir: filepath.Join(opts.Dir, "run"),
 		MetricsAddr: addr, binary: opts.Binary, dir: opts.Dir}
-	d.args = append([]string{
+	d.args = []string{
 		"--nri-socket", opts.Env.NRISocket,
 		"--containerd-address", opts.Env.Address,
 		"--runtime-endpoint", "unix://" + opts.Env.Address,
@@ -86,60 +86,13 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 		// Its checkpoint in the test's directory, never in the machine's default one (which other
 		// tests' daemons would share).
 		"--state-dir", filepath.Join(opts.Dir, "state"),
-	}, ReadSourceArgs()...)
+	}
 	d.args = append(d.args, opts.Extra...)
 	if err := d.start(ctx); err != nil {
 		_ = d.Close()
 		return nil, err
 	}
 	return d, nil
-}
-
-// ReadSourceEnv names the environment variable that runs every pleg-nri of the integration tests with that
-// read-source ("check": each read compared with containerd's answer; the tests then fail on any
-// difference, see CheckMode).
-const ReadSourceEnv = "PLEG_NRI_IT_READ_SOURCE"
-
-// ReadSourceArgs are the flags that set the read-source ReadSourceEnv names (none when it is not set).
-func ReadSourceArgs() []string {
-	if s := os.Getenv(ReadSourceEnv); s != "" {
-		return []string{"--read-source", s}
-	}
-	return nil
-}
-
-// CheckMode says whether the integration tests run pleg-nri in the check mode (ReadSourceEnv).
-func CheckMode() bool { return os.Getenv(ReadSourceEnv) == "check" }
-
-// CheckReads fails when the daemon runs in the check mode (its flags say --read-source check, as
-// ReadSourceEnv=check makes them) and a read it answered from its state differed from containerd's
-// answer (pleg_nri_state_read_differences_total; its log names the fields). It checks nothing when the
-// daemon is not running or not in the check mode.
-func (d *Daemon) CheckReads() error {
-	if readSourceOf(d.args) != "check" || !d.Running() {
-		return nil
-	}
-	n, err := d.Metric("pleg_nri_state_read_differences_total")
-	if err != nil {
-		return fmt.Errorf("read-source check: %w", err)
-	}
-	if n != 0 {
-		return fmt.Errorf("read-source check: %v reads answered from the state differed from containerd's (the log says which fields)", n)
-	}
-	return nil
-}
-
-// readSourceOf returns the read-source the flags set, the last one winning ("" when none).
-func readSourceOf(flags []string) string {
-	source := ""
-	for i, f := range flags {
-		if v, ok := strings.CutPrefix(f, "--read-source="); ok {
-			source = v
-		} else if f == "--read-source" && i+1 < len(flags) {
-			source = flags[i+1]
-		}
-	}
-	return source
 }
 
 func (d *Daemon) start(ctx context.Context) error {

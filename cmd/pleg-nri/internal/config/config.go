@@ -16,11 +16,11 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/containerd/log"
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
-	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/fresh"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/pleg"
@@ -81,10 +81,6 @@ type Config struct {
 	// pod workers wait at most that long for a newer status instead of its 5 s cache tick
 	// (pleg.Config.CacheTick). 0 disables it.
 	CacheTick Duration `json:"cache-tick"`
-	// ReadSource says where the CRI endpoint answers ListPodSandbox, ListContainers, PodSandboxStatus
-	// and ContainerStatus: runtime (forwarded), state (pleg-nri's state where it is current) or check
-	// (forwarded, and compared with the state's answer) (kubelet.ReadSource).
-	ReadSource string `json:"read-source"`
 	// CoreGrace is how long the front keeps its clients' event streams open while no core serves its
 	// events (a core killed and not restarted): then it ends them with UNAVAILABLE, so that the
 	// kubelet relists (corelink.RelayConfig.CoreGrace). 0 disables it.
@@ -111,7 +107,6 @@ func Default() Config {
 		CheckpointInterval:     Duration(pleg.DefaultCheckpointInterval),
 		StartupReplay:          Duration(time.Minute),
 		ReadFreshness:          string(fresh.DefaultReadFreshness),
-		ReadSource:             string(kubelet.DefaultReadSource),
 		CoreGrace:              Duration(corelink.DefaultCoreGrace),
 	}
 }
@@ -139,8 +134,17 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // String renders the duration.
 func (d Duration) String() string { return time.Duration(d).String() }
 
+// Retired are the keys a release took away, each with what replaces it (docs/operations.md, "Retired
+// keys"): a config that still sets one is read, with a warning, rather than refused, so that a node's
+// configuration of an earlier release (a file, or containerd's NRI plugin config) keeps pleg-nri
+// running after an upgrade.
+var Retired = map[string]string{
+	"read-source": "the kubelet's reads are always forwarded to containerd (read-source: runtime); answering them " +
+		"from pleg-nri's state measured no gain end to end (docs/operations.md, \"Retired keys\")",
+}
+
 // Parse reads YAML (or JSON) config data over base. Unknown keys, wrong types and bad values are
-// errors naming the key.
+// errors naming the key; a Retired key is ignored with a warning.
 func Parse(data []byte, base Config) (Config, error) {
 	cfg := base
 	if len(bytes.TrimSpace(data)) == 0 {
@@ -165,6 +169,10 @@ func Parse(data []byte, base Config) (Config, error) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if note, ok := Retired[k]; ok {
+			log.L.WithField("key", k).Warn("config key retired, ignored: " + note)
+			continue
+		}
 		f, ok := fields[k]
 		if !ok {
 			return cfg, fmt.Errorf("unknown config key %q (known keys: %s)", k, strings.Join(Keys(), ", "))
@@ -268,9 +276,6 @@ func (c Config) Validate() error {
 	}
 	if _, err := fresh.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
 		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
-	}
-	if _, err := kubelet.ParseReadSource(c.ReadSource); err != nil || c.ReadSource == "" {
-		bad("read-source", "want runtime, state or check, got %q", c.ReadSource)
 	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

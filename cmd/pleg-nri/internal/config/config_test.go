@@ -1,13 +1,16 @@
 package config
 
 import (
+	"bytes"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/log"
 	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
 	"sigs.k8s.io/yaml"
 )
 
@@ -60,6 +63,9 @@ func TestParseConfig(t *testing.T) {
 		{name: "no stall timeout", data: "subscriber-stall-timeout: 0s\n", want: func(c *Config) { c.SubscriberStallTimeout = 0 }},
 		{name: "stall timeout too short", data: "subscriber-stall-timeout: 100ms\n", wantErr: `config key "subscriber-stall-timeout": must be 0 (off) or at least 1s`},
 		{name: "negative stall timeout", data: "subscriber-stall-timeout: -1m\n", wantErr: `config key "subscriber-stall-timeout"`},
+		// A retired key is read and ignored, whatever its value, not refused (TestRetiredKeyWarns).
+		{name: "retired read-source", data: "read-source: state\nrelist-period: 3s\n", want: func(c *Config) { c.RelistPeriod = Duration(3 * time.Second) }},
+		{name: "retired read-source of another type", data: "read-source: 1\n", want: func(*Config) {}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Parse([]byte(tc.data), Default())
@@ -82,6 +88,32 @@ func TestParseConfig(t *testing.T) {
 }
 
 // TestLoadConfigFlagsOverrideFile checks the order: defaults, then the file, then explicit flags.
+
+// TestRetiredKeyWarns: a retired key is not a key any more (Keys, Fields), and a config that sets one
+// gets a warning naming it and what replaces it.
+func TestRetiredKeyWarns(t *testing.T) {
+	var buf bytes.Buffer
+	logger := logrus.New()
+	logger.SetOutput(&buf)
+	old := log.L
+	log.L = logrus.NewEntry(logger)
+	t.Cleanup(func() { log.L = old })
+	for key := range Retired {
+		if slices.Contains(Keys(), key) {
+			t.Errorf("retired key %q is still a key", key)
+		}
+		if _, err := Parse([]byte(key+": x\n"), Default()); err != nil {
+			t.Errorf("a config setting the retired key %q: %v", key, err)
+		}
+		if out := buf.String(); !strings.Contains(out, "retired") || !strings.Contains(out, key) || !strings.Contains(out, "Retired keys") {
+			t.Errorf("the warning for %q: %q, want it to name the key and the operations guide's Retired keys", key, out)
+		}
+		buf.Reset()
+	}
+	if _, ok := Retired["read-source"]; !ok {
+		t.Error("read-source is not in Retired")
+	}
+}
 
 // TestExampleConfig checks that nri.conf.example parses and documents every key with its default.
 func TestExampleConfig(t *testing.T) {

@@ -18,17 +18,8 @@ func main() {
 	hookBench := flag.String("hook-bench", "", "text output of go test -bench BenchmarkHook ./plugin/ (optional)")
 	md := flag.String("md", "docs/benchmarks.md", "markdown report to write")
 	svg := flag.String("svg", "docs/exit-latency.svg", "exit latency plot to write")
-	readsMD := flag.String("reads-md", "", "write only BenchmarkStateReads' report here (make bench-reads), not -md and -svg")
-	readPods := flag.Int("read-pods", 0, "with -reads-md: the pods BenchmarkStateReads listed")
-	readPerPod := flag.Int("read-per-pod", 0, "with -reads-md: the containers of each pod")
 	flag.Parse()
-	var err error
-	if *readsMD != "" {
-		err = runReads(*results, *readsMD, *readPods, *readPerPod)
-	} else {
-		err = run(*results, *hookBench, *md, *svg)
-	}
-	if err != nil {
+	if err := run(*results, *hookBench, *md, *svg); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-report:", err)
 		os.Exit(1)
 	}
@@ -66,24 +57,5 @@ func run(results, hookBench, md, svg string) error {
 		return err
 	}
 	fmt.Printf("bench-report: wrote %s and %s\n", md, svg)
-	return nil
-}
-
-// runReads writes BenchmarkStateReads' report alone.
-func runReads(results, md string, pods, perPod int) error {
-	if results == "" || pods < 1 || perPod < 1 {
-		return errors.New("-reads-md needs -results, -read-pods and -read-per-pod")
-	}
-	r, err := benchreport.Load(results)
-	if err != nil {
-		return err
-	}
-	if r.StateReads == nil {
-		return fmt.Errorf("%s has no BenchmarkStateReads results (did it run?)", results)
-	}
-	if err := os.WriteFile(md, []byte(benchreport.StateReadsMarkdown(r, pods, perPod)), 0o644); err != nil {
-		return err
-	}
-	fmt.Printf("bench-report: wrote %s\n", md)
 	return nil
 }
