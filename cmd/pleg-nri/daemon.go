@@ -20,6 +20,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/containerd"
 	"github.com/pleg-nri/pleg-nri/eventbridge/corelink"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
@@ -73,7 +74,9 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	if preRegistered {
 		comps.run(ctx, "NRI plugin", nri.Run)
 		var serve bool
-		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), takeOverCore); !serve {
+		if cfg, serve, err = configurePreRegistered(ctx, cfg, nri.Configured(), func(ctx context.Context, cfg config.Config) (bool, error) {
+			return runningcore.TakeOver(ctx, cfg, version)
+		}); !serve {
 			// A pre-registered plugin's output goes nowhere: containerd's log is where an error is
 			// seen, in the answer to its Synchronize. containerd stops the plugin once it has it;
 			// exiting at once could close the connection before the answer is written.
@@ -128,9 +131,9 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	// What serves the run directory, for the next pre-registered instance (takeover.go) and `pleg-nri
 	// version`: written before the core's socket serves, so that whoever finds the socket finds it too.
 	if exe, err := os.Executable(); err == nil {
-		removeInfo, err := writeCoreInfo(cfg.RunDirectory(), coreInfo{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg})
+		removeInfo, err := runningcore.WriteInfo(cfg.RunDirectory(), runningcore.Info{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg})
 		if err != nil {
-			log.G(ctx).WithError(err).Warn("failed to write " + coreInfoName)
+			log.G(ctx).WithError(err).Warn("failed to write " + runningcore.InfoName)
 		} else {
 			defer removeInfo()
 		}
@@ -254,7 +257,7 @@ func newPlugin(cfg config.Config, preRegistered bool, core func() *pleg.PLEG, m 
 // configurePreRegistered is the start of a plugin launched by containerd, whose NRI plugin already
 // runs: it waits up to preRegisteredConfigWait for the configuration containerd sends through NRI's
 // Configure and returns cfg with it. A configuration the plugin refused is this process's error: it
-// exits with it (containerd logs the same refusal, and stops the plugin). Then takeOver (takeOverCore)
+// exits with it (containerd logs the same refusal, and stops the plugin). Then takeOver (runningcore.TakeOver)
 // deals with a core launched by a previous containerd that still serves the run directory: containerd
 // (2.4) does not stop its pre-registered plugins, and such a core reconnects through the NRI socket.
 // serve is false when this process has nothing to do: ctx ended, or the old core is the same binary
@@ -363,7 +366,7 @@ func refuseSecondCore(runDir string) error {
 	}
 	_ = c.Close()
 	who := ""
-	if info, err := readCoreInfo(runDir); err == nil && info.PID > 0 {
+	if info, err := runningcore.ReadInfo(runDir); err == nil && info.PID > 0 {
 		who = fmt.Sprintf(" (pid %d, version %s)", info.PID, info.Version)
 	}
 	return fmt.Errorf("config key \"run-dir\": a pleg-nri core already serves %s%s: stop it first, or give this one another run-dir and listen", runDir, who)

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -607,7 +608,7 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 		t.Fatalf("%v: runDaemon: %v", err, <-errc)
 	}
 	// It says what serves the run directory (for the next pre-registered instance, takeover.go).
-	if info, err := readCoreInfo(filepath.Join(dir, "run")); err != nil || info.PID != os.Getpid() || info.Version != version || info.Config != cfg {
+	if info, err := runningcore.ReadInfo(filepath.Join(dir, "run")); err != nil || info.PID != os.Getpid() || info.Version != version || info.Config != cfg {
 		t.Errorf("core.json while serving: %+v, %v", info, err)
 	}
 	cancel()
@@ -622,7 +623,7 @@ func TestRunDaemonStopsCleanly(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(dir, "run", front.CoreSocketName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("core socket left: %v", err)
 	}
-	if _, err := os.Lstat(filepath.Join(dir, "run", coreInfoName)); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(dir, "run", runningcore.InfoName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("core.json left: %v", err)
 	}
 	if err := front.Stop(filepath.Join(dir, "run")); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -112,10 +113,10 @@ func TestPreRegisteredTakeover(t *testing.T) {
 		// Serving, and saying so in core.json (written just after the socket serves).
 		err := testutil.Poll(context.Background(), 20*time.Second, "a core serving "+runDir, func() (bool, error) {
 			var err error
-			if pid, err = socketPeerPID(filepath.Join(runDir, front.CoreSocketName)); err != nil {
+			if pid, err = runningcore.PeerPID(filepath.Join(runDir, front.CoreSocketName)); err != nil {
 				return false, err
 			}
-			info, err := readCoreInfo(runDir)
+			info, err := runningcore.ReadInfo(runDir)
 			return err == nil && info.PID == pid, err
 		})
 		if err != nil {
@@ -124,7 +125,7 @@ func TestPreRegisteredTakeover(t *testing.T) {
 		return pid
 	}
 	t.Cleanup(func() {
-		if pid, err := socketPeerPID(filepath.Join(runDir, front.CoreSocketName)); err == nil {
+		if pid, err := runningcore.PeerPID(filepath.Join(runDir, front.CoreSocketName)); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGTERM)
 		}
 		_ = front.Stop(runDir)
@@ -155,7 +156,7 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	if testutil.Alive(first) {
 		t.Errorf("the old core %d still runs after the takeover", first)
 	}
-	if info, err := readCoreInfo(runDir); err != nil || info.PID != second {
+	if info, err := runningcore.ReadInfo(runDir); err != nil || info.PID != second {
 		t.Errorf("core.json after the takeover: %+v, %v", info, err)
 	}
 
@@ -163,7 +164,7 @@ func TestPreRegisteredTakeover(t *testing.T) {
 	configure("relist-period: 7s\n")
 	restart()
 	third := corePID()
-	if info, err := readCoreInfo(runDir); third == second || err != nil || info.PID != third || info.Config.RelistPeriod.String() != "7s" {
+	if info, err := runningcore.ReadInfo(runDir); third == second || err != nil || info.PID != third || info.Config.RelistPeriod.String() != "7s" {
 		t.Errorf("after a configuration change: core %d (was %d), core.json %+v, %v", third, second, info, err)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 )
 
@@ -38,9 +39,9 @@ func versionCommand() *cli.Command {
 // runDir.
 func printVersions(w io.Writer, runDir string) {
 	fmt.Fprintf(w, "pleg-nri %s\n", version)
-	if pid, err := socketPeerPID(filepath.Join(runDir, front.CoreSocketName)); err == nil {
-		v := "unknown (no " + coreInfoName + ": an older release)"
-		if info, err := readCoreInfo(runDir); err == nil && info.PID == pid {
+	if pid, err := runningcore.PeerPID(filepath.Join(runDir, front.CoreSocketName)); err == nil {
+		v := "unknown (no " + runningcore.InfoName + ": an older release)"
+		if info, err := runningcore.ReadInfo(runDir); err == nil && info.PID == pid {
 			v = info.Version
 		}
 		fmt.Fprintf(w, "core: pid %d, version %s\n", pid, v)

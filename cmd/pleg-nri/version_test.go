@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
@@ -58,7 +59,7 @@ func TestPrintVersions(t *testing.T) {
 	if want := fmt.Sprintf("pleg-nri %s\ncore: pid %d, version unknown (no core.json: an older release)\n", version, os.Getpid()); b.String() != want {
 		t.Errorf("a core without core.json:\n%s\nwant:\n%s", b.String(), want)
 	}
-	if _, err := writeCoreInfo(runDir, coreInfo{PID: os.Getpid(), Version: "v0.8", Config: config.Default()}); err != nil {
+	if _, err := runningcore.WriteInfo(runDir, runningcore.Info{PID: os.Getpid(), Version: "v0.8", Config: config.Default()}); err != nil {
 		t.Fatal(err)
 	}
 	fakeFront(t, runDir, "v0.7")

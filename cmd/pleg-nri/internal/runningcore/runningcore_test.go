@@ -1,4 +1,4 @@
-package main
+package runningcore
 
 import (
 	"context"
@@ -29,8 +29,8 @@ func TestDecideTakeover(t *testing.T) {
 	cfg := config.Default()
 	changed := cfg
 	changed.LogLevel, changed.CacheTick = "debug", config.Duration(time.Second)
-	self := coreInfo{PID: 20, Version: "v2", Executable: testExe, Config: cfg}
-	same := coreInfo{PID: 10, Version: "v2", Executable: testExe, Config: cfg}
+	self := Info{PID: 20, Version: "v2", Executable: testExe, Config: cfg}
+	same := Info{PID: 10, Version: "v2", Executable: testExe, Config: cfg}
 	older := same
 	older.Version = "v1"
 	otherCfg := same
@@ -83,8 +83,8 @@ func (p *fakeProcess) Close()                                   { p.closed = tru
 func TestTakeover(t *testing.T) {
 	ctx := context.Background()
 	cfg := config.Default()
-	self := coreInfo{PID: 20, Version: "v2", Executable: testExe, Config: cfg}
-	same := coreInfo{PID: 10, Version: "v2", Executable: testExe, Config: cfg}
+	self := Info{PID: 20, Version: "v2", Executable: testExe, Config: cfg}
+	same := Info{PID: 10, Version: "v2", Executable: testExe, Config: cfg}
 	for _, tc := range []struct {
 		name        string
 		peerErr     error
@@ -150,7 +150,7 @@ func TestTakeover(t *testing.T) {
 func TestSocketPeerPID(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "tk-")
 	path := filepath.Join(dir, "s.sock")
-	if _, err := socketPeerPID(path); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := PeerPID(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("no socket: %v, want ErrNotExist", err)
 	}
 	l, err := net.Listen("unix", path)
@@ -158,9 +158,9 @@ func TestSocketPeerPID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	pid, err := socketPeerPID(path)
+	pid, err := PeerPID(path)
 	if err != nil || pid != os.Getpid() {
-		t.Errorf("socketPeerPID = %d, %v; want %d", pid, err, os.Getpid())
+		t.Errorf("PeerPID = %d, %v; want %d", pid, err, os.Getpid())
 	}
 }
 
@@ -184,7 +184,7 @@ func TestInspectPeer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	remove, err := writeCoreInfo(runDir, coreInfo{PID: 10, Version: "v1", Executable: bin, Config: config.Default()})
+	remove, err := WriteInfo(runDir, Info{PID: 10, Version: "v1", Executable: bin, Config: config.Default()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,11 +200,11 @@ func TestInspectPeer(t *testing.T) {
 		t.Error("a process with no executable link: no error")
 	}
 	// core.json goes with its core, and only its own.
-	if _, err := writeCoreInfo(runDir, coreInfo{PID: 11}); err != nil {
+	if _, err := WriteInfo(runDir, Info{PID: 11}); err != nil {
 		t.Fatal(err)
 	}
 	remove()
-	if info, err := readCoreInfo(runDir); err != nil || info.PID != 11 {
+	if info, err := ReadInfo(runDir); err != nil || info.PID != 11 {
 		t.Errorf("core 10 removed core 11's core.json: %+v, %v", info, err)
 	}
 }
@@ -242,7 +242,7 @@ func TestTakeOverCoreOnTheRealSystem(t *testing.T) {
 	runDir := testutil.ShortTempDir(t, "to-")
 	cfg := config.Default()
 	cfg.RunDir = runDir
-	serve, err := takeOverCore(context.Background(), cfg)
+	serve, err := TakeOver(context.Background(), cfg, "v2")
 	if err != nil || !serve {
 		t.Fatalf("takeover of an empty run directory: serve %v, %v; want to serve", serve, err)
 	}
@@ -260,7 +260,7 @@ func TestTakeOverCoreOnTheRealSystem(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	if serve, err := takeOverCore(context.Background(), cfg); err == nil || serve {
+	if serve, err := TakeOver(context.Background(), cfg, "v2"); err == nil || serve {
 		t.Errorf("takeover from this very process: serve %v, %v; want an error", serve, err)
 	}
 }

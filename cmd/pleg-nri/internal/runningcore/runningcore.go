@@ -1,5 +1,7 @@
-package main
-
+// Package runningcore is the core that serves a run directory, as a new instance finds it: what it says
+// of itself (core.json: WriteInfo, ReadInfo), which process it is (PeerPID), and a new pre-registered
+// instance's takeover from it (TakeOver).
+//
 // A pre-registered core that outlived containerd (containerd 2.4 does not stop its pre-registered
 // plugins) reconnects through the NRI socket and goes on serving the run directory. The instance the
 // next containerd launches decides here whether to leave it the work (it is the same binary with the
@@ -15,6 +17,7 @@ package main
 // by a SIGKILLed core may name a pid the kernel has given to another process since. The old core is
 // signalled through a pidfd opened before it is inspected, so the signal reaches the process inspected
 // even if the pid were reused in between.
+package runningcore
 
 import (
 	"context"
@@ -37,8 +40,8 @@ import (
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 )
 
-// coreInfoName is the file of the run directory where a serving core says what it is.
-const coreInfoName = "core.json"
+// InfoName is the file of the run directory where a serving core says what it is.
+const InfoName = "core.json"
 
 // Bounds of a takeover. containerd waits for the new plugin's Synchronize, which waits for its core, 2
 // s after its Configure was answered, itself at most 2 s after it was sent (NRI's request timeout), and
@@ -51,8 +54,8 @@ const (
 	takeoverKillWait = time.Second
 )
 
-// coreInfo is what a serving core says about itself in core.json.
-type coreInfo struct {
+// Info is what a serving core says about itself in core.json.
+type Info struct {
 	PID     int    `json:"pid"`
 	Version string `json:"version"`
 	// Executable is the core's binary.
@@ -61,14 +64,14 @@ type coreInfo struct {
 	Config config.Config `json:"config"`
 }
 
-// writeCoreInfo writes info as runDir's core.json (atomically); remove removes it if it still names
+// WriteInfo writes info as runDir's core.json (atomically); remove removes it if it still names
 // info.PID.
-func writeCoreInfo(runDir string, info coreInfo) (remove func(), err error) {
+func WriteInfo(runDir string, info Info) (remove func(), err error) {
 	data, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(runDir, coreInfoName)
+	path := filepath.Join(runDir, InfoName)
 	tmp := path + ".new"
 	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
 		return nil, err
@@ -78,21 +81,21 @@ func writeCoreInfo(runDir string, info coreInfo) (remove func(), err error) {
 		return nil, err
 	}
 	return func() {
-		if cur, err := readCoreInfo(runDir); err == nil && cur.PID == info.PID {
+		if cur, err := ReadInfo(runDir); err == nil && cur.PID == info.PID {
 			_ = os.Remove(path)
 		}
 	}, nil
 }
 
-// readCoreInfo reads runDir's core.json.
-func readCoreInfo(runDir string) (coreInfo, error) {
-	var info coreInfo
-	data, err := os.ReadFile(filepath.Join(runDir, coreInfoName))
+// ReadInfo reads runDir's core.json.
+func ReadInfo(runDir string) (Info, error) {
+	var info Info
+	data, err := os.ReadFile(filepath.Join(runDir, InfoName))
 	if err != nil {
 		return info, err
 	}
 	if err := json.Unmarshal(data, &info); err != nil {
-		return info, fmt.Errorf("%s: %w", coreInfoName, err)
+		return info, fmt.Errorf("%s: %w", InfoName, err)
 	}
 	return info, nil
 }
@@ -105,7 +108,7 @@ type peerCore struct {
 	// SameBinary says its binary is the very file this process runs.
 	SameBinary bool
 	// Info is core.json, when it names PID.
-	Info *coreInfo
+	Info *Info
 }
 
 // takeoverAction is what a new pre-registered instance does about the core that serves its run
@@ -119,7 +122,7 @@ const (
 )
 
 // decideTakeover says what self (this process, as it would write core.json) does about peer, and why.
-func decideTakeover(self coreInfo, peer peerCore) (takeoverAction, string) {
+func decideTakeover(self Info, peer peerCore) (takeoverAction, string) {
 	switch {
 	case peer.Executable != self.Executable:
 		return refuse, fmt.Sprintf("the run directory's core (pid %d) runs %q, not this install's %q: stop it first (another install of pleg-nri, or not pleg-nri)",
@@ -127,7 +130,7 @@ func decideTakeover(self coreInfo, peer peerCore) (takeoverAction, string) {
 	case !peer.SameBinary:
 		return takeOver, "its binary was replaced (an upgrade)"
 	case peer.Info == nil:
-		return takeOver, "it does not say its configuration (no " + coreInfoName + " naming it)"
+		return takeOver, "it does not say its configuration (no " + InfoName + " naming it)"
 	case peer.Info.Version != self.Version:
 		return takeOver, fmt.Sprintf("it runs version %s, this is %s", peer.Info.Version, self.Version)
 	}
@@ -150,7 +153,7 @@ type coreProcess interface {
 // does about it; what it reads the system with is injected (the tests' fakes).
 type takeover struct {
 	runDir string
-	self   coreInfo
+	self   Info
 	// peerPID is the pid of the process that serves the socket at path; an error wrapping
 	// fs.ErrNotExist or ECONNREFUSED says none does.
 	peerPID func(path string) (int, error)
@@ -221,21 +224,21 @@ func (t takeover) run(ctx context.Context) (serve bool, err error) {
 }
 
 // newTakeover is the takeover of this process, which would serve runDir with cfg, on the real system.
-func newTakeover(cfg config.Config) (takeover, error) {
+func newTakeover(cfg config.Config, version string) (takeover, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return takeover{}, fmt.Errorf("cannot find this process's binary: %w", err)
 	}
 	runDir := cfg.RunDirectory()
-	return takeover{runDir: runDir, self: coreInfo{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg},
-		peerPID: socketPeerPID, open: openProcess,
+	return takeover{runDir: runDir, self: Info{PID: os.Getpid(), Version: version, Executable: exe, Config: cfg},
+		peerPID: PeerPID, open: openProcess,
 		inspect:  func(pid int) (peerCore, error) { return inspectPeer("/proc", runDir, pid) },
 		termWait: takeoverTermWait, killWait: takeoverKillWait}, nil
 }
 
-// socketPeerPID connects to the unix socket at path and returns the pid of the process that serves
+// PeerPID connects to the unix socket at path and returns the pid of the process that serves
 // it, as the kernel records it (SO_PEERCRED).
-func socketPeerPID(path string) (int, error) {
+func PeerPID(path string) (int, error) {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err != nil {
 		return 0, err
@@ -270,7 +273,7 @@ func inspectPeer(procRoot, runDir string, pid int) (peerCore, error) {
 	theirs, err1 := os.Stat(exeLink)
 	ours, err2 := os.Stat(filepath.Join(procRoot, "self", "exe"))
 	peer.SameBinary = err1 == nil && err2 == nil && os.SameFile(theirs, ours)
-	if info, err := readCoreInfo(runDir); err == nil && info.PID == pid {
+	if info, err := ReadInfo(runDir); err == nil && info.PID == pid {
 		peer.Info = &info
 	}
 	return peer, nil
@@ -313,9 +316,12 @@ func (p pidfdProcess) Wait(ctx context.Context, timeout time.Duration) bool {
 
 func (p pidfdProcess) Close() { _ = unix.Close(p.fd) }
 
-// takeOverCore is the takeover of this process (newTakeover), for configurePreRegistered.
-func takeOverCore(ctx context.Context, cfg config.Config) (serve bool, err error) {
-	t, err := newTakeover(cfg)
+// TakeOver is a new pre-registered instance's takeover of the core that serves cfg's run directory: this
+// process, of version, would serve it with cfg. serve says it is to serve (nobody served it, or the old
+// core is gone); serve false with no error: leave the work to the old core (the same binary, version and
+// configuration), or ctx ended. A core of another executable is never touched: an error.
+func TakeOver(ctx context.Context, cfg config.Config, version string) (serve bool, err error) {
+	t, err := newTakeover(cfg, version)
 	if err != nil {
 		return false, err
 	}
