@@ -1,6 +1,6 @@
 package pleg
 
-// The CRI calls the state machine asks the fetcher for (a first status and its retries, a refresh, an
+// The CRI calls the state machine asks the fetcher for (a first status and its retries, a recheck, an
 // OOM check; the verification is in verify.go), and how it applies their answers.
 
 import (
@@ -38,19 +38,19 @@ func (s *state) retryFetch(o *object, limit time.Duration) {
 // reason Unknown; a start time).
 func (s *state) giveUpFetch(ctx context.Context, o *object) {
 	o.fetchGaveUp = true
-	s.refresh(ctx, o)
+	s.recompute(ctx, o)
 }
 
-// startRefresh asks containerd again for a container's status after a change no phase tells; the pod's
+// startRecheck asks containerd again for a container's status after a change no phase tells; the pod's
 // events wait for the answer (ready).
-func (s *state) startRefresh(o *object) {
+func (s *state) startRecheck(o *object) {
 	o.stale = true
-	if o.refreshing {
-		o.refreshAgain = true
+	if o.rechecking {
+		o.recheckAgain = true
 		return
 	}
-	o.refreshing = true
-	s.fetch.push(fetchReq{id: o.id, kind: o.kind, refresh: true, due: s.clock()})
+	o.rechecking = true
+	s.fetch.push(fetchReq{id: o.id, kind: o.kind, recheck: true, due: s.clock()})
 }
 
 // needOOMCheck says whether the STOPPED of o must wait for an OOM check: like containerd's
@@ -87,7 +87,7 @@ func (s *state) startOOMCheck(o *object) bool {
 }
 
 // applyFetch applies the answer (or failure) of a call the fetcher made for an object still known: an
-// OOM check, a refresh, a verification or a status call.
+// OOM check, a recheck, a verification or a status call.
 func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	o := s.objects[r.req.id]
 	if o == nil || o.dropped || o.kind != r.req.kind {
@@ -96,8 +96,8 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 	switch {
 	case r.req.oom:
 		s.applyOOMCheck(ctx, o, r)
-	case r.req.refresh:
-		s.applyRefresh(ctx, o, r)
+	case r.req.recheck:
+		s.applyRecheck(ctx, o, r)
 	case r.req.verify:
 		s.applyVerify(ctx, o, r)
 	default:
@@ -111,7 +111,7 @@ func (s *state) applyFetch(ctx context.Context, r *fetchResult) {
 // status and synthesizes what is missing of one that had.
 //
 // The call is outstanding (o.fetching) until its answer has been applied: while update applies a status,
-// its refresh must not start a second call (every incomplete answer would add a chain of retries and
+// its recheck must not start a second call (every incomplete answer would add a chain of retries and
 // restart the window), nor build a removed container's end without this answer. o.fetching is cleared
 // once the answer is in, before what follows decides whether to call again.
 func (s *state) applyStatus(ctx context.Context, o *object, r *fetchResult) {
@@ -141,7 +141,7 @@ func (s *state) applyStatus(ctx context.Context, o *object, r *fetchResult) {
 			s.retryFetch(o, s.backoff.max)
 		}
 	} else {
-		s.refresh(ctx, o) // now that no call is outstanding (a removed object's end can be built)
+		s.recompute(ctx, o) // now that no call is outstanding (a removed object's end can be built)
 	}
 	s.flush(ctx, o.pod)
 }
@@ -182,19 +182,19 @@ func (s *state) statusFailed(ctx context.Context, o *object, r *fetchResult, win
 	}
 }
 
-// applyRefresh applies the answer of a refresh call (startRefresh): the pod's events that waited for
+// applyRecheck applies the answer of a recheck call (startRecheck): the pod's events that waited for
 // it can go out, unless the status changed again meanwhile.
-func (s *state) applyRefresh(ctx context.Context, o *object, r *fetchResult) {
-	o.refreshing = false
-	if o.refreshAgain {
-		o.refreshAgain = false
-		s.startRefresh(o)
+func (s *state) applyRecheck(ctx context.Context, o *object, r *fetchResult) {
+	o.rechecking = false
+	if o.recheckAgain {
+		o.recheckAgain = false
+		s.startRecheck(o)
 	} else {
 		o.stale = false
 	}
 	if r.err != nil {
 		// Nothing better to tell: the pod's events go on with the status known.
-		log.G(ctx).WithField(o.kind.String(), o.id).WithError(r.err).Debug("refresh status call failed")
+		log.G(ctx).WithField(o.kind.String(), o.id).WithError(r.err).Debug("recheck status call failed")
 	} else {
 		s.update(ctx, o, statusObs(o, r))
 	}
@@ -215,12 +215,12 @@ func (s *state) applyOOMCheck(ctx context.Context, o *object, r *fetchResult) {
 	case isNotFound(r.err):
 		// containerd's exit handler deleted the task: it made its own check first, and its status
 		// has the verdict.
-		s.startRefresh(o)
+		s.startRecheck(o)
 	default:
 		// The STOPPED goes out without it; the exit verification corrects it if needed.
 		log.G(ctx).WithField(o.kind.String(), o.id).WithError(r.err).Warn("OOM check failed")
 	}
-	s.refresh(ctx, o)
+	s.recompute(ctx, o)
 	s.flush(ctx, o.pod)
 }
 

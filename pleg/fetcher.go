@@ -1,7 +1,7 @@
 package pleg
 
 // The status fetcher: the CRI status calls the state machine asks for (a first status, a retry, a
-// verification, a refresh, an OOM check), queued ready or delayed, made by a pool of workers, each
+// verification, a recheck, an OOM check), queued ready or delayed, made by a pool of workers, each
 // answer handed back to the state machine through the inbox (applyFetch in calls.go).
 
 import (
@@ -25,8 +25,8 @@ type fetchReq struct {
 	id     string
 	kind   Kind
 	verify bool // the delayed verification after a STARTED/STOPPED built from fast facts
-	// refresh asks again for a status that changed in a way no phase tells (a resource update)
-	refresh bool
+	// recheck asks again for a status that changed in a way no phase tells (a resource update)
+	recheck bool
 	// oom asks Config.OOM whether the container's cgroup recorded an OOM kill
 	oom    bool
 	cgroup string    // the container's cgroupsPath, for an oom request

@@ -38,15 +38,15 @@ func nriUpdated(id, sb string, at time.Time) Observation {
 	return Observation{Source: SourceNRI, Kind: KindContainer, ID: id, SandboxID: sb, StatusChanged: true, SourceTime: at}
 }
 
-// TestUpdateRefreshesStatus (item 1): after UpdateContainerResources (NRI's PostUpdateContainer), every
+// TestUpdateRechecksStatus (item 1): after UpdateContainerResources (NRI's PostUpdateContainer), every
 // later event of the pod carries containerd's new status of the container, a sibling's and its own; the
 // update itself gives no event (containerd's stream has none).
-func TestUpdateRefreshesStatus(t *testing.T) {
+func TestUpdateRechecksStatus(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		// beforeAnswer: the sibling exits before the refresh's status answer is in.
+		// beforeAnswer: the sibling exits before the recheck's status answer is in.
 		beforeAnswer bool
-	}{{"exit after the refresh", false}, {"exit before the refresh answer", true}} {
+	}{{"exit after the recheck", false}, {"exit before the recheck answer", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			h.startPod("s1", "c1", "c2")

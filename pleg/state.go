@@ -41,7 +41,7 @@ package pleg
 // sandbox's status and the statuses of the containers whose CREATED was emitted and DELETED was not,
 // ordered by created_at then id.
 //
-// This file holds the objects, the pods and the transitions (apply, update, advance, refresh); emit.go
+// This file holds the objects, the pods and the transitions (apply, update, advance, recompute); emit.go
 // builds and emits the events; calls.go asks for the CRI calls and applies their answers; verify.go
 // verifies an exit built from the fast inputs; holds.go keeps held observations and tombstones.
 
@@ -106,10 +106,10 @@ type object struct {
 	cgroup      string // the container's cgroupsPath (from NRI), for the OOM check
 
 	// stale says containerd's status changed in a way no phase tells (a resource update, NRI's
-	// PostUpdateContainer): the pod's events wait until a refresh call answered (or failed).
+	// PostUpdateContainer): the pod's events wait until a recheck call answered (or failed).
 	stale        bool
-	refreshing   bool // a refresh call is outstanding
-	refreshAgain bool // the status changed again while it was: ask once more after its answer
+	rechecking   bool // a recheck call is outstanding
+	recheckAgain bool // the status changed again while it was: ask once more after its answer
 
 	stoppedReason  string // reason carried by the STOPPED event
 	corrected      bool   // a corrected STOPPED was emitted
@@ -305,14 +305,14 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 	}
 	derived := PhaseNone
 	if ob.StatusChanged && o.kind == KindContainer && o.phase < PhaseRemoved {
-		s.startRefresh(o)
+		s.startRecheck(o)
 	}
 	if o.kind == KindContainer && ob.Phase == PhaseRemoved && o.phase < PhaseRemoved {
 		// containerd builds each event's sandbox status when it sends it: once StopPodSandbox tore
 		// the network down, the IPs are gone. A container removed from a stopped sandbox whose status
 		// still has them: ask again before its DELETED.
 		if sb := o.pod.sandbox; sb.phase >= PhaseExited && sb.phase < PhaseRemoved && hasIPs(sb.sbSent) {
-			s.startRefresh(sb)
+			s.startRecheck(sb)
 		}
 	}
 	if ob.ContainerStatus != nil && o.kind == KindContainer {
@@ -344,7 +344,7 @@ func (s *state) update(ctx context.Context, o *object, ob Observation) {
 	if target > o.phase {
 		s.advance(ctx, o, target, cause{ob.Source, ob.SourceTime})
 	}
-	s.refresh(ctx, o)
+	s.recompute(ctx, o)
 }
 
 // setContainerBase caches a container status answer unless it is behind the cached one; it returns the
@@ -396,15 +396,15 @@ func (s *state) advance(ctx context.Context, o *object, target Phase, c cause) {
 		for _, ct := range s.sortedContainers(o.pod) {
 			if ct.phase < PhaseRemoved {
 				s.advance(ctx, ct, PhaseRemoved, c)
-				s.refresh(ctx, ct)
+				s.recompute(ctx, ct)
 			}
 		}
 	}
 }
 
-// refresh recomputes what events carry for o after a change, starts the status calls it needs and
+// recompute recomputes what events carry for o after a change, starts the status calls it needs and
 // queues its pending events.
-func (s *state) refresh(ctx context.Context, o *object) {
+func (s *state) recompute(ctx context.Context, o *object) {
 	if o.dropped {
 		return
 	}
