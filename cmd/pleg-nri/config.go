@@ -45,7 +45,7 @@ func daemonFlags(d config.Config) []cli.Flag {
 		str("state-dir", "directory of the checkpoint that lets a restart emit only what changed (empty disables it)", d.StateDir),
 		dur("checkpoint-interval", "least time between two checkpoint writes", d.CheckpointInterval),
 		dur("startup-replay", "how long after startup a new subscriber still gets every event since the start (0 disables)", d.StartupReplay),
-		str("read-freshness", "status reads the runtime answers older than a sent event: overlay (answer with the sent stop), hold (wait for the runtime) or off", d.ReadFreshness),
+		str("read-freshness", "status reads the runtime answers older than a sent event: overlay (answer with the sent stop) or off", d.ReadFreshness),
 		dur("cache-tick", "send each pod's statuses again this often as a CREATED of its sandbox (kubelet 1.35/1.36: pod workers wait at most this long for a newer status instead of 5 s; 0 disables)", d.CacheTick),
 		dur("core-grace", "end the kubelet's event stream (UNAVAILABLE: it relists) once no core has served the front for this long (0 disables)", d.CoreGrace),
 		&cli.BoolFlag{Name: "refresh-after-stop", Value: d.RefreshAfterStop, Local: true,
@@ -84,6 +84,7 @@ func daemonConfig(cmd *cli.Command) (cfg config.Config, path string, err error) 
 			log.L.WithField("flag", "--"+key).Warn("flag retired, ignored: " + note)
 		}
 	}
+	config.ReplaceRetired(&cfg)
 	return cfg, path, cfg.Validate()
 }
 

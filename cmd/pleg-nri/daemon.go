@@ -332,8 +332,8 @@ func newCore(ctx context.Context, cfg config.Config, conns *dial.Conns, m coreHo
 
 // serveCoreEvents serves the core's side of the core link (corelink.Core) on its socket in the run
 // directory, where the front subscribes: the core's events, and the front's refresh requests
-// (refresh-after-stop, the hold mode). It forwards nothing: the
-// kubelet's endpoint is the front's. stop stops it, the first time it is called.
+// (refresh-after-stop). It forwards nothing: the kubelet's endpoint is the front's. stop stops it, the
+// first time it is called.
 func serveCoreEvents(ctx context.Context, cfg config.Config, core *pleg.PLEG, m coreLinkMetrics) (srv *kubelet.Server, stop func(), err error) {
 	link, err := corelink.NewCore(corelink.CoreConfig{Events: eventSource{core}, Metrics: m, RefreshStopped: core.RefreshStopped})
 	if err != nil {

@@ -212,7 +212,7 @@ func TestSecondCoreLeavesTheFront(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := append(absentUpstreams(dir), "--listen", "unix://"+sock, "--state-dir", filepath.Join(dir, "state2"),
-		"--read-freshness", "hold")
+		"--read-freshness", "off")
 	code, out := runToExit(t, args...)
 	if code == 0 || !strings.Contains(lastLine(out), "already serves") {
 		t.Errorf("second core: exit %d, last line %q; want a failure naming the running core", code, lastLine(out))

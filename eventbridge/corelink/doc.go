@@ -9,8 +9,8 @@
 // not a CRI endpoint; `pleg-nri events` and the tests use the kubelet's endpoint or containerd's):
 //   - runtime.v1.RuntimeService/GetContainerEvents: the core's events, one subscription of its fan-out
 //     per stream (the method keeps the CRI's name, so that any CRI client can read the core's stream);
-//   - RefreshStoppedMethod: send an object's STOPPED again (after a stop the kubelet made, or a read the
-//     hold mode gave up on).
+//   - RefreshStoppedMethod: send an object's STOPPED again (after a stop the kubelet made:
+//     refresh-after-stop).
 //
 // The front's Relay resubscribes across the core's restarts and holds each event until the runtime
 // serves (RuntimeGate); see docs/restarts.md.

@@ -76,7 +76,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.BoolVar(&c.Takeover, "takeover", false, "take the listening socket over from the front running in run-dir")
 	fs.IntVar(&c.ListenFD, "listen-fd", 0, "serve --listen on this inherited listening socket (a front respawned by the core)")
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
-	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
+	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay or off")
 	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
 	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
 	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")

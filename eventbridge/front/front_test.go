@@ -145,7 +145,7 @@ func run(t *testing.T, cfg Config) <-chan error {
 func TestArgsRoundTrip(t *testing.T) {
 	for _, c := range []Config{
 		{Listen: "unix:///run/pleg-nri/cri.sock", RuntimeEndpoint: "unix:///run/containerd/containerd.sock", RunDir: "/run/pleg-nri",
-			LogLevel: "debug", ReadFreshness: "hold"},
+			LogLevel: "debug", ReadFreshness: "off"},
 		{Listen: "/a.sock", RuntimeEndpoint: "/b.sock", RunDir: "/r", LogLevel: "info", ReadFreshness: "off", Takeover: true,
 			RefreshAfterStop: true, LogFile: "/r/front.log", CoreGrace: 20 * time.Second},
 		{Listen: "tcp://127.0.0.1:9000", RuntimeEndpoint: "/b.sock", RunDir: "/r", LogLevel: "info", ReadFreshness: "off", AllowTCPListen: true},
@@ -188,7 +188,7 @@ func TestInfoCompatible(t *testing.T) {
 	for _, change := range []func(*Info){
 		func(i *Info) { i.Protocol++ }, func(i *Info) { i.Revision = "0123456789abcdef" }, func(i *Info) { i.Revision = "" },
 		func(i *Info) { i.Listen = "/other" }, func(i *Info) { i.RuntimeEndpoint = "/other" },
-		func(i *Info) { i.ReadFreshness = "hold" }, func(i *Info) { i.RefreshAfterStop = true },
+		func(i *Info) { i.ReadFreshness = "off" }, func(i *Info) { i.RefreshAfterStop = true },
 		func(i *Info) { i.CoreGrace = "20s" }, func(i *Info) { i.CoreGrace = "soon" },
 	} {
 		i := ok
@@ -400,7 +400,7 @@ func TestEnsure(t *testing.T) {
 	}
 
 	changed := cfg
-	changed.ReadFreshness = "hold"
+	changed.ReadFreshness = "off"
 	if err := Ensure(ctx, changed, false); err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +410,7 @@ func TestEnsure(t *testing.T) {
 		t.Fatal("the incompatible front did not hand over")
 	}
 	info, err := Query(cfg.RunDir, "info")
-	if err != nil || info.PID == os.Getpid() || info.ReadFreshness != "hold" {
+	if err != nil || info.PID == os.Getpid() || info.ReadFreshness != "off" {
 		t.Fatalf("after Ensure: %+v, %v", info, err)
 	}
 	if err := Stop(cfg.RunDir); err != nil {

@@ -44,18 +44,7 @@ func (NopMetrics) RuntimeConnectionState(bool) {}
 // FreshnessMetrics is implemented by a Metrics that wants to know about the status reads that showed
 // running an object the event stream had already reported stopped (see fresh.Config.ReadFreshness).
 type FreshnessMetrics interface {
-	// StaleRead is called, in the hold mode, when the runtime's answer to a status read was older than
-	// the event stream: how long the proxy held the read, and whether the runtime caught up within the
-	// bound (when it did not, the client got the runtime's last answer).
-	StaleRead(method string, held time.Duration, caughtUp bool)
-	// OverlaidRead is called, in the overlay mode, when the proxy answered a status read with the stopped
-	// status the event stream had sent instead of the runtime's older one.
+	// OverlaidRead is called when the proxy answered a status read with the stopped status the event
+	// stream had sent instead of the runtime's older one.
 	OverlaidRead(method string)
-}
-
-// RefreshMetrics is implemented by a Metrics that wants to count the hold mode's refreshes.
-type RefreshMetrics interface {
-	// RefreshSent is called when the event source took a refresh (caughtUp false: the
-	// runtime never showed the stop within the watch, and nothing was sent).
-	RefreshSent(caughtUp bool)
 }

@@ -18,9 +18,7 @@ type PrometheusMetrics struct {
 	streams       prometheus.Gauge
 	streamsClosed *prometheus.CounterVec
 	refused       *prometheus.CounterVec
-	staleReads    *prometheus.HistogramVec
 	overlaidReads *prometheus.CounterVec
-	refreshes     *prometheus.CounterVec
 	resubscribed  prometheus.Counter
 	coreGone      prometheus.Counter
 	// upstreams and upstream are where the runtime connection's state goes.
@@ -33,11 +31,6 @@ type PrometheusMetrics struct {
 func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstreams, upstream string) *PrometheusMetrics {
 	const ns = promutil.Namespace
 	m := &PrometheusMetrics{
-		staleReads: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "stale_read_hold_seconds",
-			Help:    "Status reads whose first answer from containerd was older than the event stream, by method and result (caught_up, or gave_up: answered with containerd's last answer), and how long they were held.",
-			Buckets: promutil.LatencyBuckets}, []string{"method", "result"}),
-		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "refresh_events_total",
-			Help: "Refresh events (read-freshness: hold): after a held read gave up with containerd's older answer, the STOPPED re-sent by the core once containerd caught up (sent), or none because it never did (not_caught_up)."}, []string{"result"}),
 		overlaidReads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "overlaid_reads_total",
 			Help: "Status reads answered with the stopped status already sent in an event, because containerd's answer still showed the object running (read-freshness: overlay), by method."}, []string{"method"}),
 		forwarded: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "forwarded_call_duration_seconds",
@@ -55,15 +48,12 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 		upstreams: upstreams,
 		upstream:  upstream,
 	}
-	reg.MustRegister(m.staleReads, m.overlaidReads, m.refreshes, m.forwarded, m.streams, m.streamsClosed, m.refused, m.resubscribed, m.coreGone)
+	reg.MustRegister(m.overlaidReads, m.forwarded, m.streams, m.streamsClosed, m.refused, m.resubscribed, m.coreGone)
 	// The series a dashboard or an alert reads exist from the start (at 0), so that an increase shows
-	// from 0 and a panel has data on a node where nothing happened yet: each read method's held reads,
-	// and the codes a stream most often ends with.
+	// from 0 and a panel has data on a node where nothing happened yet: each read method's overlaid
+	// reads, and the codes a stream most often ends with.
 	for _, method := range []string{ListPodSandboxMethod, ListContainersMethod, PodSandboxStatusMethod, ContainerStatusMethod} {
-		label := promutil.MethodLabel(method)
-		for _, result := range []string{"caught_up", "gave_up"} {
-			m.staleReads.WithLabelValues(label, result)
-		}
+		m.overlaidReads.WithLabelValues(promutil.MethodLabel(method))
 	}
 	for _, code := range []codes.Code{codes.Canceled, codes.Unavailable, codes.ResourceExhausted} {
 		m.streamsClosed.WithLabelValues(code.String())
@@ -77,7 +67,6 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 var (
 	_ Metrics          = (*PrometheusMetrics)(nil)
 	_ FreshnessMetrics = (*PrometheusMetrics)(nil)
-	_ RefreshMetrics   = (*PrometheusMetrics)(nil)
 
 	_ StreamLimitMetrics = (*PrometheusMetrics)(nil)
 )
@@ -101,27 +90,9 @@ func (m *PrometheusMetrics) EventSent(time.Duration) {}
 
 func (m *PrometheusMetrics) RuntimeConnectionState(up bool) { m.upstreams.Set(m.upstream, up, false) }
 
-// StaleRead is FreshnessMetrics' hook.
-func (m *PrometheusMetrics) StaleRead(method string, held time.Duration, caughtUp bool) {
-	result := "gave_up"
-	if caughtUp {
-		result = "caught_up"
-	}
-	m.staleReads.WithLabelValues(promutil.MethodLabel(method), result).Observe(held.Seconds())
-}
-
 // OverlaidRead is FreshnessMetrics' hook.
 func (m *PrometheusMetrics) OverlaidRead(method string) {
 	m.overlaidReads.WithLabelValues(promutil.MethodLabel(method)).Inc()
-}
-
-// RefreshSent is RefreshMetrics' hook.
-func (m *PrometheusMetrics) RefreshSent(caughtUp bool) {
-	result := "not_caught_up"
-	if caughtUp {
-		result = "sent"
-	}
-	m.refreshes.WithLabelValues(result).Inc()
 }
 
 // Resubscribed counts a subscription of the front's Relay made again after one ended (RelayConfig.Resubscribed).

@@ -26,11 +26,7 @@ func TestPrometheusMetrics(t *testing.T) {
 	m.RuntimeConnectionState(true)
 	m.RuntimeConnectionState(false)
 	m.RuntimeConnectionState(true)
-	m.StaleRead("/runtime.v1.RuntimeService/ContainerStatus", time.Millisecond, true)
-	m.StaleRead("/runtime.v1.RuntimeService/ContainerStatus", time.Millisecond, false)
 	m.OverlaidRead("/runtime.v1.RuntimeService/ContainerStatus")
-	m.RefreshSent(true)
-	m.RefreshSent(false)
 	m.Resubscribed()
 	m.CoreGone()
 	var b bytes.Buffer
@@ -45,11 +41,7 @@ func TestPrometheusMetrics(t *testing.T) {
 		`pleg_nri_event_streams_refused_total{limit="connection"} 1`,
 		`pleg_nri_upstream_connected{upstream="front_cri"} 1`,
 		`pleg_nri_upstream_reconnects_total{upstream="front_cri"} 1`,
-		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="caught_up"} 1`,
-		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="gave_up"} 1`,
 		`pleg_nri_overlaid_reads_total{method="/runtime.v1.RuntimeService/ContainerStatus"} 1`,
-		`pleg_nri_refresh_events_total{result="sent"} 1`,
-		`pleg_nri_refresh_events_total{result="not_caught_up"} 1`,
 		`pleg_nri_front_resubscriptions_total 1`,
 		`pleg_nri_event_streams_core_gone_total 1`,
 	} {
@@ -59,7 +51,7 @@ func TestPrometheusMetrics(t *testing.T) {
 	}
 }
 
-// TestPrometheusSeriesFromTheStart: held reads and stream ends by their usual codes exist at 0 once
+// TestPrometheusSeriesFromTheStart: overlaid reads and stream ends by their usual codes exist at 0 once
 // the metrics are registered, so that the dashboard's panels have data and an alert on their increase
 // sees the first one.
 func TestPrometheusSeriesFromTheStart(t *testing.T) {
@@ -70,7 +62,7 @@ func TestPrometheusSeriesFromTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`pleg_nri_stale_read_hold_seconds_count{method="/runtime.v1.RuntimeService/ContainerStatus",result="gave_up"} 0`,
+		`pleg_nri_overlaid_reads_total{method="/runtime.v1.RuntimeService/ContainerStatus"} 0`,
 		`pleg_nri_event_streams_closed_total{code="Unavailable"} 0`,
 		`pleg_nri_event_streams_closed_total{code="ResourceExhausted"} 0`,
 		`pleg_nri_event_streams_core_gone_total 0`,

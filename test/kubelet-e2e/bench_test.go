@@ -46,7 +46,7 @@ const (
 	// benchReportEnv names the markdown file BenchmarkCrashRestart writes (make bench-kubelet); the
 	// JSON goes beside it (same name, .json).
 	benchReportEnv = "PLEG_NRI_KUBELET_BENCH_MD"
-	// benchFreshnessEnv adds setups: pleg-nri with each read-freshness mode it lists ("hold,off"),
+	// benchFreshnessEnv adds setups: pleg-nri with each read-freshness mode it lists ("off"),
 	// to compare them with the default in the same run.
 	benchFreshnessEnv = "PLEG_NRI_KUBELET_BENCH_FRESHNESS"
 	// benchControlsEnv=0 leaves out the control setups (benchControls).
@@ -142,10 +142,9 @@ type benchRun struct {
 	Before, After plegMetrics
 	// Load is the machine's load average when the run ended.
 	Load string
-	// HeldReads and HeldSeconds are pleg-nri's status reads held until containerd caught up with the
-	// events (pleg_nri_stale_read_hold_seconds count and sum; setup 3 only); OverlaidReads those it
-	// answered with the stop already sent (pleg_nri_overlaid_reads_total).
-	HeldReads, HeldSeconds, OverlaidReads float64
+	// OverlaidReads are pleg-nri's status reads answered with the stop already sent
+	// (pleg_nri_overlaid_reads_total).
+	OverlaidReads float64
 	// KubeletCPU and PlegNRICPU are the CPU seconds (user+system) the kubelet and pleg-nri used from the
 	// pods' creation to the last replacement running; Wall is that time.
 	KubeletCPU, PlegNRICPU float64
@@ -293,8 +292,6 @@ func runCrashBench(b *testing.B, s setup, pods int) *benchRun {
 	r.Load = loadAvg()
 	if n.p != nil {
 		r.PlegNRICPU = processCPU(n.p.PID) - plegNRICPU
-		r.HeldReads, _ = n.p.Metric("pleg_nri_stale_read_hold_seconds_count")
-		r.HeldSeconds, _ = n.p.Metric("pleg_nri_stale_read_hold_seconds_sum")
 		r.OverlaidReads, _ = n.p.Metric("pleg_nri_overlaid_reads_total")
 	}
 	created, started := r.latencies()
@@ -493,7 +490,6 @@ func benchJSON(runs []*benchRun, setups []setup, rounds int) ([]byte, error) {
 		// CPU seconds per minute of the runs' wall time.
 		KubeletCPUPerMin float64  `json:"kubelet_cpu_seconds_per_minute"`
 		PlegNRICPUPerMin *float64 `json:"plegnri_cpu_seconds_per_minute,omitempty"`
-		HeldReads        *float64 `json:"plegnri_held_reads,omitempty"`
 		OverlaidReads    *float64 `json:"plegnri_overlaid_reads,omitempty"`
 		// ExitToPlegNRIEmittedMs and ExitToPlegNRIReceivedMs (attached setups): the exit to pleg-nri's
 		// STOPPED's created_at and to its receipt by the bench's subscriber of pleg-nri's stream.
@@ -530,13 +526,13 @@ func benchJSON(runs []*benchRun, setups []setup, rounds int) ([]byte, error) {
 			}
 			perMin := math.Round(pcpu/wall.Minutes()*1000) / 1000
 			j.PlegNRICPUPerMin = &perMin
-			var held, overlaid float64
+			var overlaid float64
 			for _, r := range runs {
 				if r.Setup == s {
-					held, overlaid = held+r.HeldReads, overlaid+r.OverlaidReads
+					overlaid += r.OverlaidReads
 				}
 			}
-			j.HeldReads, j.OverlaidReads = &held, &overlaid
+			j.OverlaidReads = &overlaid
 		}
 		if s.Attached {
 			emitted, received := nodebench.QuantilesOf(plegNRIStagesOf(runs, s, false)), nodebench.QuantilesOf(plegNRIStagesOf(runs, s, true))
@@ -621,29 +617,29 @@ func benchMarkdown(runs []*benchRun, setups []setup, rounds, pods int) string {
 	p("")
 	p("Each round, and what its kubelet's metrics said from the pods' creation to the last replacement:")
 	p("")
-	p("| round | setup | exit → created p50 | evented_pleg_connection_success_count | evented_pleg_connection_error_count | relists during the run | pod relists | events received during the run (before it) | event created → handled by the kubelet, mean | pleg-nri reads held (s) | reads overlaid | load at end |")
-	p("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	p("| round | setup | exit → created p50 | evented_pleg_connection_success_count | evented_pleg_connection_error_count | relists during the run | pod relists | events received during the run (before it) | event created → handled by the kubelet, mean | reads overlaid | load at end |")
+	p("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range runs {
 		created, _ := r.latencies()
-		held, overlaid := "-", "-"
+		overlaid := "-"
 		if r.Setup.runsPlegNRI() {
-			held, overlaid = fmt.Sprintf("%g (%.2f)", r.HeldReads, r.HeldSeconds), fmt.Sprintf("%g", r.OverlaidReads)
+			overlaid = fmt.Sprintf("%g", r.OverlaidReads)
 		}
 		events := r.After.EventsReceived - r.Before.EventsReceived
 		delivery := math.NaN()
 		if events > 0 {
 			delivery = (r.After.EventLatency - r.Before.EventLatency) / events * 1000
 		}
-		p("| %d | %s | %s | %g | %g | %g | %g | %g (%g) | %s | %s | %s | %s |", r.Round, r.Setup.Name, nodebench.Ms(benchreport.Median(created)),
+		p("| %d | %s | %s | %g | %g | %g | %g | %g (%g) | %s | %s | %s |", r.Round, r.Setup.Name, nodebench.Ms(benchreport.Median(created)),
 			r.After.ConnSuccess, r.After.ConnError, r.After.Relists-r.Before.Relists, r.After.PodRelists-r.Before.PodRelists,
-			events, r.Before.EventsReceived, nodebench.Ms(delivery), held, overlaid, r.Load)
+			events, r.Before.EventsReceived, nodebench.Ms(delivery), overlaid, r.Load)
 	}
 	p("")
 	p("Events received are the observations of `kubelet_evented_pleg_connection_latency_seconds`. Those before the run,")
 	p("with containerd's stream, are containerd replaying to its stream's first subscriber the events of the previous")
-	p("setup's pods (removed while nobody listened; containerd keeps them for 5 minutes). Reads held: the status reads")
-	p("pleg-nri held until containerd's answer caught up with the events it had sent (`pleg_nri_stale_read_hold_seconds`")
-	p("count and sum). Event created → handled: the mean of `kubelet_evented_pleg_connection_latency_seconds`, from the")
+	p("setup's pods (removed while nobody listened; containerd keeps them for 5 minutes). Reads overlaid: the status")
+	p("reads pleg-nri answered with the stop it had sent while containerd's answer still showed the container running")
+	p("(`pleg_nri_overlaid_reads_total`). Event created → handled: the mean of `kubelet_evented_pleg_connection_latency_seconds`, from the")
 	p("event's `created_at` (containerd: once it has handled the exit; pleg-nri: as soon as it learns of it) to the")
 	p("kubelet's handling. The kubelets run with --v=2 and pleg-nri at log level info, as in production.")
 	p("")

@@ -218,7 +218,7 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 }
 
 // freshnessEnv sets pleg-nri's read-freshness in the setups that do not choose one, for experiments
-// (e.g. to see TestOverlaidExit fail with "hold" or "off" on kubelet 1.37).
+// (e.g. to see TestOverlaidExit fail with "off" on kubelet 1.37).
 const freshnessEnv = "PLEG_NRI_KUBELET_FRESHNESS"
 
 // refreshAfterStopEnv=1 runs pleg-nri with refresh-after-stop in every setup, to check that the suite

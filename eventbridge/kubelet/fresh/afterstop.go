@@ -227,3 +227,16 @@ func (s *stopRefresher) ask(ctx context.Context, id string) {
 func (s *stopRefresher) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return boundedCtx(ctx, afterStopCallTimeout, s.done)
 }
+
+// boundedCtx is ctx bounded by timeout and ended when done is closed (the proxy's shutdown).
+func boundedCtx(ctx context.Context, timeout time.Duration, done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}

@@ -5,10 +5,8 @@
 //
 // Each mechanism is a kubelet.ReadHook (the endpoint's one seam), built by Hooks from the front's
 // configuration:
-//   - read freshness (ReadFreshness: overlay, hold; freshread.go, stopped.go, readfix.go): a status read
-//     whose answer shows running what the stream reported stopped is overlaid with the status sent, or
-//     held until the runtime catches up; after a held read gave up, the core is asked for the refresh
-//     once the runtime caught up (refresh.go);
+//   - read freshness (ReadFreshness: overlay; freshread.go, stopped.go, readfix.go): a status read
+//     whose answer shows running what the stream reported stopped is overlaid with the status sent;
 //   - the refresh after a stop (refresh-after-stop; afterstop.go): once the kubelet's calls about a pod
 //     it stopped are quiet, the core is asked to send the STOPPED again.
 //

@@ -12,26 +12,21 @@ import (
 
 // Config is everything the hooks are built from.
 type Config struct {
-	// Runtime is the runtime's connection (the endpoint's backend): the hold mode and the refresh
-	// after a stop ask it. Required.
+	// Runtime is the runtime's connection (the endpoint's backend): the refresh after a stop asks it.
+	// Required.
 	Runtime *grpc.ClientConn
-	// Metrics is the endpoint's; it may implement kubelet.FreshnessMetrics and kubelet.RefreshMetrics.
-	// nil: none.
+	// Metrics is the endpoint's; it may implement kubelet.FreshnessMetrics. nil: none.
 	Metrics kubelet.Metrics
 	// ReadFreshness makes the status reads (ContainerStatus, PodSandboxStatus, ListContainers,
 	// ListPodSandbox) consistent with the events the endpoint sent; "" is DefaultReadFreshness. While the
 	// endpoint has sent a STOPPED for an object whose status the runtime's answer still shows running,
-	// ReadFreshnessOverlay answers with the stopped status that was sent, and ReadFreshnessHold asks the
-	// runtime again (2 ms, 4 ms, ... 50 ms apart) until its answer shows the stop or FreshnessWait has
-	// passed, and then gives the client the runtime's answer byte for byte. ReadFreshnessOff adds no hook.
+	// ReadFreshnessOverlay answers with the stopped status that was sent. ReadFreshnessOff adds no hook.
 	// Only the events served by the endpoint itself count.
 	ReadFreshness ReadFreshness
-	// FreshnessWait bounds a held read; default DefaultFreshnessWait.
-	FreshnessWait time.Duration
 	// Refresh asks the event source to send its STOPPED of an object (container or sandbox id) again,
 	// stamped now, to every subscriber: the front's is corelink.Relay.RefreshStopped (the core fills it
-	// from its state, in order with the pod's other events). The hold mode asks for it once the runtime
-	// caught up with a read that gave up, and RefreshAfterStop after a stop; nil: neither does.
+	// from its state, in order with the pod's other events). RefreshAfterStop asks for it after a stop;
+	// nil: it does not.
 	Refresh func(ctx context.Context, id string) error
 	// RefreshAfterStop, with Refresh, asks for the refresh after each StopContainer or StopPodSandbox
 	// the runtime answered, once the client's calls about that pod have been quiet for a moment, of
@@ -43,7 +38,7 @@ type Config struct {
 }
 
 // Hooks returns the hooks of cfg for kubelet.ProxyConfig.Hooks, in the order a call goes through them:
-// the refresh after a stop sees the stops the runtime answered, read freshness asks the runtime. A
+// the refresh after a stop sees the stops the runtime answered, read freshness the runtime's answers. A
 // ReadFreshness that ParseReadFreshness refuses is an error.
 func Hooks(cfg Config) ([]kubelet.ReadHook, error) {
 	mode, err := ParseReadFreshness(string(cfg.ReadFreshness))
@@ -57,16 +52,8 @@ func Hooks(cfg Config) ([]kubelet.ReadHook, error) {
 	if cfg.RefreshAfterStop && cfg.Refresh != nil {
 		hooks = append(hooks, newStopRefresher(runtimeapi.NewRuntimeServiceClient(cfg.Runtime), cfg.Refresh, time.Now, cfg.Done))
 	}
-	if mode != ReadFreshnessOff {
-		var refresh *refresher
-		if mode == ReadFreshnessHold && cfg.Refresh != nil {
-			var sent func(bool)
-			if m, ok := cfg.Metrics.(kubelet.RefreshMetrics); ok {
-				sent = m.RefreshSent
-			}
-			refresh = newRefresher(runtimeapi.NewRuntimeServiceClient(cfg.Runtime), cfg.Refresh, time.Now, cfg.Done, sent)
-		}
-		hooks = append(hooks, newFreshReads(mode, cfg.FreshnessWait, refresh, cfg.Metrics, time.Now))
+	if mode == ReadFreshnessOverlay {
+		hooks = append(hooks, newFreshReads(cfg.Metrics, time.Now))
 	}
 	return hooks, nil
 }

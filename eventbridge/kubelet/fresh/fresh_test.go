@@ -70,37 +70,20 @@ func (r *laggingRuntime) ListPodSandbox(context.Context, *runtimeapi.ListPodSand
 	return &runtimeapi.ListPodSandboxResponse{Items: []*runtimeapi.PodSandbox{{Id: "s1", State: st}}}, nil
 }
 
-type staleReads struct {
-	// mu guards the fields below.
-	mu        sync.Mutex
-	reads     []bool   // caughtUp, per held read
-	overlaid  []string // methods, per overlaid read
-	refreshes []bool   // caughtUp, per refresh
-	// asked are the ids of the refreshes the proxy asked for (ProxyConfig.Refresh), with the runtime's
-	// lag when it asked.
-	asked []string
+type overlaidReads struct {
+	// mu guards overlaid.
+	mu       sync.Mutex
+	overlaid []string // methods, per overlaid read
 }
 
-// snapshot returns what was reported so far: reads and overlaid.
-func (m *staleReads) snapshot() (reads []bool, overlaid []string) {
+// snapshot returns the overlaid reads reported so far.
+func (m *overlaidReads) snapshot() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.reads), slices.Clone(m.overlaid)
+	return slices.Clone(m.overlaid)
 }
 
-func (m *staleReads) StaleRead(_ string, _ time.Duration, caughtUp bool) {
-	m.mu.Lock()
-	m.reads = append(m.reads, caughtUp)
-	m.mu.Unlock()
-}
-
-func (m *staleReads) RefreshSent(caughtUp bool) {
-	m.mu.Lock()
-	m.refreshes = append(m.refreshes, caughtUp)
-	m.mu.Unlock()
-}
-
-func (m *staleReads) OverlaidRead(method string) {
+func (m *overlaidReads) OverlaidRead(method string) {
 	m.mu.Lock()
 	m.overlaid = append(m.overlaid, method)
 	m.mu.Unlock()
@@ -108,7 +91,7 @@ func (m *staleReads) OverlaidRead(method string) {
 
 type freshMetrics struct {
 	kubelet.NopMetrics
-	*staleReads
+	*overlaidReads
 }
 
 // stoppedEvents are the STOPPED events the fake source sends for c1 (container of sandbox s0, exit 7)
@@ -135,26 +118,20 @@ func stoppedEvents() []*runtimeapi.ContainerEventResponse {
 type freshEnv struct {
 	rt      *laggingRuntime
 	source  *kubelettest.Source
-	metrics *staleReads
+	metrics *overlaidReads
 	client  runtimeapi.RuntimeServiceClient
 	events  grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
 }
 
-func newFreshEnv(t *testing.T, mode ReadFreshness, wait time.Duration) *freshEnv {
+func newFreshEnv(t *testing.T, mode ReadFreshness) *freshEnv {
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "eb-")
-	e := &freshEnv{rt: &laggingRuntime{}, source: kubelettest.NewSource(), metrics: &staleReads{}}
+	e := &freshEnv{rt: &laggingRuntime{}, source: kubelettest.NewSource(), metrics: &overlaidReads{}}
 	rtPath := filepath.Join(dir, "rt.sock")
 	testutil.ServeGRPC(t, rtPath, func(srv *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(srv, e.rt) })
-	refresh := func(_ context.Context, id string) error {
-		e.metrics.mu.Lock()
-		defer e.metrics.mu.Unlock()
-		e.metrics.asked = append(e.metrics.asked, fmt.Sprintf("%s behind %d", id, max(e.rt.behind.Load(), 0)))
-		return nil
-	}
 	backend := kubelettest.Connect(t, rtPath)
-	metrics := freshMetrics{staleReads: e.metrics}
-	hooks := mustHooks(t, Config{Runtime: backend, Metrics: metrics, ReadFreshness: mode, FreshnessWait: wait, Refresh: refresh})
+	metrics := freshMetrics{overlaidReads: e.metrics}
+	hooks := mustHooks(t, Config{Runtime: backend, Metrics: metrics, ReadFreshness: mode})
 	s, _ := kubelettest.Serve(t, filepath.Join(dir, "cri.sock"), kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: backend, Events: e.source,
 		Metrics: metrics, Hooks: hooks}))
 	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, s.Addr().String()))
@@ -175,24 +152,6 @@ func (e *freshEnv) send(t *testing.T, evs ...*runtimeapi.ContainerEventResponse)
 	for range evs {
 		kubelettest.RecvEvent(t, e.events)
 	}
-}
-
-// newGivenUpRead returns a freshEnv in the hold mode (bound 30 ms) after a read the runtime never
-// caught up with: the STOPPED of c1 sent, the runtime still showing c1 running, the client given the
-// runtime's RUNNING once the bound passed.
-func newGivenUpRead(t *testing.T, ctx context.Context) *freshEnv {
-	t.Helper()
-	e := newFreshEnv(t, ReadFreshnessHold, 30*time.Millisecond)
-	e.send(t, stoppedEvents()...)
-	e.rt.behind.Store(1 << 30)
-	r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
-		t.Fatalf("held read answered %s, want the runtime's RUNNING after giving up", r.GetStatus().GetState())
-	}
-	return e
 }
 
 // statusReads are the four status reads, each reporting whether its answer shows c1 exited (or s1 not
@@ -224,73 +183,13 @@ func statusReads(ctx context.Context, c runtimeapi.RuntimeServiceClient) []struc
 	}
 }
 
-// TestReadFreshnessHold: in the hold mode, a status read whose answer shows running what the event
-// stream reported stopped is asked again until the runtime catches up, within the bound; other reads
-// go through once.
-func TestReadFreshnessHold(t *testing.T) {
-	ctx := kubelettest.Ctx(t)
-	t.Run("caught up", func(t *testing.T) {
-		e := newFreshEnv(t, ReadFreshnessHold, 0)
-		for _, read := range statusReads(ctx, e.client) {
-			// Sent again for each read: the previous read's caught-up answer forgot them.
-			e.send(t, stoppedEvents()...)
-			e.rt.behind.Store(3)
-			e.rt.calls.Store(0)
-			fresh, err := read.call()
-			if err != nil {
-				t.Fatalf("%s: %v", read.name, err)
-			}
-			if !fresh || e.rt.calls.Load() != 4 {
-				t.Errorf("%s: answer shows the stop %v after %d runtime calls, want true after 4", read.name, fresh, e.rt.calls.Load())
-			}
-		}
-		if reads, _ := e.metrics.snapshot(); !slices.Equal(reads, []bool{true, true, true, true}) {
-			t.Errorf("stale reads reported: %v, want 4 caught up", reads)
-		}
-	})
-	t.Run("nothing sent", func(t *testing.T) {
-		e := newFreshEnv(t, ReadFreshnessHold, 0)
-		e.rt.behind.Store(3)
-		r, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING || e.rt.calls.Load() != 1 {
-			t.Errorf("got %s after %d calls, want the runtime's RUNNING after 1", r.GetStatus().GetState(), e.rt.calls.Load())
-		}
-		if reads, _ := e.metrics.snapshot(); len(reads) != 0 {
-			t.Errorf("stale reads reported: %v", reads)
-		}
-	})
-	t.Run("another object sent", func(t *testing.T) {
-		e := newFreshEnv(t, ReadFreshnessHold, 0)
-		e.send(t, &runtimeapi.ContainerEventResponse{ContainerId: "c9", CreatedAt: 5,
-			ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
-			PodSandboxStatus:   &runtimeapi.PodSandboxStatus{Id: "s0"},
-			ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: "c9", State: runtimeapi.ContainerState_CONTAINER_EXITED}}})
-		e.rt.behind.Store(3)
-		if _, err := e.client.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "c1"}); err != nil {
-			t.Fatal(err)
-		}
-		if e.rt.calls.Load() != 1 {
-			t.Errorf("%d runtime calls, want 1", e.rt.calls.Load())
-		}
-	})
-	t.Run("never catches up", func(t *testing.T) {
-		e := newGivenUpRead(t, ctx)
-		if reads, _ := e.metrics.snapshot(); !slices.Equal(reads, []bool{false}) {
-			t.Errorf("stale reads reported: %v, want one that did not catch up", reads)
-		}
-	})
-}
-
 // TestReadFreshnessOverlay: in the overlay mode, a status read whose answer shows running what the
 // event stream reported stopped is answered at once, with the stopped status that was sent in the
 // fields an exit changes and the runtime's answer in all others; once the runtime shows the stop, its
 // own answers go through unchanged.
 func TestReadFreshnessOverlay(t *testing.T) {
 	ctx := kubelettest.Ctx(t)
-	e := newFreshEnv(t, ReadFreshnessOverlay, 0)
+	e := newFreshEnv(t, ReadFreshnessOverlay)
 	e.send(t, stoppedEvents()...)
 	e.rt.behind.Store(1 << 30)
 	for _, read := range statusReads(ctx, e.client) {
@@ -305,7 +204,7 @@ func TestReadFreshnessOverlay(t *testing.T) {
 	}
 	wantOverlaid := []string{"/runtime.v1.RuntimeService/ContainerStatus", "/runtime.v1.RuntimeService/ListContainers",
 		"/runtime.v1.RuntimeService/PodSandboxStatus", "/runtime.v1.RuntimeService/ListPodSandbox"}
-	if _, overlaid := e.metrics.snapshot(); !slices.Equal(overlaid, wantOverlaid) {
+	if overlaid := e.metrics.snapshot(); !slices.Equal(overlaid, wantOverlaid) {
 		t.Errorf("overlaid reads reported: %v, want %v", overlaid, wantOverlaid)
 	}
 
@@ -369,7 +268,7 @@ func TestReadFreshnessForgets(t *testing.T) {
 		return r.GetStatus().GetState()
 	}
 	for _, deleted := range []string{"c1", "s0"} {
-		e := newFreshEnv(t, ReadFreshnessOverlay, 0)
+		e := newFreshEnv(t, ReadFreshnessOverlay)
 		e.rt.behind.Store(1 << 30)
 		e.send(t, stoppedEvents()...)
 		if got := state(e); got != runtimeapi.ContainerState_CONTAINER_EXITED {
@@ -382,7 +281,7 @@ func TestReadFreshnessForgets(t *testing.T) {
 			t.Errorf("after a DELETED of %s: c1 %s, want the runtime's RUNNING", deleted, got)
 		}
 	}
-	e := newFreshEnv(t, ReadFreshnessOff, 0)
+	e := newFreshEnv(t, ReadFreshnessOff)
 	e.rt.behind.Store(1 << 30)
 	e.send(t, stoppedEvents()...)
 	if got := state(e); got != runtimeapi.ContainerState_CONTAINER_RUNNING {
@@ -457,43 +356,11 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	kubelettest.Recv(t, done, "Serve to return")
 }
 
-// TestReadFreshnessRefresh (issue 11, item 7; issue 57): when a held read gives up and answers the
-// runtime's RUNNING, the proxy watches the runtime, and once it shows the stop (not before) it asks the
-// event source to send the container's STOPPED again, once.
-func TestReadFreshnessRefresh(t *testing.T) {
-	e := newGivenUpRead(t, kubelettest.Ctx(t))
-	// The proxy's watch finds the runtime still behind, then the runtime catches up.
-	calls := e.rt.calls.Load()
-	testutil.Eventually(t, kubelettest.WaitTimeout, "the refresh watch to ask the runtime", func() bool { return e.rt.calls.Load() > calls+1 })
-	e.metrics.mu.Lock()
-	early := slices.Clone(e.metrics.asked)
-	e.metrics.mu.Unlock()
-	if len(early) != 0 {
-		t.Fatalf("refresh asked for while the runtime still showed the container running: %v", early)
-	}
-	e.rt.behind.Store(0)
-	if err := testutil.Poll(context.Background(), kubelettest.WaitTimeout, "the refresh to be asked for and reported", func() (bool, error) {
-		e.metrics.mu.Lock()
-		defer e.metrics.mu.Unlock()
-		return slices.Equal(e.metrics.asked, []string{"c1 behind 0"}) && slices.Equal(e.metrics.refreshes, []bool{true}),
-			fmt.Errorf("refreshes asked %v, reported %v; want c1's once, after the runtime caught up", e.metrics.asked, e.metrics.refreshes)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	// Nothing else: the watch is over.
-	time.Sleep(3 * refreshPollMin)
-	e.metrics.mu.Lock()
-	defer e.metrics.mu.Unlock()
-	if len(e.metrics.asked) != 1 {
-		t.Errorf("refreshes asked %v, want one", e.metrics.asked)
-	}
-}
-
 // BenchmarkOverlayListContainers: the proxy's own work on a ListContainers answer of 100 containers
 // while one object is ahead of the runtime: "related", the answer holds it (decode, overlay, encode);
 // "unrelated", it does not (only the scan for tracked ids).
 func BenchmarkOverlayListContainers(b *testing.B) {
-	tr := newStoppedTracker(time.Now, overlayTTL)
+	tr := newStoppedTracker(time.Now, stoppedTTL)
 	for _, ev := range stoppedEvents() {
 		eb, _ := proto.Marshal(ev)
 		tr.observe(eb)

@@ -2,7 +2,6 @@ package fresh
 
 import (
 	"fmt"
-	"time"
 )
 
 // ReadFreshness says how the CRI endpoint keeps its status reads consistent with the events it already
@@ -21,9 +20,6 @@ const (
 	// finished_at, reason and message from the STOPPED event (everything else from the runtime's
 	// answer); for a sandbox, state NOTREADY. That is what the runtime answers once it catches up.
 	ReadFreshnessOverlay ReadFreshness = "overlay"
-	// ReadFreshnessHold asks the runtime again until its answer shows the stop (bounded): the client
-	// gets the runtime's answer byte for byte, only later.
-	ReadFreshnessHold ReadFreshness = "hold"
 	// ReadFreshnessOff forwards status reads like any other call.
 	ReadFreshnessOff ReadFreshness = "off"
 )
@@ -33,15 +29,12 @@ func ParseReadFreshness(s string) (ReadFreshness, error) {
 	switch m := ReadFreshness(s); m {
 	case "":
 		return DefaultReadFreshness, nil
-	case ReadFreshnessOverlay, ReadFreshnessHold, ReadFreshnessOff:
+	case ReadFreshnessOverlay, ReadFreshnessOff:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown read freshness %q: want %q, %q or %q", s, ReadFreshnessOverlay, ReadFreshnessHold, ReadFreshnessOff)
+	return "", fmt.Errorf("unknown read freshness %q: want %q or %q", s, ReadFreshnessOverlay, ReadFreshnessOff)
 }
 
 // DefaultReadFreshness is the mode of a config that names none (docs/internals.md gives the measurements
 // behind the choice).
 const DefaultReadFreshness = ReadFreshnessOverlay
-
-// DefaultFreshnessWait bounds how long a held status read waits for the runtime to catch up.
-const DefaultFreshnessWait = 5 * time.Second

@@ -13,24 +13,15 @@ func running(st runtimeapi.ContainerState) bool {
 }
 
 // readFix is, for one status-reading method, what the endpoint does with the runtime's answer
-// (encoded) while some object is tracked as stopped ahead of it: stale returns the tracked objects the
-// answer shows running (for the hold), and overlay returns the answer with those objects shown as
-// the stream reported them (nil when there is nothing to change). Both forget the objects whose stop
-// the answer shows.
+// (encoded) while some object is tracked as stopped ahead of it: overlay returns the answer with those
+// objects shown as the stream reported them (nil when there is nothing to change), and forgets the
+// objects whose stop the answer shows.
 type readFix struct {
-	stale   func(t *stoppedTracker, answer []byte) []string
 	overlay func(t *stoppedTracker, req, answer []byte) []byte
 }
 
 var readFixes = map[string]*readFix{
 	kubelet.ContainerStatusMethod: {
-		stale: func(t *stoppedTracker, b []byte) []string {
-			var r runtimeapi.ContainerStatusResponse
-			if proto.Unmarshal(b, &r) != nil || !t.staleContainer(r.GetStatus().GetId(), r.GetStatus().GetState()) {
-				return nil
-			}
-			return []string{r.GetStatus().GetId()}
-		},
 		overlay: func(t *stoppedTracker, _, b []byte) []byte {
 			var r runtimeapi.ContainerStatusResponse
 			if proto.Unmarshal(b, &r) != nil || !t.overlayContainerStatus(r.GetStatus()) {
@@ -40,17 +31,6 @@ var readFixes = map[string]*readFix{
 		},
 	},
 	kubelet.PodSandboxStatusMethod: {
-		stale: func(t *stoppedTracker, b []byte) []string {
-			var r runtimeapi.PodSandboxStatusResponse
-			if proto.Unmarshal(b, &r) != nil {
-				return nil
-			}
-			var stale []string
-			if t.staleSandbox(r.GetStatus().GetId(), r.GetStatus().GetState()) {
-				stale = append(stale, r.GetStatus().GetId())
-			}
-			return append(stale, staleOf(r.GetContainersStatuses(), t.staleContainer)...)
-		},
 		overlay: func(t *stoppedTracker, _, b []byte) []byte {
 			var r runtimeapi.PodSandboxStatusResponse
 			if proto.Unmarshal(b, &r) != nil {
@@ -71,13 +51,6 @@ var readFixes = map[string]*readFix{
 		},
 	},
 	kubelet.ListContainersMethod: {
-		stale: func(t *stoppedTracker, b []byte) []string {
-			var r runtimeapi.ListContainersResponse
-			if proto.Unmarshal(b, &r) != nil {
-				return nil
-			}
-			return staleOf(r.GetContainers(), t.staleContainer)
-		},
 		overlay: func(t *stoppedTracker, req, b []byte) []byte {
 			var r runtimeapi.ListContainersResponse
 			if proto.Unmarshal(b, &r) != nil {
@@ -103,13 +76,6 @@ var readFixes = map[string]*readFix{
 		},
 	},
 	kubelet.ListPodSandboxMethod: {
-		stale: func(t *stoppedTracker, b []byte) []string {
-			var r runtimeapi.ListPodSandboxResponse
-			if proto.Unmarshal(b, &r) != nil {
-				return nil
-			}
-			return staleOf(r.GetItems(), t.staleSandbox)
-		},
 		overlay: func(t *stoppedTracker, req, b []byte) []byte {
 			var r runtimeapi.ListPodSandboxResponse
 			if proto.Unmarshal(b, &r) != nil {
@@ -139,18 +105,6 @@ var readFixes = map[string]*readFix{
 type stateful[S comparable] interface {
 	GetId() string
 	GetState() S
-}
-
-// staleOf returns the ids of the objects stale says the answer shows running while the stream reported
-// them stopped (staleContainer or staleSandbox).
-func staleOf[T stateful[S], S comparable](objects []T, stale func(id string, st S) bool) []string {
-	var ids []string
-	for _, o := range objects {
-		if stale(o.GetId(), o.GetState()) {
-			ids = append(ids, o.GetId())
-		}
-	}
-	return ids
 }
 
 // inState returns, in place, the objects in state want: a list request's state filter, applied again to

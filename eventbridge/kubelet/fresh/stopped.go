@@ -11,14 +11,10 @@ import (
 )
 
 // stoppedTTL bounds how long an object stays "stopped ahead" when the runtime never shows the stop
-// (runtime stuck, or the object went away without a DELETED through this endpoint), in the hold mode:
-// past it, reads are no longer held. The overlay mode, which costs a read nothing, keeps an object for
-// overlayTTL: containerd under IO pressure can take many seconds to handle an exit, and a kubelet that
-// read RUNNING after the STOPPED would keep it.
-const (
-	stoppedTTL = 10 * time.Second
-	overlayTTL = 2 * time.Minute
-)
+// (runtime stuck, or the object went away without a DELETED through this endpoint). The overlay costs a
+// read nothing, so the bound is long: containerd under IO pressure can take many seconds to handle an
+// exit, and a kubelet that read RUNNING after the STOPPED would keep it.
+const stoppedTTL = 2 * time.Minute
 
 // stoppedTracker holds the objects this endpoint sent a STOPPED for, with the status the STOPPED
 // carried, until the runtime's own answers show the stop, a DELETED for the object is sent, or
@@ -28,7 +24,7 @@ const (
 // It is safe for concurrent use.
 type stoppedTracker struct {
 	now func() time.Time
-	// ttl is stoppedTTL or overlayTTL.
+	// ttl is stoppedTTL (tests shorten it).
 	ttl time.Duration
 	// n is len(containers)+len(sandboxes), read without the lock: every status read asks it.
 	n atomic.Int64
@@ -227,19 +223,6 @@ func (t *stoppedTracker) mentioned(answer []byte) bool {
 		}
 	}
 	return false
-}
-
-// sandboxOf returns the sandbox of a tracked container, or id itself for a sandbox ("" when untracked).
-func (t *stoppedTracker) sandboxOf(id string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c := t.containers[id]; c != nil {
-		return c.sandboxID
-	}
-	if t.sandboxes[id] != nil {
-		return id
-	}
-	return ""
 }
 
 // sandbox reports whether sandbox id is tracked as stopped.

@@ -70,7 +70,8 @@ type Config struct {
 	// event emitted since pleg-nri started; 0 disables it.
 	StartupReplay Duration `json:"startup-replay"`
 	// ReadFreshness is how the CRI endpoint answers a status read that the runtime would answer with an
-	// older state than an event already sent: overlay, hold or off (fresh.ReadFreshness).
+	// older state than an event already sent: overlay or off (fresh.ReadFreshness); hold is retired
+	// (RetiredValues).
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
@@ -143,6 +144,30 @@ var Retired = map[string]string{
 		"from pleg-nri's state measured no gain end to end (docs/operations.md, \"Retired keys\")",
 }
 
+// RetiredValue is a value a release took away from a key: Now replaces it, and Note says why.
+type RetiredValue struct{ Now, Note string }
+
+// RetiredValues are, per key, the values a release took away (docs/operations.md, "Retired keys"): a
+// config that still sets one gets the value that replaces it, with a warning (ReplaceRetired).
+var RetiredValues = map[string]map[string]RetiredValue{
+	"read-freshness": {"hold": {Now: string(fresh.ReadFreshnessOverlay), Note: "hold was no sooner than overlay on kubelet 1.36 " +
+		"and later than containerd's own stream on 1.37 (docs/operations.md, \"Retired keys\")"}},
+}
+
+// ReplaceRetired replaces, with a warning, each value of c that RetiredValues lists (Parse does it for
+// a file; the daemon for its flags too).
+func ReplaceRetired(c *Config) {
+	for key, field := range Fields(c) {
+		if field.Kind() != reflect.String {
+			continue
+		}
+		if r, ok := RetiredValues[key][field.String()]; ok {
+			log.L.WithField("key", key).WithField("value", field.String()).WithField("now", r.Now).Warn("config value retired, replaced: " + r.Note)
+			field.SetString(r.Now)
+		}
+	}
+}
+
 // Parse reads YAML (or JSON) config data over base. Unknown keys, wrong types and bad values are
 // errors naming the key; a Retired key is ignored with a warning.
 func Parse(data []byte, base Config) (Config, error) {
@@ -181,6 +206,7 @@ func Parse(data []byte, base Config) (Config, error) {
 			return cfg, fmt.Errorf("config key %q: %w", k, cleanJSONError(err))
 		}
 	}
+	ReplaceRetired(&cfg)
 	return cfg, cfg.Validate()
 }
 
@@ -275,7 +301,7 @@ func (c Config) Validate() error {
 		bad("plugin-idx", "must be two digits (00-99), got %q", c.PluginIdx)
 	}
 	if _, err := fresh.ParseReadFreshness(c.ReadFreshness); err != nil || c.ReadFreshness == "" {
-		bad("read-freshness", "want overlay, hold or off, got %q", c.ReadFreshness)
+		bad("read-freshness", "want overlay or off, got %q", c.ReadFreshness)
 	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "warning", "error":

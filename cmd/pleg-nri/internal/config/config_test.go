@@ -51,8 +51,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "no state", data: "state-dir: \"\"\n", want: func(c *Config) { c.StateDir = "" }},
 		{name: "relative state dir", data: "state-dir: state\n", wantErr: `config key "state-dir": must be an absolute path`},
 		{name: "negative replay", data: "startup-replay: -1m\n", wantErr: `config key "startup-replay": must not be negative`},
-		{name: "read freshness", data: "read-freshness: hold\n", want: func(c *Config) { c.ReadFreshness = "hold" }},
-		{name: "bad read freshness", data: "read-freshness: fast\n", wantErr: `config key "read-freshness": want overlay, hold or off`},
+		{name: "read freshness", data: "read-freshness: \"off\"\n", want: func(c *Config) { c.ReadFreshness = "off" }},
+		{name: "bad read freshness", data: "read-freshness: fast\n", wantErr: `config key "read-freshness": want overlay or off`},
 		{name: "checkpoint interval", data: "checkpoint-interval: 250ms\n", want: func(c *Config) { c.CheckpointInterval = Duration(250 * time.Millisecond) }},
 		{name: "core grace", data: "core-grace: 5s\n", want: func(c *Config) { c.CoreGrace = Duration(5 * time.Second) }},
 		{name: "no core grace", data: "core-grace: 0s\n", want: func(c *Config) { c.CoreGrace = 0 }},
@@ -112,6 +112,36 @@ func TestRetiredKeyWarns(t *testing.T) {
 	}
 	if _, ok := Retired["read-source"]; !ok {
 		t.Error("read-source is not in Retired")
+	}
+}
+
+// TestRetiredValueReplaced: a retired value (read-freshness: hold) is replaced by the one that took its
+// place, with a warning naming the key, the value and the operations guide's Retired keys, in a file and
+// in the flags (ReplaceRetired), and the key's other values stay as they are.
+func TestRetiredValueReplaced(t *testing.T) {
+	var buf bytes.Buffer
+	logger := logrus.New()
+	logger.SetOutput(&buf)
+	old := log.L
+	log.L = logrus.NewEntry(logger)
+	t.Cleanup(func() { log.L = old })
+	base := Default()
+	base.ReadFreshness = "off"
+	got, err := Parse([]byte("read-freshness: hold\n"), base)
+	if err != nil || got.ReadFreshness != "overlay" {
+		t.Errorf("read-freshness: hold gave %q, %v; want overlay", got.ReadFreshness, err)
+	}
+	if out := buf.String(); !strings.Contains(out, "retired") || !strings.Contains(out, "hold") || !strings.Contains(out, "Retired keys") {
+		t.Errorf("the warning: %q, want it to name the value and the operations guide's Retired keys", out)
+	}
+	flags := Default()
+	flags.ReadFreshness = "hold"
+	ReplaceRetired(&flags)
+	if flags.ReadFreshness != "overlay" || flags.Validate() != nil {
+		t.Errorf("ReplaceRetired left read-freshness %q (%v)", flags.ReadFreshness, flags.Validate())
+	}
+	if got, err := Parse([]byte("read-freshness: \"off\"\n"), Default()); err != nil || got.ReadFreshness != "off" {
+		t.Errorf("read-freshness: off gave %q, %v", got.ReadFreshness, err)
 	}
 }
 
