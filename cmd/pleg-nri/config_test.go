@@ -10,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/log"
-	"github.com/sirupsen/logrus"
-
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func TestLoadConfigFlagsOverrideFile(t *testing.T) {
@@ -39,12 +37,7 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 // TestRetiredFlagIgnored: a daemon started with a retired key's flag (a unit written for an earlier
 // release) starts with a warning, the flag ignored, and does not list it in its help.
 func TestRetiredFlagIgnored(t *testing.T) {
-	var buf bytes.Buffer
-	logger := logrus.New()
-	logger.SetOutput(&buf)
-	old := log.L
-	log.L = logrus.NewEntry(logger)
-	t.Cleanup(func() { log.L = old })
+	buf := testutil.CaptureLog(t)
 	cfg, _, err := loadConfig([]string{"--read-source", "state", "--relist-period", "7s"})
 	if err != nil {
 		t.Fatalf("a daemon with --read-source: %v", err)

@@ -1,17 +1,16 @@
 package config
 
 import (
-	"bytes"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containerd/log"
 	"github.com/google/go-cmp/cmp"
-	"github.com/sirupsen/logrus"
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -92,12 +91,7 @@ func TestParseConfig(t *testing.T) {
 // TestRetiredKeyWarns: a retired key is not a key any more (Keys, Fields), and a config that sets one
 // gets a warning naming it and what replaces it.
 func TestRetiredKeyWarns(t *testing.T) {
-	var buf bytes.Buffer
-	logger := logrus.New()
-	logger.SetOutput(&buf)
-	old := log.L
-	log.L = logrus.NewEntry(logger)
-	t.Cleanup(func() { log.L = old })
+	buf := testutil.CaptureLog(t)
 	for key := range Retired {
 		if slices.Contains(Keys(), key) {
 			t.Errorf("retired key %q is still a key", key)
@@ -119,12 +113,7 @@ func TestRetiredKeyWarns(t *testing.T) {
 // place, with a warning naming the key, the value and the operations guide's Retired keys, in a file and
 // in the flags (ReplaceRetired), and the key's other values stay as they are.
 func TestRetiredValueReplaced(t *testing.T) {
-	var buf bytes.Buffer
-	logger := logrus.New()
-	logger.SetOutput(&buf)
-	old := log.L
-	log.L = logrus.NewEntry(logger)
-	t.Cleanup(func() { log.L = old })
+	buf := testutil.CaptureLog(t)
 	base := Default()
 	base.ReadFreshness = "off"
 	got, err := Parse([]byte("read-freshness: hold\n"), base)
