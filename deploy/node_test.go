@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -398,7 +397,7 @@ func TestNodeHealthServer(t *testing.T) {
 	cmd.Env = append(os.Environ(), "HOST_ROOT="+root, "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE="+readyFile,
 		"PLEG_NRI_READYZ="+readyz.URL+"/readyz", "PLEG_NRI_ENDPOINT=unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT=1",
 		"PLEG_NRI_HEALTH_ADDRESS="+addr, "PLEG_NRI_HEALTH_DIR="+filepath.Join(root, "www"), "PLEG_NRI_BUSYBOX="+bb)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -455,22 +454,4 @@ func TestNodeHealthServer(t *testing.T) {
 	if n := strings.Count(out.String(), "readiness: ready:"); n != 2 {
 		t.Errorf("node.sh logged %d changes to ready, want 2 (once per change):\n%s", n, out.String())
 	}
-}
-
-// syncBuffer is a buffer a process writes to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

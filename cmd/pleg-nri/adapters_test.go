@@ -17,6 +17,7 @@ import (
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/pleg"
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
@@ -110,8 +111,7 @@ func TestNewPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the plugin logs, to see that the later change is logged.
-	var logged syncBuffer
-	logged.mu = make(chan struct{}, 1)
+	var logged testutil.SyncBuffer
 	logger := logrus.New()
 	logger.SetOutput(&logged)
 	ctx = log.WithLogger(ctx, logrus.NewEntry(logger))

@@ -281,28 +281,8 @@ func TestDaemonUnusableListenPaths(t *testing.T) {
 // daemon is a pleg-nri process started for a test.
 type daemon struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 	done chan struct{}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and readers.
-type syncBuffer struct {
-	mu  chan struct{}
-	buf bytes.Buffer
-}
-
-func newSyncBuffer() *syncBuffer { return &syncBuffer{mu: make(chan struct{}, 1)} }
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu <- struct{}{}
-	defer func() { <-b.mu }()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu <- struct{}{}
-	defer func() { <-b.mu }()
-	return b.buf.String()
 }
 
 // startDaemon starts pleg-nri with args under umask mask and waits until its socket (the front's)
@@ -320,7 +300,7 @@ func spawnDaemon(t *testing.T, socket string, mask int, args ...string) *daemon 
 	t.Helper()
 	// The socket and directory modes must not depend on the umask pleg-nri is started with.
 	cmd := exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf("umask %03o && exec \"$0\" \"$@\"", mask), daemonBinary(t)}, args...)...)
-	d := &daemon{cmd: cmd, out: newSyncBuffer(), done: make(chan struct{})}
+	d := &daemon{cmd: cmd, out: new(testutil.SyncBuffer), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.out, d.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
