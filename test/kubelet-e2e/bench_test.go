@@ -49,6 +49,10 @@ const (
 	// benchFreshnessEnv adds setups: pleg-nri with each read-freshness mode it lists ("off"),
 	// to compare them with the default in the same run.
 	benchFreshnessEnv = "PLEG_NRI_KUBELET_BENCH_FRESHNESS"
+	// benchBaselineEnv adds setups: pleg-nri, as configured for the kubelet, run from each binary it lists
+	// (paths, comma-separated): another commit's build, to compare two commits side by side in one run,
+	// interleaved (docs/development.md).
+	benchBaselineEnv = "PLEG_NRI_KUBELET_BENCH_BASELINE"
 	// benchControlsEnv=0 leaves out the control setups (benchControls).
 	benchControlsEnv = "PLEG_NRI_KUBELET_BENCH_CONTROLS"
 	// benchRoundsEnv and benchPodsEnv make a shorter (or longer) run than benchRounds rounds of
@@ -90,7 +94,8 @@ func benchShape(tb testing.TB) (rounds, pods int) {
 }
 
 // benchSetups are the setups of BenchmarkCrashRestart: allSetups, benchControls (unless
-// benchControlsEnv=0), and pleg-nri with the read-freshness modes benchFreshnessEnv lists.
+// benchControlsEnv=0), and pleg-nri with the read-freshness modes benchFreshnessEnv lists and the
+// binaries benchBaselineEnv lists.
 func benchSetups(tb testing.TB) []setup {
 	out := slices.Clone(allSetups)
 	if os.Getenv(benchControlsEnv) != "0" {
@@ -101,6 +106,7 @@ func benchSetups(tb testing.TB) []setup {
 		set       func(*setup, string)
 	}{
 		{benchFreshnessEnv, "read-freshness", func(s *setup, v string) { s.Freshness = v }},
+		{benchBaselineEnv, "binary", func(s *setup, v string) { s.Binary = v }},
 	} {
 		for _, v := range strings.Split(os.Getenv(key.env), ",") {
 			if v = strings.TrimSpace(v); v != "" {

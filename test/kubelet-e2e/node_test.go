@@ -41,6 +41,8 @@ type setup struct {
 	Attached bool
 	// NoStateDir runs pleg-nri with no state-dir (no checkpoint).
 	NoStateDir bool
+	// Binary is the pleg-nri binary the setup runs; empty: the one TestMain built from this tree.
+	Binary string
 }
 
 // runsPlegNRI says whether pleg-nri runs in the setup: the kubelet's endpoint, or attached only.
@@ -145,7 +147,11 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 		if s.NoStateDir {
 			plegNRIFlags = append(plegNRIFlags, "--state-dir=")
 		}
-		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: plegNRIBinary, Env: env, Dir: dir, Extra: plegNRIFlags})
+		binary := plegNRIBinary
+		if s.Binary != "" {
+			binary = s.Binary
+		}
+		n.p, err = plegnri.Start(ctx, plegnri.Options{Binary: binary, Env: env, Dir: dir, Extra: plegNRIFlags})
 		if err != nil {
 			t.Fatal(err)
 		}
