@@ -40,8 +40,8 @@ const (
 	workloadGap = 370 * time.Millisecond
 	// workloadReportEnv names the markdown file BenchmarkWorkloads writes; the JSON goes beside it.
 	workloadReportEnv = "PLEG_NRI_WORKLOADS_MD"
-	// workloadVerbosityEnv runs the kubelets with that --v (default 2, as in production), to read what
-	// they did (with PLEG_NRI_KUBELET_KEEP_LOGS).
+	// workloadVerbosityEnv runs the kubelets with that --v (default 2, as in production) and pleg-nri
+	// with its detailed log, to read what they did (with PLEG_NRI_KUBELET_KEEP_LOGS).
 	workloadVerbosityEnv = "PLEG_NRI_WORKLOADS_V"
 	// workloadSetupsEnv chooses setups by index in workloadSetups ("0,2"): for a run of fewer.
 	workloadSetupsEnv = "PLEG_NRI_WORKLOADS_SETUPS"
@@ -143,6 +143,8 @@ func runWorkloads(b *testing.B, s setup, round, pods int) ([]nodebench.InitChain
 	b.StopTimer()
 	opts := nodeOptions{quiet: true, noDupWatch: true}
 	if v := os.Getenv(workloadVerbosityEnv); v != "" {
+		// Detailed logs: pleg-nri's too.
+		opts.quiet = false
 		opts.verbosity, _ = strconv.Atoi(v)
 	}
 	n := startNode(b, s, opts)
