@@ -85,7 +85,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay, hold or off")
 	fs.StringVar(&c.ReadSource, "read-source", c.ReadSource, "where the status and list reads are answered: runtime, state or check")
 	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
-	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
+	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED, or an early exit's, again once the client's calls about the pod went quiet")
 	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -47,15 +47,19 @@ const (
 	workloadSetupsEnv = "PLEG_NRI_WORKLOADS_SETUPS"
 )
 
+// setupPlegNRIRefresh is pleg-nri with refresh-after-stop, as docs/operations.md configures it for
+// kubelet 1.37 since issue 59 (an early exit's STOPPED is sent again).
+var setupPlegNRIRefresh = setup{Name: "EventedPLEG on pleg-nri (refresh-after-stop)", Evented: true, PlegNRI: true, RefreshAfterStop: true}
+
 // workloadSetups are GenericPLEG, EventedPLEG on containerd's stream, and EventedPLEG on pleg-nri as
 // docs/operations.md configures it for the kubelet under test (1.35, 1.36: refresh-after-stop and
-// cache-tick; 1.37: the defaults); unless workloadSetupsEnv chooses some.
+// cache-tick; 1.37: refresh-after-stop, and pleg-nri's defaults before it, to compare in the same
+// run); unless workloadSetupsEnv chooses some (indexes).
 func workloadSetups(tb testing.TB) []setup {
-	ours := setupEventedPlegNRI
-	if !eventsTriggerRelist() {
-		ours = setupPlegNRITick
+	all := []setup{setupGeneric, setupEventedDirect, setupPlegNRITick}
+	if eventsTriggerRelist() {
+		all = []setup{setupGeneric, setupEventedDirect, setupEventedPlegNRI, setupPlegNRIRefresh}
 	}
-	all := []setup{setupGeneric, setupEventedDirect, ours}
 	v := os.Getenv(workloadSetupsEnv)
 	if v == "" {
 		return all
