@@ -28,7 +28,7 @@ import (
 //
 // NOTE(issue 59): an early exit. A container that exits within earlyExitWindow of its start (an init
 // container, a job's, one that fails at once) races with the kubelet's own syncs of its pod. Kubelet
-// 1.37.2 ends the sync that started it with a relist of the pod (kubelet.go:2321-2325, postSync), which
+// 1.37.2 ends the sync that started it with a relist of the pod (kubelet.go:2322-2326, postSync), which
 // shows the container running and starts another sync with that status; pleg-nri's STOPPED comes a few
 // ms later, while that sync runs, and the relist it asks for (generic.go:413-444) is stamped when it
 // begins (kuberuntime_manager.go:491), before that sync ends (pod_workers.go:1322). The sync after it,
