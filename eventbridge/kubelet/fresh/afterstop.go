@@ -84,8 +84,8 @@ type stopRefresher struct {
 	// pods are the settling pods by sandbox id; ids maps each of their objects' ids to its pod.
 	pods map[string]*settling
 	ids  map[string]*settling
-	// started maps each container the client started to when the runtime answered its StartContainer,
-	// until its STOPPED is sent or earlyWindow has passed.
+	// started maps each container the client starts to when the runtime answered its StartContainer
+	// (while the call runs: when it began), until its STOPPED is sent or earlyWindow has passed.
 	started map[string]time.Time
 }
 
@@ -140,7 +140,14 @@ func (s *stopRefresher) Wants(method string) bool {
 // Call forwards c and reports it once the runtime answered.
 func (s *stopRefresher) Call(ctx context.Context, c *kubelet.Call, forward func(context.Context) error) error {
 	id := c.ObjectID()
+	if c.Method() == kubelet.StartContainerMethod && id != "" {
+		// A container can exit, and its STOPPED be sent, before the runtime answers its start.
+		s.mu.Lock()
+		s.started[id] = s.now()
+		s.mu.Unlock()
+	}
 	if err := forward(ctx); err != nil {
+		s.called(ctx, c.Method(), id, err)
 		return err
 	}
 	_, answerErr := c.Answer()
@@ -161,14 +168,20 @@ func (s *stopRefresher) called(ctx context.Context, method, id string, err error
 			p.target = id
 		}
 	}
-	if method == kubelet.StartContainerMethod && err == nil {
+	if method == kubelet.StartContainerMethod {
 		// The starts older than the window can no longer exit early.
 		for c, at := range s.started {
 			if now.Sub(at) > s.earlyWindow {
 				delete(s.started, c)
 			}
 		}
-		s.started[id] = now
+		// The window runs from the answer, unless the STOPPED was already sent (the entry is gone) or
+		// the start failed.
+		if _, pending := s.started[id]; pending && err == nil {
+			s.started[id] = now
+		} else {
+			delete(s.started, id)
+		}
 	}
 	s.mu.Unlock()
 	if err != nil || (method != kubelet.StopContainerMethod && method != kubelet.StopPodSandboxMethod) {

@@ -24,6 +24,8 @@ type stopRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	// lists counts the ListContainers calls.
 	lists *atomic.Int64
+	// slowStart is where the StartContainer of "slow" waits until the test lets it go.
+	slowStart chan struct{}
 }
 
 var stopRuntimeContainers = []*runtimeapi.Container{{Id: "c1", PodSandboxId: "s1"}, {Id: "c2", PodSandboxId: "s1"}}
@@ -35,7 +37,10 @@ func (stopRuntime) StopContainer(_ context.Context, r *runtimeapi.StopContainerR
 	return &runtimeapi.StopContainerResponse{}, nil
 }
 
-func (stopRuntime) StartContainer(context.Context, *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+func (rt stopRuntime) StartContainer(_ context.Context, r *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	if r.ContainerId == "slow" {
+		<-rt.slowStart
+	}
 	return &runtimeapi.StartContainerResponse{}, nil
 }
 
@@ -72,6 +77,8 @@ type afterStopEnv struct {
 	// source is what the proxy's event streams send; lists counts the runtime's ListContainers.
 	source *kubelettest.Source
 	lists  *atomic.Int64
+	// slowStart lets the runtime answer the StartContainer of "slow".
+	slowStart chan struct{}
 }
 
 func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
@@ -84,8 +91,10 @@ func newAfterStopEnvEarly(t *testing.T, quiet, maxWait, earlyWindow, earlyQuiet 
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "as-")
 	rtPath := filepath.Join(dir, "rt.sock")
-	e := &afterStopEnv{asks: make(chan refreshAsk, 16), source: kubelettest.NewSource(), lists: new(atomic.Int64)}
-	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{lists: e.lists}) })
+	e := &afterStopEnv{asks: make(chan refreshAsk, 16), source: kubelettest.NewSource(), lists: new(atomic.Int64), slowStart: make(chan struct{})}
+	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) {
+		runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{lists: e.lists, slowStart: e.slowStart})
+	})
 	refresh := func(_ context.Context, id string) error {
 		e.asks <- refreshAsk{id, time.Now()}
 		return nil
@@ -310,4 +319,29 @@ func TestRefreshAfterEarlyExit(t *testing.T) {
 	// A container the endpoint never started: none.
 	e.relay(t, &events, podEvent("c3", stopped, "c1", "c2", "c3"))
 	e.noAsk(t, 5*early)
+
+	// A container whose STOPPED is sent before the runtime answered its start: refreshed, once.
+	started := make(chan error, 1)
+	go func() {
+		_, err := e.client.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: "slow"})
+		started <- err
+	}()
+	for range 100 {
+		// The endpoint has the call once the runtime holds it: retry the STOPPED's wait until then.
+		e.relay(t, &events, podEvent("slow", stopped, "c1", "slow"))
+		select {
+		case a := <-e.asks:
+			if a.id != "slow" {
+				t.Errorf("refresh of %s, want slow", a.id)
+			}
+			close(e.slowStart)
+			if err := <-started; err != nil {
+				t.Fatal(err)
+			}
+			e.noAsk(t, 5*early)
+			return
+		case <-time.After(10 * early):
+		}
+	}
+	t.Fatal("no refresh of a container whose STOPPED was sent while its start was under way")
 }
