@@ -340,6 +340,11 @@ bench-deletion: deps ## A real kubelet (KUBELET_VERSION)'s static pod deletions,
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_KUBELET_DELETION_MD=$(CURDIR)/docs/kubelet-deletion-$(KUBELET_VERSION).md \
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkPodDeletion -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
+.PHONY: bench-workloads
+bench-workloads: deps ## A real kubelet (KUBELET_VERSION)'s init chain (3 init containers, then the app) and Job-like pods (exit 0 after 100 ms -> Succeeded), 24 each per PLEG setup (pleg-nri as configured for that kubelet; ~10 min); writes docs/workloads-standalone-<version>.{md,json}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_WORKLOADS_MD=$(CURDIR)/docs/workloads-standalone-$(KUBELET_VERSION).md \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkWorkloads -benchtime 1x -timeout 60m $(KUBELET_E2E_PKG)
+
 .PHONY: bench-node
 bench-node: deps ## What NODE_PODS (100) pods cost the node per PLEG setup, idle, with churn and without the kubelet, and what containerd serves and spends its CPU on (KUBELET_VERSION; ~30 min); writes docs/kubelet-node-cost-<version>[-<n>pods].{md,json}.
 	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_NODE_BENCH_PODS=$(NODE_PODS) PLEG_NRI_NODE_BENCH_MD=$(CURDIR)/docs/kubelet-node-cost-$(KUBELET_VERSION).md PLEG_NRI_CONTAINERD_PROFILE=1 \

@@ -49,7 +49,7 @@ func daemonFlags(d config.Config) []cli.Flag {
 		dur("cache-tick", "send each pod's statuses again this often as a CREATED of its sandbox (kubelet 1.35/1.36: pod workers wait at most this long for a newer status instead of 5 s; 0 disables)", d.CacheTick),
 		dur("core-grace", "end the kubelet's event stream (UNAVAILABLE: it relists) once no core has served the front for this long (0 disables)", d.CoreGrace),
 		&cli.BoolFlag{Name: "refresh-after-stop", Value: d.RefreshAfterStop, Local: true,
-			Usage: "send a stopped pod's STOPPED again once the kubelet's calls about it went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait)"},
+			Usage: "send a stopped pod's STOPPED, and the STOPPED of a container that exited within 1 s of its start, again once the kubelet's calls about the pod went quiet (kubelet 1.35/1.36: terminations without the 5 s cache wait; every kubelet: init containers and jobs without a relist's wait)"},
 	}
 	// A retired key's flag is still taken, hidden, and ignored with the key's warning (daemonConfig).
 	for _, key := range slices.Sorted(maps.Keys(config.Retired)) {

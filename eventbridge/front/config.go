@@ -78,7 +78,7 @@ func ParseArgs(args []string, defaults Config) (Config, error) {
 	fs.StringVar(&c.LogFile, "log-file", "", "file the front logs to once it serves (default: its stderr)")
 	fs.StringVar(&c.ReadFreshness, "read-freshness", c.ReadFreshness, "how status reads stay as fresh as the events sent: overlay or off")
 	fs.DurationVar(&c.CoreGrace, "core-grace", c.CoreGrace, "end the clients' event streams once the core has been gone this long (0: never)")
-	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED again once the client's calls about it went quiet")
+	fs.BoolVar(&c.RefreshAfterStop, "refresh-after-stop", false, "ask the core to send a stopped pod's STOPPED, or an early exit's, again once the client's calls about the pod went quiet")
 	fs.BoolVar(&c.AllowTCPListen, "allow-tcp-listen", false, "allow a tcp:// --listen (no authentication: the endpoint is containerd's whole API)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -95,6 +95,8 @@ type nodeOptions struct {
 	noDupWatch bool
 	// maxPods raises the kubelet's maxPods (0: its default, 110) for a benchmark of more pods.
 	maxPods int
+	// verbosity is the kubelet's --v when not 0 (whether quiet or not).
+	verbosity int
 	// kubeletDuplicates is for a test that counts the duplicate containers a kubelet makes by itself
 	// (its own races on 1.35/1.36 with containerd's stream): no duplicate check fails the test.
 	kubeletDuplicates bool
@@ -113,6 +115,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	verbosity, plegNRIFlags := 4, []string(nil)
 	if o.quiet {
 		verbosity, plegNRIFlags = 2, []string{"--log-level", "info"}
+	}
+	if o.verbosity != 0 {
+		verbosity = o.verbosity
 	}
 	plegNRIFlags = append(plegNRIFlags, o.plegNRIFlags...)
 	if s.RefreshAfterStop {

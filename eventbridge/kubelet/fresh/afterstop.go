@@ -25,12 +25,31 @@ import (
 // corelink.Relay.RefreshStopped) to send the stopped object's STOPPED again: the core stamps it after
 // everything it sent for the pod and fills it from its state, in order with the pod's other events
 // (pleg.PLEG.RefreshStopped).
+//
+// NOTE(issue 59): an early exit. A container that exits within earlyExitWindow of its start (an init
+// container, a job's, one that fails at once) races with the kubelet's own syncs of its pod. Kubelet
+// 1.37.2 ends the sync that started it with a relist of the pod (kubelet.go:2322-2326, postSync), which
+// shows the container running and starts another sync with that status; pleg-nri's STOPPED comes a few
+// ms later, while that sync runs, and the relist it asks for (generic.go:413-444) is stamped when it
+// begins (kuberuntime_manager.go:491), before that sync ends (pod_workers.go:1322). The sync after it,
+// the one the ContainerDied starts, waits for a status newer than that end (pod_workers.go:1288): the
+// next 1 s relist, 381-986 ms in 5 pods of 24 three-step init chains. A sync with nothing to start makes
+// no relist of its own. Kubelets 1.35 and 1.36 hit the same race with the STOPPED's created_at. So
+// the endpoint also asks for the refresh of a container whose STOPPED it sends within earlyExitWindow
+// of the runtime's answer to its StartContainer, once the calls about its pod have been quiet for
+// earlyExitQuiet: the refresh's relist (1.37) or created_at (1.35, 1.36) is newer than that sync's
+// end. docs/workloads-standalone.md has the kubelet's log and the figures.
 const (
 	// afterStopQuiet is how long the client's calls about a stopped pod must have been quiet: the
 	// kubelet ends its sync within microseconds of its last read.
 	afterStopQuiet = 50 * time.Millisecond
 	// afterStopMax bounds the wait for that quiet.
 	afterStopMax = 2 * time.Second
+	// earlyExitWindow: a container that exits within it of the answer to its StartContainer exited
+	// early (see earlyexit below).
+	earlyExitWindow = time.Second
+	// earlyExitQuiet is how long the calls about the pod of an early exit must have been quiet.
+	earlyExitQuiet = 20 * time.Millisecond
 	// afterStopCallTimeout bounds each call the stopRefresher makes.
 	afterStopCallTimeout = 2 * time.Second
 )
@@ -52,8 +71,10 @@ type stopRefresher struct {
 	refresh func(ctx context.Context, id string) error
 	now     func() time.Time
 	done    <-chan struct{}
-	// quiet and max are afterStopQuiet and afterStopMax (shorter in tests).
-	quiet, max time.Duration
+	// quiet and max are afterStopQuiet and afterStopMax (shorter in tests); earlyWindow and earlyQuiet
+	// are earlyExitWindow and earlyExitQuiet.
+	quiet, max              time.Duration
+	earlyWindow, earlyQuiet time.Duration
 	// index knows the pods from the events sent; the runtime is asked about the others.
 	index *podIndex
 
@@ -63,6 +84,9 @@ type stopRefresher struct {
 	// pods are the settling pods by sandbox id; ids maps each of their objects' ids to its pod.
 	pods map[string]*settling
 	ids  map[string]*settling
+	// started maps each container the client starts to when the runtime answered its StartContainer
+	// (while the call runs: when it began), until its STOPPED is sent or earlyWindow has passed.
+	started map[string]time.Time
 }
 
 // settling is a pod whose stop is settling.
@@ -73,27 +97,57 @@ type settling struct {
 	target string
 	// last is the end of the last call about the pod; start the first stop's.
 	last, start time.Time
+	// quiet is how long the calls about the pod must have been quiet: the stopRefresher's quiet, or
+	// its earlyQuiet when an early exit began the settling.
+	quiet time.Duration
 }
 
 func newStopRefresher(cri runtimeapi.RuntimeServiceClient, refresh func(context.Context, string) error, now func() time.Time, done <-chan struct{}) *stopRefresher {
 	return &stopRefresher{cri: cri, refresh: refresh, now: now, done: done, quiet: afterStopQuiet, max: afterStopMax,
-		index: newPodIndex(), pods: map[string]*settling{}, ids: map[string]*settling{}}
+		earlyWindow: earlyExitWindow, earlyQuiet: earlyExitQuiet,
+		index: newPodIndex(), pods: map[string]*settling{}, ids: map[string]*settling{}, started: map[string]time.Time{}}
 }
 
 var _ kubelet.ReadHook = (*stopRefresher)(nil)
 
-// Sending learns the pods from the events sent (podIndex).
-func (s *stopRefresher) Sending(event []byte) { s.index.observe(event) }
+// Sending learns the pods from the events sent (podIndex), and begins the settling of the pod of a
+// container that exited early: its STOPPED is sent within earlyWindow of its start.
+func (s *stopRefresher) Sending(event []byte) {
+	s.index.observe(event)
+	h, ok := scanEvent(event, false)
+	if !ok || h.typ != runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT || h.id == "" {
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	at, found := s.started[h.id]
+	delete(s.started, h.id)
+	s.mu.Unlock()
+	if !found || now.Sub(at) > s.earlyWindow {
+		return
+	}
+	// Sending has no context of its own: the settling's calls are bounded by callCtx and end with
+	// s.done.
+	go s.begin(context.Background(), h.id, false, s.earlyQuiet)
+}
 
-// Wants the stops, and the calls about an object that may belong to a settling pod.
+// Wants the starts and the stops, and the calls about an object that may belong to a settling pod.
 func (s *stopRefresher) Wants(method string) bool {
-	return method == kubelet.StopContainerMethod || method == kubelet.StopPodSandboxMethod || (settleMethods[method] && s.n.Load() > 0)
+	return method == kubelet.StartContainerMethod || method == kubelet.StopContainerMethod || method == kubelet.StopPodSandboxMethod ||
+		(settleMethods[method] && s.n.Load() > 0)
 }
 
 // Call forwards c and reports it once the runtime answered.
 func (s *stopRefresher) Call(ctx context.Context, c *kubelet.Call, forward func(context.Context) error) error {
 	id := c.ObjectID()
+	if c.Method() == kubelet.StartContainerMethod && id != "" {
+		// A container can exit, and its STOPPED be sent, before the runtime answers its start.
+		s.mu.Lock()
+		s.started[id] = s.now()
+		s.mu.Unlock()
+	}
 	if err := forward(ctx); err != nil {
+		s.called(ctx, c.Method(), id, err)
 		return err
 	}
 	_, answerErr := c.Answer()
@@ -114,15 +168,31 @@ func (s *stopRefresher) called(ctx context.Context, method, id string, err error
 			p.target = id
 		}
 	}
+	if method == kubelet.StartContainerMethod {
+		// The starts older than the window can no longer exit early.
+		for c, at := range s.started {
+			if now.Sub(at) > s.earlyWindow {
+				delete(s.started, c)
+			}
+		}
+		// The window runs from the answer, unless the STOPPED was already sent (the entry is gone) or
+		// the start failed.
+		if _, pending := s.started[id]; pending && err == nil {
+			s.started[id] = now
+		} else {
+			delete(s.started, id)
+		}
+	}
 	s.mu.Unlock()
 	if err != nil || (method != kubelet.StopContainerMethod && method != kubelet.StopPodSandboxMethod) {
 		return
 	}
-	go s.begin(context.WithoutCancel(ctx), id, method == kubelet.StopPodSandboxMethod)
+	go s.begin(context.WithoutCancel(ctx), id, method == kubelet.StopPodSandboxMethod, s.quiet)
 }
 
-// begin starts settling the pod of the stopped object id, or joins its settling.
-func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool) {
+// begin starts settling the pod of the stopped object id, its calls to be quiet for quiet, or joins its
+// settling.
+func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool, quiet time.Duration) {
 	sandboxID, containers, ok := s.index.pod(id, sandbox)
 	if !ok {
 		// The events sent named neither the object nor its pod (a pod older than this front's
@@ -136,7 +206,7 @@ func (s *stopRefresher) begin(ctx context.Context, id string, sandbox bool) {
 	p := s.pods[sandboxID]
 	fresh := p == nil
 	if fresh {
-		p = &settling{sandboxID: sandboxID, target: id, start: now}
+		p = &settling{sandboxID: sandboxID, target: id, start: now, quiet: quiet}
 		s.pods[sandboxID] = p
 		s.ids[sandboxID] = p
 		s.n.Add(1)
@@ -177,13 +247,13 @@ func (s *stopRefresher) podFromRuntime(ctx context.Context, id string, sandbox b
 	return sandboxID, containers, true
 }
 
-// settle waits until the client's calls about p have been quiet for s.quiet (at most s.max after its
+// settle waits until the client's calls about p have been quiet for p.quiet (at most s.max after its
 // first stop), then asks for the refresh.
 func (s *stopRefresher) settle(ctx context.Context, p *settling) {
 	for {
 		s.mu.Lock()
 		now := s.now()
-		wait := p.last.Add(s.quiet).Sub(now)
+		wait := p.last.Add(p.quiet).Sub(now)
 		if over := p.start.Add(s.max).Sub(now); over < wait {
 			wait = over
 		}

@@ -24,6 +24,8 @@ type stopRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	// lists counts the ListContainers calls.
 	lists *atomic.Int64
+	// slowStart is where the StartContainer of "slow" waits until the test lets it go.
+	slowStart chan struct{}
 }
 
 var stopRuntimeContainers = []*runtimeapi.Container{{Id: "c1", PodSandboxId: "s1"}, {Id: "c2", PodSandboxId: "s1"}}
@@ -33,6 +35,13 @@ func (stopRuntime) StopContainer(_ context.Context, r *runtimeapi.StopContainerR
 		return nil, status.Error(codes.NotFound, "no such container")
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+func (rt stopRuntime) StartContainer(_ context.Context, r *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	if r.ContainerId == "slow" {
+		<-rt.slowStart
+	}
+	return &runtimeapi.StartContainerResponse{}, nil
 }
 
 func (stopRuntime) StopPodSandbox(context.Context, *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
@@ -68,14 +77,24 @@ type afterStopEnv struct {
 	// source is what the proxy's event streams send; lists counts the runtime's ListContainers.
 	source *kubelettest.Source
 	lists  *atomic.Int64
+	// slowStart lets the runtime answer the StartContainer of "slow".
+	slowStart chan struct{}
 }
 
 func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
+	return newAfterStopEnvEarly(t, quiet, maxWait, 0, 0)
+}
+
+// newAfterStopEnvEarly is newAfterStopEnv with the early exit's window and quiet time (0: the
+// defaults).
+func newAfterStopEnvEarly(t *testing.T, quiet, maxWait, earlyWindow, earlyQuiet time.Duration) *afterStopEnv {
 	t.Helper()
 	dir := testutil.ShortTempDir(t, "as-")
 	rtPath := filepath.Join(dir, "rt.sock")
-	e := &afterStopEnv{asks: make(chan refreshAsk, 16), source: kubelettest.NewSource(), lists: new(atomic.Int64)}
-	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{lists: e.lists}) })
+	e := &afterStopEnv{asks: make(chan refreshAsk, 16), source: kubelettest.NewSource(), lists: new(atomic.Int64), slowStart: make(chan struct{})}
+	testutil.ServeGRPC(t, rtPath, func(s *grpc.Server) {
+		runtimeapi.RegisterRuntimeServiceServer(s, stopRuntime{lists: e.lists, slowStart: e.slowStart})
+	})
 	refresh := func(_ context.Context, id string) error {
 		e.asks <- refreshAsk{id, time.Now()}
 		return nil
@@ -84,6 +103,9 @@ func newAfterStopEnv(t *testing.T, quiet, maxWait time.Duration) *afterStopEnv {
 	hooks := mustHooks(t, Config{Runtime: backend, ReadFreshness: ReadFreshnessOff, Refresh: refresh, RefreshAfterStop: true})
 	settle := hookOf[*stopRefresher](hooks)
 	settle.quiet, settle.max = quiet, maxWait
+	if earlyWindow > 0 {
+		settle.earlyWindow, settle.earlyQuiet = earlyWindow, earlyQuiet
+	}
 	srv, _ := kubelettest.Serve(t, filepath.Join(dir, "front.sock"), kubelettest.Proxy(t, kubelet.ProxyConfig{Backend: backend,
 		Events: e.source, Hooks: hooks}))
 	e.client = runtimeapi.NewRuntimeServiceClient(kubelettest.Connect(t, srv.Addr().String()))
@@ -253,4 +275,73 @@ func TestRefreshAfterStopFromRelayedEvents(t *testing.T) {
 	if n := e.lists.Load(); n != 2 {
 		t.Errorf("the runtime was asked %d times for the pod of a container no live event named, want 2", n)
 	}
+}
+
+// TestRefreshAfterEarlyExit (issue 59): a container that exits right after the kubelet started it (an
+// init container, a job) gets its STOPPED sent again once the calls about its pod have been quiet for
+// the early exit's quiet time. Kubelet 1.37 relists the pod on the first STOPPED while the sync that
+// the start's own relist began still runs with the container shown running; that sync ends after the
+// relist began, so the pod's next sync waits for a status newer than its end: the next 1 s relist,
+// unless the refresh's relist gives one (docs/workloads-standalone.md). A container that exits long
+// after its start, or that the endpoint never started, gets none.
+func TestRefreshAfterEarlyExit(t *testing.T) {
+	const quiet, window, early = 200 * time.Millisecond, 300 * time.Millisecond, 20 * time.Millisecond
+	e := newAfterStopEnvEarly(t, quiet, 5*time.Second, window, early)
+	ctx := kubelettest.Ctx(t)
+	var events grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
+	stopped := runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	e.relay(t, &events, podEvent("s1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
+		podEvent("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT, "c1"))
+
+	// c1 started, and exits at once.
+	if _, err := e.client.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	e.relay(t, &events, podEvent("c1", stopped, "c1"))
+	a := kubelettest.Recv(t, e.asks, "the refresh after c1's early exit")
+	if a.id != "c1" {
+		t.Errorf("refresh of %s, want c1", a.id)
+	}
+	if d := a.at.Sub(sent); d < early {
+		t.Errorf("refresh asked %s after the STOPPED, before the early exit's quiet time %s", d, early)
+	}
+	e.noAsk(t, 3*early)
+
+	// c2 exits after the window: none.
+	if _, err := e.client.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: "c2"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(window + window/2)
+	e.relay(t, &events, podEvent("c2", stopped, "c1", "c2"))
+	e.noAsk(t, 5*early)
+
+	// A container the endpoint never started: none.
+	e.relay(t, &events, podEvent("c3", stopped, "c1", "c2", "c3"))
+	e.noAsk(t, 5*early)
+
+	// A container whose STOPPED is sent before the runtime answered its start: refreshed, once.
+	started := make(chan error, 1)
+	go func() {
+		_, err := e.client.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: "slow"})
+		started <- err
+	}()
+	for range 100 {
+		// The endpoint has the call once the runtime holds it: retry the STOPPED's wait until then.
+		e.relay(t, &events, podEvent("slow", stopped, "c1", "slow"))
+		select {
+		case a := <-e.asks:
+			if a.id != "slow" {
+				t.Errorf("refresh of %s, want slow", a.id)
+			}
+			close(e.slowStart)
+			if err := <-started; err != nil {
+				t.Fatal(err)
+			}
+			e.noAsk(t, 5*early)
+			return
+		case <-time.After(10 * early):
+		}
+	}
+	t.Fatal("no refresh of a container whose STOPPED was sent while its start was under way")
 }

@@ -30,8 +30,9 @@ type Config struct {
 	Refresh func(ctx context.Context, id string) error
 	// RefreshAfterStop, with Refresh, asks for the refresh after each StopContainer or StopPodSandbox
 	// the runtime answered, once the client's calls about that pod have been quiet for a moment, of
-	// the object stopped last (the sandbox once it was stopped; see afterstop.go). Best effort: an
-	// error is logged at debug level.
+	// the object stopped last (the sandbox once it was stopped; see afterstop.go), and after each
+	// STOPPED of a container sent within a second of its StartContainer's answer (an early exit). Best
+	// effort: an error is logged at debug level.
 	RefreshAfterStop bool
 	// Done ends the hooks' own calls and waits (the endpoint's stop). Required.
 	Done <-chan struct{}

@@ -15,6 +15,8 @@ type Pod struct {
 	Name string
 	// Containers run the busybox test image.
 	Containers []Container
+	// InitContainers run one after the other, each to its exit, before Containers start.
+	InitContainers []Container
 	// RestartPolicy is Always unless set.
 	RestartPolicy string
 	// HostNetwork runs the pod in the host's network namespace instead of the CNI network.
@@ -36,9 +38,8 @@ func (p Pod) manifest() map[string]any {
 	if policy == "" {
 		policy = "Always"
 	}
-	var containers []any
 	state := false
-	for _, c := range p.Containers {
+	render := func(c Container) any {
 		ctr := map[string]any{
 			"name":                     c.Name,
 			"image":                    harness.BusyboxImage,
@@ -53,7 +54,14 @@ func (p Pod) manifest() map[string]any {
 			state = true
 			ctr["volumeMounts"] = []any{map[string]string{"name": "state", "mountPath": StateMount}}
 		}
-		containers = append(containers, ctr)
+		return ctr
+	}
+	var containers, initContainers []any
+	for _, c := range p.Containers {
+		containers = append(containers, render(c))
+	}
+	for _, c := range p.InitContainers {
+		initContainers = append(initContainers, render(c))
 	}
 	spec := map[string]any{
 		"restartPolicy":                 policy,
@@ -61,6 +69,9 @@ func (p Pod) manifest() map[string]any {
 		"enableServiceLinks":            false,
 		"hostNetwork":                   p.HostNetwork,
 		"containers":                    containers,
+	}
+	if len(initContainers) > 0 {
+		spec["initContainers"] = initContainers
 	}
 	if state {
 		spec["volumes"] = []any{map[string]any{"name": "state", "emptyDir": map[string]any{}}}
@@ -84,6 +95,8 @@ type PodStatus struct {
 		Phase             string            `json:"phase"`
 		PodIP             string            `json:"podIP"`
 		ContainerStatuses []ContainerStatus `json:"containerStatuses"`
+		// InitContainerStatuses are the statuses of the pod's init containers, in order.
+		InitContainerStatuses []ContainerStatus `json:"initContainerStatuses"`
 	} `json:"status"`
 }
 

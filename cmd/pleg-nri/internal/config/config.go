@@ -75,7 +75,9 @@ type Config struct {
 	ReadFreshness string `json:"read-freshness"`
 	// RefreshAfterStop makes the CRI endpoint ask for a pod's STOPPED to be sent again once the client's
 	// calls about a pod it stopped went quiet: a kubelet 1.35 or 1.36 then ends a termination step
-	// without waiting for its 5 s cache tick (corelink.RefreshStoppedMethod).
+	// without waiting for its 5 s cache tick (corelink.RefreshStoppedMethod); and the same for a
+	// container that exited within a second of its start, whose STOPPED can come while the kubelet
+	// still syncs the pod with the container shown running (every kubelet; issue 59).
 	RefreshAfterStop bool `json:"refresh-after-stop"`
 	// CacheTick, when positive, sends every CacheTick each pod's statuses as they stand in a CREATED
 	// about its sandbox: a kubelet 1.35 or 1.36 writes it into its pod cache and acts on nothing, so its
