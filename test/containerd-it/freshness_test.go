@@ -113,6 +113,9 @@ func TestRefreshAfterStop(t *testing.T) {
 	podID, podCfg := via.runPod("refresh")
 	id := via.create(podID, podCfg, containerConfig("sleeper", "sleep 3600"))
 	via.start(id)
+	// Past the early exit's window (1 s from the start, fresh.earlyExitWindow): a stop that soon would
+	// also be refreshed as an early exit, and this test is about the refresh after a stop.
+	time.Sleep(1500 * time.Millisecond)
 	via.stop(id, 0)
 	first := rec.wait(t, id, runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 
