@@ -23,16 +23,16 @@ import (
 func kubeletConfigCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "kubelet-config",
-		Usage:     "point a kubelet's configuration at pleg-nri and set its EventedPLEG gate; prints changed or unchanged",
+		Usage:     "point a kubelet's configuration at pleg-nri, its image service at containerd, and set its EventedPLEG gate; prints changed or unchanged",
 		UsageText: "pleg-nri kubelet-config [flags]",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Value: "/var/lib/kubelet/config.yaml", TakesFile: true,
 				Usage: "the kubelet's configuration file (KubeletConfiguration)"},
 			&cli.StringFlag{Name: "kubeadm-flags", Value: "/var/lib/kubelet/kubeadm-flags.env", TakesFile: true,
-				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine"},
+				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too, with --image-service-endpoint; missing is fine"},
 			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + config.Default().Listen + ")"},
 			&cli.StringFlag{Name: "image-service-endpoint", Usage: "set imageServiceEndpoint to this (containerd's socket, e.g. " + config.Default().RuntimeEndpoint +
-				"; unset, the kubelet sends its image calls to the runtime endpoint), remove it, or restore it from --record"},
+				"; unset, the kubelet sends its image calls to the runtime endpoint), remove to remove it, or restore to put back what --record holds"},
 			&cli.StringFlag{Name: "record", TakesFile: true,
 				Usage: "a file keeping imageServiceEndpoint from before the switch: written when --image-service-endpoint sets it (unless it holds one), read and removed by --image-service-endpoint restore"},
 			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
