@@ -4,8 +4,9 @@
 #
 #   node.sh install     install or upgrade pleg-nri on the host, start it, wait for /readyz, switch the
 #                       kubelet when asked (PLEG_NRI_SWITCH_KUBELET=true), then stay (the DaemonSet)
-#   node.sh uninstall   put the kubelet back on containerd's socket first (if this chart switched it),
-#                       then stop and remove pleg-nri, in both modes (the pre-delete hook)
+#   node.sh uninstall   put the kubelet back on containerd's socket first (if this chart switched it;
+#                       its imageServiceEndpoint as it was before), then stop and remove pleg-nri, in
+#                       both modes (the pre-delete hook)
 #   node.sh processes   list this install's pleg-nri processes on the host: "PID core|front EXE", a
 #                       process still running a replaced binary included
 #   node.sh health      the installer pod's readiness check: install done, and pleg-nri serving now
@@ -30,10 +31,17 @@ RESTART_KUBELET=${PLEG_NRI_RESTART_KUBELET_AFTER_RESTART:-false}
 EVENTED_PLEG=${PLEG_NRI_EVENTED_PLEG:-true}
 ENDPOINT=${PLEG_NRI_ENDPOINT:-unix:///run/pleg-nri/cri.sock}
 RESTORE_ENDPOINT=${PLEG_NRI_RESTORE_ENDPOINT:-unix:///run/containerd/containerd.sock}
+# With the switch, the kubelet's imageServiceEndpoint (the chart's kubelet.imageServiceEndpoint):
+# containerd's socket, so that its image calls go to containerd and not through pleg-nri (without it
+# the kubelet sends them to containerRuntimeEndpoint). Empty: left as it is. Not defaulted: an empty
+# value is the chart's way to turn it off.
+IMAGE_ENDPOINT=${PLEG_NRI_IMAGE_ENDPOINT-unix:///run/containerd/containerd.sock}
 KUBELET_CONFIG=${KUBELET_CONFIG:-/var/lib/kubelet/config.yaml}
 KUBEADM_FLAGS=${KUBEADM_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
 # The mark that this chart switched the kubelet (so that uninstall, or switchKubelet=false, undoes it).
+# It holds the kubelet's imageServiceEndpoint from before the switch (pleg-nri kubelet-config
+# --record), which the restore puts back; empty (a switch by an older chart): left as it is.
 SWITCHED=$HOST_ROOT/etc/pleg-nri/kubelet-switched
 # This image's pleg-nri (tests point it at another build).
 BIN=${PLEG_NRI_BIN:-/usr/local/bin/pleg-nri}
@@ -100,22 +108,47 @@ wait_ready() {
 	log "pleg-nri is ready ($READYZ)"
 }
 
-# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, EVENTED_PLEG); else fails,
-# printing each drift.
+# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, IMAGE_ENDPOINT, EVENTED_PLEG);
+# else fails, printing each drift.
 kubelet_check() {
 	"$BIN" kubelet-config --check --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
-		--container-runtime-endpoint "$ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
+		--container-runtime-endpoint "$ENDPOINT" --image-service-endpoint "$IMAGE_ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
 }
 
-# kubelet_config ENDPOINT GATE: edit the kubelet's settings; restart the kubelet if they changed.
-kubelet_config() {
+# kubelet_edit ENDPOINT IMAGE GATE: edit the kubelet's settings (IMAGE: an endpoint, "restore" from the
+# mark, or empty: left), the mark recording its imageServiceEndpoint before the first switch; sets out
+# to changed or unchanged.
+kubelet_edit() {
 	out=$("$BIN" kubelet-config --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
-		--container-runtime-endpoint "$1" --evented-pleg "$2")
+		--record "$SWITCHED" --container-runtime-endpoint "$1" --image-service-endpoint "$2" --evented-pleg "$3")
+}
+
+# kubelet_switch: mark that this chart switches the kubelet (first: a switch cut short is undone
+# too), then switch it; out is changed or unchanged.
+kubelet_switch() {
+	mkdir -p "$(dirname "$SWITCHED")"
+	touch "$SWITCHED"
+	kubelet_edit "$ENDPOINT" "$IMAGE_ENDPOINT" "$EVENTED_PLEG"
+}
+
+# kubelet_restore: put the kubelet back on RESTORE_ENDPOINT, its gate removed and its
+# imageServiceEndpoint as the mark recorded it, then remove the mark; out is changed or unchanged.
+kubelet_restore() {
+	kubelet_edit "$RESTORE_ENDPOINT" restore remove
+	rm -f "$SWITCHED"
+}
+
+# switched, restored: the settings of the switch and of the restore, for the log.
+switched() { echo "containerRuntimeEndpoint=$ENDPOINT imageServiceEndpoint=${IMAGE_ENDPOINT:-(left)} EventedPLEG=$EVENTED_PLEG"; }
+restored() { echo "containerRuntimeEndpoint=$RESTORE_ENDPOINT imageServiceEndpoint=(as before the switch) EventedPLEG=(removed)"; }
+
+# restart_kubelet WHAT: restart the kubelet if its settings changed (out) to WHAT.
+restart_kubelet() {
 	if [ "$out" = changed ]; then
-		log "kubelet: containerRuntimeEndpoint=$1 EventedPLEG=$2; restarting $KUBELET_UNIT"
+		log "kubelet: $1; restarting $KUBELET_UNIT"
 		host systemctl restart "$KUBELET_UNIT"
 	else
-		log "kubelet: already containerRuntimeEndpoint=$1 EventedPLEG=$2"
+		log "kubelet: already $1"
 	fi
 }
 
@@ -330,16 +363,15 @@ install() {
 	if [ "$SWITCH" = true ]; then
 		was_switched=false
 		[ -e "$SWITCHED" ] && was_switched=true
-		mkdir -p "$(dirname "$SWITCHED")"
-		touch "$SWITCHED"
-		kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+		kubelet_switch
+		restart_kubelet "$(switched)"
 		if [ "$out" = unchanged ] && $was_switched && $restarted && [ "$RESTART_KUBELET" = true ]; then
 			log "pleg-nri was restarted under a switched kubelet: restarting $KUBELET_UNIT so that it streams events again"
 			host systemctl restart "$KUBELET_UNIT"
 		fi
 	elif [ -e "$SWITCHED" ]; then
-		kubelet_config "$RESTORE_ENDPOINT" remove
-		rm -f "$SWITCHED"
+		kubelet_restore
+		restart_kubelet "$(restored)"
 	fi
 	touch "$READY_FILE"
 	log "done; staying for the DaemonSet"
@@ -365,7 +397,8 @@ install() {
 		drifted=true
 		if [ "$REAPPLY" = true ]; then
 			log "kubelet: re-applying the switch (kubelet.reapplySwitch)"
-			kubelet_config "$ENDPOINT" "$EVENTED_PLEG"
+			kubelet_switch
+			restart_kubelet "$(switched)"
 		fi
 	done
 }
@@ -373,8 +406,8 @@ install() {
 uninstall() {
 	restarted=false
 	if [ -e "$SWITCHED" ]; then
-		kubelet_config "$RESTORE_ENDPOINT" remove
-		rm -f "$SWITCHED"
+		kubelet_restore
+		restart_kubelet "$(restored)"
 		i=0
 		until host systemctl is-active -q "$KUBELET_UNIT"; do
 			i=$((i + 1))
@@ -487,5 +520,15 @@ health-server)
 	;;
 # containerd-config: containerd_config with the environment's timeouts (no restart), for tests.
 containerd-config) containerd_config "$NRI_REGISTRATION_TIMEOUT" "$NRI_REQUEST_TIMEOUT" ;;
-*) die "usage: node.sh install|uninstall|processes|health|health-server|containerd-config" ;;
+# kubelet-switch, kubelet-restore: the switch's and the restore's edits of the kubelet's settings and
+# mark (no restart), printing changed or unchanged, for tests.
+kubelet-switch)
+	kubelet_switch
+	echo "$out"
+	;;
+kubelet-restore)
+	kubelet_restore
+	echo "$out"
+	;;
+*) die "usage: node.sh install|uninstall|processes|health|health-server|containerd-config|kubelet-switch|kubelet-restore" ;;
 esac

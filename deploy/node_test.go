@@ -19,8 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
@@ -158,7 +160,7 @@ func TestNodeHealth(t *testing.T) {
 	if err := os.MkdirAll(kdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	switched := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock\nfeatureGates:\n  EventedPLEG: true\n"
+	switched := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock\nfeatureGates:\n  EventedPLEG: true\nimageServiceEndpoint: unix:///run/containerd/containerd.sock\n"
 	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(switched), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -166,10 +168,11 @@ func TestNodeHealth(t *testing.T) {
 	check("switched", true, "kubelet settings: as switched")
 	// As kubeadm upgrade node leaves it: the ConfigMap's configuration, containerd's socket.
 	if err := os.WriteFile(filepath.Join(kdir, "config.yaml"), []byte(strings.NewReplacer("unix:///run/pleg-nri/cri.sock", "unix:///run/containerd/containerd.sock",
-		"featureGates:\n  EventedPLEG: true\n", "").Replace(switched)), 0o644); err != nil {
+		"featureGates:\n  EventedPLEG: true\n", "", "imageServiceEndpoint: unix:///run/containerd/containerd.sock\n", "").Replace(switched)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	check("the kubelet's settings drifted", false, "kubelet settings: FAIL: drift: "+root+"/var/lib/kubelet/config.yaml: containerRuntimeEndpoint is unix:///run/containerd/containerd.sock, want unix:///run/pleg-nri/cri.sock")
+	check("the kubelet's settings drifted: imageServiceEndpoint too", false, root+"/var/lib/kubelet/config.yaml: imageServiceEndpoint is unset, want unix:///run/containerd/containerd.sock")
 	env["PLEG_NRI_SWITCH_KUBELET"] = "false"
 	check("not switched: the kubelet's settings are not checked", true, "cri.sock: ok")
 	notReady.Store(true)
@@ -184,6 +187,99 @@ func TestNodeHealth(t *testing.T) {
 	check("front stopped", false, "cri.sock: FAIL: CRI Version")
 	_ = l.Close()
 	check("front gone", false, "cri.sock: FAIL: CRI Version")
+}
+
+// TestNodeKubeletSwitch (issue 58): the chart's kubelet switch, as node.sh makes it, sets the kubelet's
+// imageServiceEndpoint to containerd's socket (its image calls then never cross pleg-nri), recording in
+// the switch's mark what it was; a switch applied again after a drift keeps that record, and the restore
+// (uninstall, or the switch turned off) puts the configuration and kubeadm's flags back exactly as they
+// were. kubelet.imageServiceEndpoint "" leaves it alone.
+func TestNodeKubeletSwitch(t *testing.T) {
+	const kubeadmConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\ncgroupDriver: systemd\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\nkind: KubeletConfiguration\n"
+	const kubeadmFlags = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --node-ip=172.18.0.2\"\n"
+	for _, tc := range []struct {
+		name, config, image string
+		oldMark             bool // an empty mark: the kubelet switched by an older chart
+		wantImage           any  // imageServiceEndpoint once switched
+	}{
+		{"kubeadm's", kubeadmConfig, "unix:///run/containerd/containerd.sock", false, "unix:///run/containerd/containerd.sock"},
+		{"an image service of its own", kubeadmConfig + "imageServiceEndpoint: unix:///run/images.sock\n", "unix:///run/containerd/containerd.sock", false, "unix:///run/containerd/containerd.sock"},
+		{"switched by an older chart", strings.Replace(kubeadmConfig, "containerd/containerd.sock", "pleg-nri/cri.sock", 1) + "featureGates:\n  EventedPLEG: true\n",
+			"unix:///run/containerd/containerd.sock", true, "unix:///run/containerd/containerd.sock"},
+		{"left alone", kubeadmConfig, "", false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			kdir := filepath.Join(root, "var", "lib", "kubelet")
+			if err := os.MkdirAll(kdir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
+			write := func(path, data string) {
+				t.Helper()
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(config, tc.config)
+			write(flags, kubeadmFlags)
+			if tc.oldMark {
+				write(mark, "")
+			}
+			env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default),
+				"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
+				"PLEG_NRI_IMAGE_ENDPOINT": tc.image, "PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock"}
+			run := func(cmd, want string) {
+				t.Helper()
+				if out, err := nodeSh(t, env, cmd); err != nil || strings.TrimSpace(out) != want {
+					t.Fatalf("node.sh %s: %v %q, want %q", cmd, err, out, want)
+				}
+			}
+			imageOf := func() any {
+				t.Helper()
+				data, _ := os.ReadFile(config)
+				var cfg map[string]any
+				if err := yaml.Unmarshal(data, &cfg); err != nil {
+					t.Fatal(err)
+				}
+				return cfg["imageServiceEndpoint"]
+			}
+			run("kubelet-switch", "changed")
+			if got := imageOf(); got != tc.wantImage {
+				t.Errorf("imageServiceEndpoint after the switch: %v, want %v", got, tc.wantImage)
+			}
+			if out, err := nodeSh(t, env, "health"); strings.Contains(out, "kubelet settings: FAIL") {
+				t.Errorf("node.sh health after the switch: %v\n%s", err, out)
+			}
+			run("kubelet-switch", "unchanged")
+			// kubeadm upgrade node: the configuration as kubeadm writes it; the switch applied again.
+			write(config, tc.config)
+			run("kubelet-switch", "changed")
+			if _, err := os.Stat(mark); err != nil {
+				t.Fatalf("no mark: %v", err)
+			}
+			run("kubelet-restore", "changed")
+			var got, want map[string]any
+			data, _ := os.ReadFile(config)
+			_ = yaml.Unmarshal(data, &got)
+			_ = yaml.Unmarshal([]byte(tc.config), &want)
+			// The restore puts the endpoint on containerd's socket and removes the gate, as before.
+			want["containerRuntimeEndpoint"] = "unix:///run/containerd/containerd.sock"
+			delete(want, "featureGates")
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("the configuration after the restore (-want +got):\n%s", diff)
+			}
+			if data, _ := os.ReadFile(flags); string(data) != kubeadmFlags {
+				t.Errorf("kubeadm's flags after the restore:\n%s\nwant\n%s", data, kubeadmFlags)
+			}
+			if _, err := os.Stat(mark); !os.IsNotExist(err) {
+				t.Errorf("the mark is still there: %v", err)
+			}
+		})
+	}
 }
 
 // containerdBin is the containerd of the dependency cache (make deps-runtime), or "" without one.

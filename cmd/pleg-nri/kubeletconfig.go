@@ -13,7 +13,9 @@ import (
 )
 
 // kubeletConfigCommand is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's
-// flags file, where it sets the endpoint) at a CRI endpoint and set its EventedPLEG gate. It prints
+// flags file, where it sets the endpoint) at a CRI endpoint, its image service at another (containerd's
+// socket: the kubelet's image calls then never cross pleg-nri; issue 58) and set its EventedPLEG gate;
+// with --record, what the image service was is kept for "restore". It prints
 // "changed" or "unchanged", so that a caller restarts the kubelet only when needed. With --check it
 // changes nothing and fails, naming each setting, when they differ: the Helm chart's readiness probe
 // notices a kubelet taken off pleg-nri that way (issue 60). The Helm chart's node script runs it; an
@@ -21,14 +23,18 @@ import (
 func kubeletConfigCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "kubelet-config",
-		Usage:     "point a kubelet's configuration at pleg-nri and set its EventedPLEG gate; prints changed or unchanged",
+		Usage:     "point a kubelet's configuration at pleg-nri, its image service at containerd, and set its EventedPLEG gate; prints changed or unchanged",
 		UsageText: "pleg-nri kubelet-config [flags]",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Value: "/var/lib/kubelet/config.yaml", TakesFile: true,
 				Usage: "the kubelet's configuration file (KubeletConfiguration)"},
 			&cli.StringFlag{Name: "kubeadm-flags", Value: "/var/lib/kubelet/kubeadm-flags.env", TakesFile: true,
-				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too; missing is fine"},
+				Usage: "kubeadm's kubelet flags file, whose --container-runtime-endpoint (if any) is changed too, with --image-service-endpoint; missing is fine"},
 			&cli.StringFlag{Name: "container-runtime-endpoint", Usage: "set containerRuntimeEndpoint to this (e.g. " + config.Default().Listen + ")"},
+			&cli.StringFlag{Name: "image-service-endpoint", Usage: "set imageServiceEndpoint to this (containerd's socket, e.g. " + config.Default().RuntimeEndpoint +
+				"; unset, the kubelet sends its image calls to the runtime endpoint), remove to remove it, or restore to put back what --record holds"},
+			&cli.StringFlag{Name: "record", TakesFile: true,
+				Usage: "a file keeping imageServiceEndpoint from before the switch: written when --image-service-endpoint sets it (unless it holds one), read and removed by --image-service-endpoint restore"},
 			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
 			&cli.BoolFlag{Name: "check", Usage: "change nothing: print each setting that differs (a drift) and fail if any does, else print unchanged"},
 		},
@@ -37,7 +43,11 @@ func kubeletConfigCommand() *cli.Command {
 			if cmd.Args().Len() > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
 			}
-			e := kubeletconfig.Edit{Endpoint: cmd.String("container-runtime-endpoint"), EventedPLEG: cmd.String("evented-pleg")}
+			e := kubeletconfig.Edit{Endpoint: cmd.String("container-runtime-endpoint"), ImageEndpoint: cmd.String("image-service-endpoint"),
+				EventedPLEG: cmd.String("evented-pleg"), Record: cmd.String("record")}
+			if e.ImageEndpoint == "restore" && e.Record == "" {
+				return usageError{errors.New("--image-service-endpoint restore needs --record")}
+			}
 			if cmd.Bool("check") {
 				drift, err := kubeletconfig.Check(cmd.String("config"), cmd.String("kubeadm-flags"), e)
 				if err != nil {

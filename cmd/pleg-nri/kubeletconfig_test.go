@@ -55,3 +55,54 @@ func TestKubeletConfigCheck(t *testing.T) {
 		t.Errorf("--check after the switch: %v %q", err, out.String())
 	}
 }
+
+// TestKubeletConfigImageEndpoint (issue 58): the switch sets imageServiceEndpoint (the kubelet's image
+// calls then go to containerd directly), recording that it was unset; --check names it when it
+// drifts; "restore" puts it back as it was: unset.
+func TestKubeletConfigImageEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	config, record := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "etc", "kubelet-switched")
+	orig := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n"
+	if err := os.WriteFile(config, []byte(orig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--config", config, "--kubeadm-flags", filepath.Join(dir, "none.env")}
+	sw := append(append([]string{}, common...), "--container-runtime-endpoint", "unix:///run/pleg-nri/cri.sock",
+		"--image-service-endpoint", "unix:///run/containerd/containerd.sock", "--evented-pleg", "true", "--record", record)
+	var out bytes.Buffer
+	if err := runKubeletConfig(sw, &out, &out); err != nil || out.String() != "changed\n" {
+		t.Fatalf("the switch: %v %q", err, out.String())
+	}
+	if data, _ := os.ReadFile(config); !strings.Contains(string(data), "imageServiceEndpoint: unix:///run/containerd/containerd.sock\n") {
+		t.Errorf("after the switch:\n%s", data)
+	}
+	// imageServiceEndpoint gone (kubeadm upgrade node), the rest as switched.
+	drifted := "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock\nfeatureGates:\n  EventedPLEG: true\n"
+	if err := os.WriteFile(config, []byte(drifted), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	err := runKubeletConfig(append([]string{"--check"}, sw...), &out, &out)
+	if exitStatus(err, &out) != 1 || !strings.Contains(out.String(), "drift: "+config+": imageServiceEndpoint is unset, want unix:///run/containerd/containerd.sock\n") ||
+		strings.Count(out.String(), "drift: ") != 1 {
+		t.Errorf("--check with imageServiceEndpoint gone: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	back := append(append([]string{}, common...), "--container-runtime-endpoint", "unix:///run/containerd/containerd.sock",
+		"--image-service-endpoint", "restore", "--evented-pleg", "remove", "--record", record)
+	if err := runKubeletConfig(sw, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := runKubeletConfig(back, &out, &out); err != nil || out.String() != "changed\n" {
+		t.Fatalf("restore: %v %q", err, out.String())
+	}
+	if data, _ := os.ReadFile(config); strings.Contains(string(data), "imageServiceEndpoint") || strings.Contains(string(data), "EventedPLEG") {
+		t.Errorf("after restore:\n%s", data)
+	}
+	out.Reset()
+	err = runKubeletConfig(append(append([]string{}, common...), "--image-service-endpoint", "restore"), &out, &out)
+	if exitStatus(err, &out) != 2 {
+		t.Errorf("restore without --record: %v\n%s", err, out.String())
+	}
+}

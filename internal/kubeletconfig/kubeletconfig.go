@@ -1,13 +1,17 @@
-// Package kubeletconfig points a kubelet's configuration at a CRI endpoint and sets its EventedPLEG
-// gate: the KubeletConfiguration file, and kubeadm's kubelet flags file where it names the endpoint.
+// Package kubeletconfig points a kubelet's configuration at a CRI endpoint, its image service at
+// another (containerd's own, so that image calls do not cross pleg-nri) and sets its EventedPLEG gate:
+// the KubeletConfiguration file, and kubeadm's kubelet flags file where it names the endpoint.
 package kubeletconfig
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
@@ -18,9 +22,25 @@ import (
 type Edit struct {
 	// Endpoint is the containerRuntimeEndpoint to set; empty leaves it.
 	Endpoint string
+	// ImageEndpoint is the imageServiceEndpoint to set (containerd's socket: without it the kubelet
+	// sends its image calls to containerRuntimeEndpoint, through pleg-nri); "remove" removes it;
+	// "restore" (Apply and Check only) puts back what Record holds; empty leaves it.
+	ImageEndpoint string
 	// EventedPLEG sets the EventedPLEG gate to "true" or "false", or removes it ("remove"); empty
 	// leaves it.
 	EventedPLEG string
+	// Record, if not empty, is a file that keeps the kubelet's imageServiceEndpoint from before the
+	// switch: Apply setting ImageEndpoint writes it first unless it holds one already (a switch
+	// applied again keeps the first), and ImageEndpoint "restore" puts that back and removes the file.
+	// A missing or empty file holds none: restoring from it leaves imageServiceEndpoint as it is.
+	Record string
+}
+
+// record is what Edit.Record holds: the kubelet's imageServiceEndpoint before the switch, in the
+// configuration file and in kubeadm's flags file, each nil where it was absent.
+type record struct {
+	Config *string `json:"imageServiceEndpoint"`
+	Flag   *string `json:"kubeadmFlagImageServiceEndpoint"`
 }
 
 // EditConfig applies e to a KubeletConfiguration file's YAML and says whether it changed. The
@@ -40,6 +60,21 @@ func EditConfig(data []byte, e Edit) ([]byte, bool, error) {
 	if e.Endpoint != "" && cfg["containerRuntimeEndpoint"] != e.Endpoint {
 		cfg["containerRuntimeEndpoint"] = e.Endpoint
 		changed = true
+	}
+	switch e.ImageEndpoint {
+	case "":
+	case "remove":
+		if _, ok := cfg["imageServiceEndpoint"]; ok {
+			delete(cfg, "imageServiceEndpoint")
+			changed = true
+		}
+	case "restore":
+		return nil, false, errors.New(`imageServiceEndpoint: "restore" needs a record (Apply)`)
+	default:
+		if cfg["imageServiceEndpoint"] != e.ImageEndpoint {
+			cfg["imageServiceEndpoint"] = e.ImageEndpoint
+			changed = true
+		}
 	}
 	gates, _ := cfg["featureGates"].(map[string]any)
 	switch e.EventedPLEG {
@@ -79,15 +114,126 @@ func EditConfig(data []byte, e Edit) ([]byte, bool, error) {
 // writes it in kubeadm-flags.env.
 var runtimeEndpointFlag = regexp.MustCompile(`--container-runtime-endpoint[= ]("[^"]*"|[^\s"]+)`)
 
+// imageEndpointFlag is the kubelet's --image-service-endpoint flag with its value and the blank before
+// it (removed with it).
+var imageEndpointFlag = regexp.MustCompile(`([ \t]?)--image-service-endpoint[= ]("[^"]*"|[^\s"]+)`)
+
 // EditKubeadmFlags sets the value of --container-runtime-endpoint in a kubeadm-flags.env, where it
-// is (flags win over the configuration file), and says whether it changed. A file without the flag is
-// left as it is.
-func EditKubeadmFlags(data []byte, endpoint string) ([]byte, bool) {
-	if endpoint == "" || !runtimeEndpointFlag.Match(data) {
-		return data, false
+// is (flags win over the configuration file), and of --image-service-endpoint: where the file has it,
+// or else right after --container-runtime-endpoint; image "remove" removes it, empty leaves it. It
+// says whether the file changed. A file with neither flag is left as it is.
+func EditKubeadmFlags(data []byte, endpoint, image string) ([]byte, bool) {
+	out := data
+	if endpoint != "" {
+		out = runtimeEndpointFlag.ReplaceAllLiteral(out, []byte("--container-runtime-endpoint="+endpoint))
 	}
-	out := runtimeEndpointFlag.ReplaceAll(data, []byte("--container-runtime-endpoint="+endpoint))
+	switch {
+	case image == "":
+	case image == "remove":
+		out = imageEndpointFlag.ReplaceAllLiteral(out, nil)
+	case imageEndpointFlag.Match(out):
+		out = imageEndpointFlag.ReplaceAllFunc(out, func(m []byte) []byte {
+			blank := imageEndpointFlag.FindSubmatch(m)[1]
+			return append(append([]byte{}, blank...), "--image-service-endpoint="+image...)
+		})
+	default:
+		if loc := runtimeEndpointFlag.FindIndex(out); loc != nil {
+			out = append(append(append([]byte{}, out[:loc[1]]...), " --image-service-endpoint="+image...), out[loc[1]:]...)
+		}
+	}
 	return out, !bytes.Equal(out, data)
+}
+
+// flagValue is the value of the flag re matches in data (its quotes taken off), nil where it is
+// absent.
+func flagValue(re *regexp.Regexp, data []byte) *string {
+	m := re.FindSubmatch(data)
+	if m == nil {
+		return nil
+	}
+	v := strings.Trim(string(m[len(m)-1]), `"`)
+	return &v
+}
+
+// readFlags reads kubeadm's flags file; missing is nil data.
+func readFlags(flags string) ([]byte, error) {
+	data, err := os.ReadFile(flags)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--kubeadm-flags: %w", err)
+	}
+	return data, nil
+}
+
+// readRecord reads what e.Record holds; nil: none (no file, or an empty one).
+func readRecord(path string) (*record, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(bytes.TrimSpace(data)) == 0) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the record of imageServiceEndpoint: %w", err)
+	}
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("the record of imageServiceEndpoint %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// imageEdits resolves e.ImageEndpoint into the edits of the configuration and of the flags file
+// ("restore": from e.Record, each "remove" where the record says absent) and says whether it restores
+// from a record.
+func imageEdits(e Edit) (config, flag string, restoring bool, err error) {
+	if e.ImageEndpoint != "restore" {
+		return e.ImageEndpoint, e.ImageEndpoint, false, nil
+	}
+	if e.Record == "" {
+		return "", "", false, errors.New(`imageServiceEndpoint "restore" needs a record file`)
+	}
+	r, err := readRecord(e.Record)
+	if err != nil || r == nil {
+		return "", "", false, err
+	}
+	config, flag = "remove", "remove"
+	if r.Config != nil {
+		config = *r.Config
+	}
+	if r.Flag != nil {
+		flag = *r.Flag
+	}
+	return config, flag, true, nil
+}
+
+// keepRecord writes the imageServiceEndpoint of config (a configuration's YAML) and of flags (kubeadm's
+// flags file, nil if missing) to path, unless path holds a record already.
+func keepRecord(path string, config, flags []byte) error {
+	if r, err := readRecord(path); err != nil || r != nil {
+		return err
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal(config, &cfg); err != nil {
+		return fmt.Errorf("not a kubelet configuration: %w", err)
+	}
+	var r record
+	if v, ok := cfg["imageServiceEndpoint"]; ok {
+		s := fmt.Sprint(v)
+		r.Config = &s
+	}
+	r.Flag = flagValue(imageEndpointFlag, flags)
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("failed to record imageServiceEndpoint: %w", err)
+	}
+	if err := atomicfile.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("failed to record imageServiceEndpoint: %w", err)
+	}
+	return nil
 }
 
 // Apply applies e to the kubelet's configuration file config and kubeadm's flags file flags (missing is
@@ -97,24 +243,42 @@ func Apply(config, flags string, e Edit) (changed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("--config: %w", err)
 	}
-	out, changed, err := EditConfig(data, e)
+	fdata, err := readFlags(flags)
+	if err != nil {
+		return false, err
+	}
+	image, flagImage, restoring, err := imageEdits(e)
+	if err != nil {
+		return false, err
+	}
+	ce := e
+	ce.ImageEndpoint = image
+	out, changed, err := EditConfig(data, ce)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", config, err)
+	}
+	if e.Record != "" && image != "" && image != "remove" && !restoring {
+		if err := keepRecord(e.Record, data, fdata); err != nil {
+			return false, err
+		}
 	}
 	if changed {
 		if err := atomicfile.WriteFile(config, out, 0o644); err != nil {
 			return false, fmt.Errorf("failed to write %s: %w", config, err)
 		}
 	}
-	if fdata, err := os.ReadFile(flags); err == nil {
-		if fout, fchanged := EditKubeadmFlags(fdata, e.Endpoint); fchanged {
+	if fdata != nil {
+		if fout, fchanged := EditKubeadmFlags(fdata, e.Endpoint, flagImage); fchanged {
 			if err := atomicfile.WriteFile(flags, fout, 0o644); err != nil {
 				return changed, fmt.Errorf("failed to write %s: %w", flags, err)
 			}
 			changed = true
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return changed, fmt.Errorf("--kubeadm-flags: %w", err)
+	}
+	if restoring {
+		if err := os.Remove(e.Record); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return changed, fmt.Errorf("failed to remove the record of imageServiceEndpoint: %w", err)
+		}
 	}
 	return changed, nil
 }
@@ -128,13 +292,28 @@ func Check(config, flags string, e Edit) (drift []string, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	if _, changed, err := EditConfig(data, e); err != nil {
+	fdata, err := readFlags(flags)
+	if err != nil {
+		return nil, err
+	}
+	image, flagImage, _, err := imageEdits(e)
+	if err != nil {
+		return nil, err
+	}
+	ce := e
+	ce.ImageEndpoint = image
+	if _, changed, err := EditConfig(data, ce); err != nil {
 		return nil, fmt.Errorf("%s: %w", config, err)
 	} else if changed {
 		var cfg map[string]any
 		_ = yaml.Unmarshal(data, &cfg)
 		if e.Endpoint != "" && cfg["containerRuntimeEndpoint"] != e.Endpoint {
 			drift = append(drift, fmt.Sprintf("%s: containerRuntimeEndpoint is %v, want %s", config, orNone(cfg["containerRuntimeEndpoint"]), e.Endpoint))
+		}
+		if v, ok := cfg["imageServiceEndpoint"]; image == "remove" && ok {
+			drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want it unset", config, v))
+		} else if image != "" && image != "remove" && v != image {
+			drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want %s", config, orNone(v), image))
 		}
 		gates, _ := cfg["featureGates"].(map[string]any)
 		if g, ok := gates["EventedPLEG"]; e.EventedPLEG == "remove" && ok {
@@ -145,13 +324,21 @@ func Check(config, flags string, e Edit) (drift []string, err error) {
 			}
 		}
 	}
-	if fdata, err := os.ReadFile(flags); err == nil {
-		if _, fchanged := EditKubeadmFlags(fdata, e.Endpoint); fchanged {
-			m := runtimeEndpointFlag.FindSubmatch(fdata)
-			drift = append(drift, fmt.Sprintf("%s: --container-runtime-endpoint is %s, want %s", flags, m[1], e.Endpoint))
+	if fdata != nil {
+		if _, fchanged := EditKubeadmFlags(fdata, e.Endpoint, ""); fchanged {
+			drift = append(drift, fmt.Sprintf("%s: --container-runtime-endpoint is %s, want %s", flags, *flagValue(runtimeEndpointFlag, fdata), e.Endpoint))
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("--kubeadm-flags: %w", err)
+		if _, fchanged := EditKubeadmFlags(fdata, "", flagImage); fchanged {
+			want := flagImage
+			if want == "remove" {
+				want = "it unset"
+			}
+			is := "unset"
+			if v := flagValue(imageEndpointFlag, fdata); v != nil {
+				is = *v
+			}
+			drift = append(drift, fmt.Sprintf("%s: --image-service-endpoint is %s, want %s", flags, is, want))
+		}
 	}
 	return drift, nil
 }

@@ -125,10 +125,16 @@ func TestHelmTemplate(t *testing.T) {
 	for k, want := range map[string]string{"HOST_ROOT": "/host", "PLEG_NRI_MODE": "systemd", "PLEG_NRI_SWITCH_KUBELET": "false",
 		"PLEG_NRI_READYZ": "http://127.0.0.1:9810/readyz", "PLEG_NRI_CONFIG": "/etc/pleg-nri-config/config.yaml",
 		"PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
-		"PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "false"} {
+		"PLEG_NRI_RESTART_KUBELET_AFTER_RESTART": "false", "PLEG_NRI_IMAGE_ENDPOINT": "unix:///run/containerd/containerd.sock"} {
 		if env[k] != want {
 			t.Errorf("env %s=%q, want %q", k, env[k], want)
 		}
+	}
+	// The kubelet's imageServiceEndpoint left alone (issue 58): empty, which node.sh does not default.
+	if env := envOf(get(render(t, "--set", "kubelet.imageServiceEndpoint=")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0)); env["PLEG_NRI_IMAGE_ENDPOINT"] != "" {
+		t.Errorf("kubelet.imageServiceEndpoint empty: env PLEG_NRI_IMAGE_ENDPOINT=%q", env["PLEG_NRI_IMAGE_ENDPOINT"])
+	} else if _, ok := env["PLEG_NRI_IMAGE_ENDPOINT"]; !ok {
+		t.Error("kubelet.imageServiceEndpoint empty: no PLEG_NRI_IMAGE_ENDPOINT, which node.sh would default to containerd's socket")
 	}
 	if get(c, "readinessProbe") == nil || get(c, "resources", "requests") == nil {
 		t.Error("no readiness probe or resources")

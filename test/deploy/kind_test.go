@@ -411,7 +411,8 @@ func TestHelmKind(t *testing.T) {
 			}
 		}
 		// The kubelet: still on pleg-nri, its event stream ended only by the front's replacements.
-		if kcfg := n.exec("cat", "/var/lib/kubelet/config.yaml"); !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") {
+		if kcfg := n.exec("cat", "/var/lib/kubelet/config.yaml"); !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") ||
+			!strings.Contains(kcfg, "imageServiceEndpoint: unix:///run/containerd/containerd.sock") {
 			t.Errorf("the kubelet's configuration:\n%s", kcfg)
 		}
 		if err := pollDetail(time.Minute, 2*time.Second, "the kubelet's event stream from pleg-nri", func() (bool, string) { return streaming(t) }); err != nil {
@@ -527,7 +528,9 @@ func TestHelmKind(t *testing.T) {
 			t.Errorf("something still answers pleg-nri's metrics address: %s", out)
 		}
 		kcfg := n.exec("cat", "/var/lib/kubelet/config.yaml")
-		if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") {
+		// imageServiceEndpoint as it was: unset, as kind's kubeadm writes it (issue 58).
+		if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") ||
+			strings.Contains(kcfg, "imageServiceEndpoint") {
 			t.Errorf("the kubelet's configuration after uninstall:\n%s", kcfg)
 		}
 		kubectl(t, "wait", "--for=condition=Ready", "node/"+nodeName, "--timeout=3m")

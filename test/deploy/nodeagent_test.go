@@ -121,10 +121,12 @@ func TestNodeAgent(t *testing.T) {
 	}
 	n.waitReady()
 	kcfg := n.exec("cat", "/var/lib/kubelet/config.yaml")
-	if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") {
+	if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/pleg-nri/cri.sock") || !strings.Contains(kcfg, "EventedPLEG: true") ||
+		!strings.Contains(kcfg, "imageServiceEndpoint: unix:///run/containerd/containerd.sock") {
 		t.Errorf("the kubelet's configuration after install:\n%s", kcfg)
 	}
-	if !strings.Contains(n.exec("cat", "/var/lib/kubelet/kubeadm-flags.env"), "--container-runtime-endpoint=unix:///run/pleg-nri/cri.sock") {
+	if !strings.Contains(n.exec("cat", "/var/lib/kubelet/kubeadm-flags.env"),
+		"--container-runtime-endpoint=unix:///run/pleg-nri/cri.sock --image-service-endpoint=unix:///run/containerd/containerd.sock") {
 		t.Errorf("kubeadm-flags.env not switched")
 	}
 	if now := n.prop("kubelet.service", "InvocationID"); now == kubeletInvocation {
@@ -207,11 +209,13 @@ func TestNodeAgent(t *testing.T) {
 	// Uninstall (the pre-delete hook's pod): the kubelet goes back to containerd, then pleg-nri goes.
 	n.agent(image, cfgDir, "uninstall", switchEnv)
 	kcfg = n.exec("cat", "/var/lib/kubelet/config.yaml")
-	if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") {
+	// imageServiceEndpoint as it was: unset (issue 58).
+	if !strings.Contains(kcfg, "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock") || strings.Contains(kcfg, "EventedPLEG") ||
+		strings.Contains(kcfg, "imageServiceEndpoint") {
 		t.Errorf("the kubelet's configuration after uninstall:\n%s", kcfg)
 	}
-	if !strings.Contains(n.exec("cat", "/var/lib/kubelet/kubeadm-flags.env"), "--container-runtime-endpoint=unix:///run/containerd/containerd.sock") {
-		t.Errorf("kubeadm-flags.env not switched back")
+	if flags := n.exec("cat", "/var/lib/kubelet/kubeadm-flags.env"); flags != kubeadmFlags {
+		t.Errorf("kubeadm-flags.env not switched back as it was:\n%s", flags)
 	}
 	if st := n.prop("kubelet.service", "ActiveState"); st != "active" || n.prop("kubelet.service", "InvocationID") == kubeletInvocation {
 		t.Errorf("the kubelet after uninstall: %s, restarted: %v", st, n.prop("kubelet.service", "InvocationID") != kubeletInvocation)

@@ -144,6 +144,23 @@ func TestKubeletOnPlegNRI(t *testing.T) {
 			t.Errorf("pleg-nri reports %g subscribers (%v), want the kubelet's", subs, err)
 		}
 	})
+
+	// Issue 58: with imageServiceEndpoint at containerd's socket (as pleg-nri's kubelet switch sets it),
+	// none of the kubelet's image calls (an ImageStatus before each of the containers it created above)
+	// crosses pleg-nri's front, while its runtime calls do.
+	t.Run("image calls go to containerd", func(t *testing.T) {
+		images, err := n.p.Metric("pleg_nri_forwarded_call_duration_seconds_count", "ImageService/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtime, err := n.p.Metric("pleg_nri_forwarded_call_duration_seconds_count", "RuntimeService/CreateContainer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if images != 0 || runtime == 0 {
+			t.Errorf("pleg-nri forwarded %g image calls and %g CreateContainer calls, want none and some", images, runtime)
+		}
+	})
 }
 
 // containerStatus asks containerd for a container's status.

@@ -3,7 +3,8 @@
 //
 //  1. GenericPLEG, runtime endpoint = containerd;
 //  2. EventedPLEG, runtime endpoint = containerd (its own GetContainerEvents stream);
-//  3. EventedPLEG, runtime endpoint = pleg-nri, which forwards every other call to containerd.
+//  3. EventedPLEG, runtime endpoint = pleg-nri, which forwards every other call to containerd; image
+//     service endpoint = containerd, as pleg-nri's kubelet switch sets it (issue 58).
 //
 // The tests (setup 3, and setup 2 where the difference is the point) check what the kubelet reports
 // and what it did in containerd; BenchmarkCrashRestart (make bench-kubelet) measures how fast each

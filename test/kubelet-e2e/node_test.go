@@ -137,7 +137,9 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 	t.Cleanup(func() { conn.Close() })
 	n.cri = runtimeapi.NewRuntimeServiceClient(conn)
 
-	endpoint := "unix://" + env.Address
+	// imageEndpoint is the kubelet's imageServiceEndpoint: containerd's socket where the runtime endpoint
+	// is pleg-nri's, as pleg-nri's kubelet switch sets it (issue 58: image calls do not cross the front).
+	endpoint, imageEndpoint := "unix://"+env.Address, ""
 	if s.runsPlegNRI() {
 		dir := testutil.ShortTempDir(t, "plegnri-")
 		if s.Freshness == "" {
@@ -171,22 +173,23 @@ func startNode(t testing.TB, s setup, opts ...nodeOptions) *node {
 			}
 		})
 		if s.PlegNRI {
-			endpoint = "unix://" + n.p.Socket
+			endpoint, imageEndpoint = "unix://"+n.p.Socket, endpoint
 		}
 		if s.Freshness != "" {
 			t.Logf("pleg-nri with read-freshness %s", s.Freshness)
 		}
 	}
 	n.k, err = kubelet.New(kubelet.Options{
-		Binary:            kubeletBinary,
-		RuntimeEndpoint:   endpoint,
-		ContainerdAddress: env.Address,
-		EventedPLEG:       s.Evented,
-		FeatureGates:      featureGatesFromEnv(t),
-		CgroupParent:      env.CgroupParent,
-		MaxPods:           o.maxPods,
-		Verbosity:         verbosity,
-		Log:               testWriter{t},
+		Binary:               kubeletBinary,
+		RuntimeEndpoint:      endpoint,
+		ImageServiceEndpoint: imageEndpoint,
+		ContainerdAddress:    env.Address,
+		EventedPLEG:          s.Evented,
+		FeatureGates:         featureGatesFromEnv(t),
+		CgroupParent:         env.CgroupParent,
+		MaxPods:              o.maxPods,
+		Verbosity:            verbosity,
+		Log:                  testWriter{t},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -46,6 +46,9 @@ type Options struct {
 	// RuntimeEndpoint is the kubelet's containerRuntimeEndpoint (unix://...): containerd's socket or
 	// pleg-nri's.
 	RuntimeEndpoint string
+	// ImageServiceEndpoint is the kubelet's imageServiceEndpoint (unix://...); empty: unset, and the
+	// kubelet sends its image calls to RuntimeEndpoint.
+	ImageServiceEndpoint string
 	// ContainerdAddress is containerd's own socket, used to remove the kubelet's pods after it stopped.
 	ContainerdAddress string
 	// EventedPLEG turns the EventedPLEG feature gate on.
@@ -165,6 +168,9 @@ staticPodPath: {{.ManifestDir}}
 fileCheckFrequency: 1s
 podLogsDir: {{.PodLogsDir}}
 containerRuntimeEndpoint: {{.RuntimeEndpoint}}
+{{- if .ImageServiceEndpoint}}
+imageServiceEndpoint: {{.ImageServiceEndpoint}}
+{{- end}}
 registerNode: false
 address: 127.0.0.1
 port: {{.Port}}
@@ -208,16 +214,17 @@ featureGates:
 func (k *Kubelet) writeConfig() error {
 	var b strings.Builder
 	if err := kubeletConfig.Execute(&b, map[string]any{
-		"ManifestDir":     k.ManifestDir,
-		"PodLogsDir":      k.PodLogsDir,
-		"RuntimeEndpoint": k.opts.RuntimeEndpoint,
-		"Port":            k.Port,
-		"ReadOnlyPort":    k.ReadOnlyPort,
-		"HealthzPort":     k.HealthzPort,
-		"CgroupRoot":      k.CgroupRoot,
-		"EventedPLEG":     k.opts.EventedPLEG,
-		"FeatureGates":    k.opts.FeatureGates,
-		"MaxPods":         k.opts.MaxPods,
+		"ManifestDir":          k.ManifestDir,
+		"PodLogsDir":           k.PodLogsDir,
+		"RuntimeEndpoint":      k.opts.RuntimeEndpoint,
+		"ImageServiceEndpoint": k.opts.ImageServiceEndpoint,
+		"Port":                 k.Port,
+		"ReadOnlyPort":         k.ReadOnlyPort,
+		"HealthzPort":          k.HealthzPort,
+		"CgroupRoot":           k.CgroupRoot,
+		"EventedPLEG":          k.opts.EventedPLEG,
+		"FeatureGates":         k.opts.FeatureGates,
+		"MaxPods":              k.opts.MaxPods,
 	}); err != nil {
 		return err
 	}

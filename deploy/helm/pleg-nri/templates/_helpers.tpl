@@ -71,6 +71,11 @@ env:
     value: {{ .Values.kubelet.switchEndpoint | quote }}
   - name: PLEG_NRI_EVENTED_PLEG
     value: {{ .Values.kubelet.eventedPLEG | quote }}
+  {{- /* Absent (values of an older chart kept with --reuse-values): node.sh's default, containerd's socket. */}}
+  {{- if hasKey .Values.kubelet "imageServiceEndpoint" }}
+  - name: PLEG_NRI_IMAGE_ENDPOINT
+    value: {{ .Values.kubelet.imageServiceEndpoint | default "" | quote }}
+  {{- end }}
   - name: PLEG_NRI_RESTART_KUBELET_AFTER_RESTART
     value: {{ .Values.kubelet.restartAfterPlegNRIRestart | quote }}
   - name: PLEG_NRI_REAPPLY_SWITCH

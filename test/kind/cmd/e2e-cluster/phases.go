@@ -87,6 +87,9 @@ type kubeletSetup struct {
 	name     string // as the report names it
 	endpoint string // the kubelet's containerRuntimeEndpoint
 	gate     string // the EventedPLEG gate: "true", or "remove" for kind's default (GenericPLEG)
+	// image is the kubelet's imageServiceEndpoint: containerd's socket with pleg-nri (as its kubelet
+	// switch sets it), or "remove" for kind's default (unset: the runtime endpoint, containerd's).
+	image string
 }
 
 const (
@@ -95,9 +98,9 @@ const (
 )
 
 var (
-	onGeneric    = kubeletSetup{"GenericPLEG (kind's default)", containerdSocket, "remove"}
-	onContainerd = kubeletSetup{"EventedPLEG on containerd's stream", containerdSocket, "true"}
-	onPlegNRI    = kubeletSetup{"pleg-nri", plegNRISocket, "true"}
+	onGeneric    = kubeletSetup{"GenericPLEG (kind's default)", containerdSocket, "remove", "remove"}
+	onContainerd = kubeletSetup{"EventedPLEG on containerd's stream", containerdSocket, "true", "remove"}
+	onPlegNRI    = kubeletSetup{"pleg-nri", plegNRISocket, "true", containerdSocket}
 	// sideBySide are the setups measured side by side, one per node in each round.
 	sideBySide = []kubeletSetup{onGeneric, onContainerd, onPlegNRI}
 )
@@ -278,7 +281,7 @@ func (c *cluster) switchKubelets(ctx context.Context, want map[string]kubeletSet
 		}
 		out, err := c.onNode(ctx, n, "/usr/local/bin/e2e-pleg-nri", "kubelet-config", "--config", "/var/lib/kubelet/config.yaml",
 			"--kubeadm-flags", "/var/lib/kubelet/kubeadm-flags.env", "--container-runtime-endpoint", s.endpoint,
-			"--evented-pleg", s.gate)
+			"--image-service-endpoint", s.image, "--evented-pleg", s.gate)
 		if err != nil {
 			return fmt.Errorf("%s: kubelet-config: %w", n, err)
 		}
@@ -416,7 +419,7 @@ func (c *cluster) explainSlow(ctx context.Context, ph phase) []string {
 }
 
 // uninstall runs helm uninstall and checks that every node is back as it was before the install: the
-// kubelet on containerd's socket without the EventedPLEG gate, Ready, and nothing of pleg-nri left on
+// kubelet on containerd's socket without the EventedPLEG gate or an imageServiceEndpoint, Ready, and nothing of pleg-nri left on
 // it (no unit, no binary, no process) nor in the cluster (no DaemonSet, ConfigMap, Job or pod). It
 // returns a line for the report.
 func (c *cluster) uninstall(ctx context.Context) (string, error) {
@@ -431,7 +434,9 @@ func (c *cluster) uninstall(ctx context.Context) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if !strings.Contains(kcfg, "containerRuntimeEndpoint: "+containerdSocket) || strings.Contains(kcfg, "EventedPLEG") {
+		// imageServiceEndpoint as before the chart's switch: unset, as kind's kubeadm writes it.
+		if !strings.Contains(kcfg, "containerRuntimeEndpoint: "+containerdSocket) || strings.Contains(kcfg, "EventedPLEG") ||
+			strings.Contains(kcfg, "imageServiceEndpoint") {
 			left = append(left, fmt.Sprintf("%s: the kubelet's configuration after uninstall:\n%s", n, kcfg))
 		}
 		if out, err := c.onNode(ctx, n, "systemctl", "cat", "pleg-nri.service"); err == nil {
