@@ -126,8 +126,8 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		return fmt.Errorf("config key \"listen\": %w", err)
 	}
 	// A front that goes away while the core runs is replaced at once, on the same socket.
-	comps.run(ctx, "front supervisor", front.NewSupervisor(frontConfig(cfg), preRegistered,
-		frontHooks{front.NewSupervisorMetrics(reg), ready, core}).Run)
+	supervisor := front.NewSupervisor(frontConfig(cfg), preRegistered, frontHooks{front.NewSupervisorMetrics(reg), ready, core})
+	comps.run(ctx, "front supervisor", supervisor.Run)
 	// What serves the run directory, for the next pre-registered instance (takeover.go) and `pleg-nri
 	// version`: written before the core's socket serves, so that whoever finds the socket finds it too.
 	if exe, err := os.Executable(); err == nil {
@@ -178,6 +178,14 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
 		defer stopMetrics()
+	}
+	// Until the supervisor holds the front's socket, a front killed takes the endpoint with it: the
+	// daemon serves once it does (bounded: a front that never shares is the supervisor's to replace).
+	select {
+	case <-supervisor.Watching():
+	case <-ctx.Done():
+	case <-time.After(frontWatchWait):
+		log.G(ctx).WithField("waited", frontWatchWait).Warn("the front supervisor does not hold the front's socket yet: a front killed now takes the endpoint away until the next one listens")
 	}
 	log.G(ctx).WithField("listen", cfg.Listen).WithField("core", srv.Addr().String()).WithField("runtime-endpoint", cfg.RuntimeEndpoint).
 		WithField("config", configPath).WithField("version", version).Info(servingLog)
@@ -383,6 +391,10 @@ func serverFailure(srv *kubelet.Server) func(context.Context) error {
 		}
 	}
 }
+
+// frontWatchWait bounds the daemon's wait, before it says it serves, for the front supervisor to hold
+// the front's listening socket (front.Supervisor.Watching).
+const frontWatchWait = 10 * time.Second
 
 // servingLog is logged once the daemon serves: every listener is open (the metrics server's too).
 const servingLog = "pleg-nri is serving"

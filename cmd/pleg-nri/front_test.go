@@ -222,3 +222,48 @@ func TestSecondCoreLeavesTheFront(t *testing.T) {
 		t.Errorf("the production front after a second core: %+v, %v; want pid %d still", after, err, before.PID)
 	}
 }
+
+// TestFrontKilledAsTheDaemonServes: a front SIGKILLed the moment the daemon says it serves (its log
+// line, systemd's READY=1) leaves the endpoint open: the supervisor already holds the front's socket,
+// so a call made before the next front listens waits in its backlog and is answered. Before the
+// daemon waited for the supervisor (front.Supervisor.Watching), a front killed in those first
+// milliseconds took its socket with it, and the call was refused (a fresh-clone make test caught it
+// in TestFrontRespawned's first kill).
+func TestFrontKilledAsTheDaemonServes(t *testing.T) {
+	for i := range 3 {
+		dir := testutil.ShortTempDir(t, "pn-")
+		runDir := filepath.Join(dir, "run")
+		sock := filepath.Join(runDir, "cri.sock")
+		runtime := filepath.Join(dir, "runtime.sock")
+		fakeRuntime(t, runtime)
+		d := spawnDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
+			"--runtime-endpoint", "unix://"+runtime)...)
+		err := testutil.PollEvery(context.Background(), 30*time.Second, time.Millisecond, "pleg-nri to say it serves", func() (bool, error) {
+			return strings.Contains(d.out.String(), servingLog), nil
+		})
+		if err != nil {
+			t.Fatalf("run %d: %v\n%s", i+1, err, d.out.String())
+		}
+		info, err := front.Query(runDir, "info")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(info.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := testutil.WaitGone(context.Background(), info.PID, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := dial.CRI("unix://" + sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
+		cancel()
+		_ = conn.Close()
+		if err != nil {
+			t.Fatalf("run %d: a call right after the front's SIGKILL, as the daemon said it serves, failed: %v", i+1, err)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,9 @@ type Supervisor struct {
 	hooks         SupervisorHooks
 	// up says whether a front is watched (it answered and shares its socket).
 	up atomic.Bool
+	// watching is closed once the supervisor first holds a front's listening socket (watched).
+	watching     chan struct{}
+	watchingOnce sync.Once
 }
 
 // SupervisorHooks are told what the supervisor sees, for the core's readiness and metrics.
@@ -71,8 +75,14 @@ const (
 // it the first time). preRegistered is as for Ensure; hooks may be nil.
 func NewSupervisor(cfg Config, preRegistered bool, hooks SupervisorHooks) *Supervisor {
 	cfg.Takeover, cfg.ListenFD = false, 0
-	return &Supervisor{cfg: cfg, preRegistered: preRegistered, hooks: hooks}
+	return &Supervisor{cfg: cfg, preRegistered: preRegistered, hooks: hooks, watching: make(chan struct{})}
 }
+
+// Watching is closed once the supervisor holds the listening socket of the front it watches: from
+// then on a front's SIGKILL leaves the endpoint open (calls wait in its backlog for the next front).
+// Before it, a front killed takes its socket with it, and calls are refused until the next front
+// listens. The daemon says it serves only once it is closed.
+func (s *Supervisor) Watching() <-chan struct{} { return s.watching }
 
 // Up says whether a front serves the endpoint, as far as the supervisor knows (for /readyz).
 func (s *Supervisor) Up() bool { return s.up.Load() }
@@ -104,6 +114,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			held = lf
 			retry.Reset()
 			s.setUp(true)
+			s.watchingOnce.Do(func() { close(s.watching) })
 			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Debug("watching the front")
 			gone := watch(ctx, conn)
 			if !gone {

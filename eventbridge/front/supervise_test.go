@@ -61,6 +61,11 @@ func TestSupervisorReplacesAKilledFront(t *testing.T) {
 	}
 	hooks := &supervisorLog{}
 	s := NewSupervisor(cfg, false, hooks)
+	select {
+	case <-s.Watching():
+		t.Fatal("Watching is closed before the supervisor runs")
+	default:
+	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	t.Cleanup(func() {
@@ -72,7 +77,14 @@ func TestSupervisorReplacesAKilledFront(t *testing.T) {
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	testutil.Eventually(t, waitTimeout, "the supervisor to watch the front", s.Up)
+	select {
+	case <-s.Watching():
+	case <-time.After(waitTimeout):
+		t.Fatal("the supervisor did not watch the front")
+	}
+	if !s.Up() {
+		t.Fatal("Watching is closed but the supervisor says no front is up")
+	}
 
 	// The socket file is watched every millisecond from the kill until a new front answers.
 	sock := filepath.Join(n.dir, "cri.sock")
