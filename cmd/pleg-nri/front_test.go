@@ -267,3 +267,64 @@ func TestFrontKilledAsTheDaemonServes(t *testing.T) {
 		}
 	}
 }
+
+// TestFrontHungReplaced: a front frozen with SIGSTOP (its control connection to the core stays open,
+// so only a check of the endpoint itself sees it) is killed by the core after its checks have failed
+// for 10 s, and a new front answers on the same socket: a call made to the frozen front is answered
+// by the next one, and the metrics count the kill.
+func TestFrontHungReplaced(t *testing.T) {
+	dir := testutil.ShortTempDir(t, "pn-")
+	runDir := filepath.Join(dir, "run")
+	sock := filepath.Join(runDir, "cri.sock")
+	runtime := filepath.Join(dir, "runtime.sock")
+	fakeRuntime(t, runtime)
+	metrics := freeLoopbackAddr(t)
+	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
+		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
+	before, err := front.Query(runDir, "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(before.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	t.Cleanup(func() { _ = syscall.Kill(before.PID, syscall.SIGCONT) })
+	// Once every thread is stopped: a connection the front accepted before is reset by the kill.
+	if err := testutil.Poll(context.Background(), 10*time.Second, "the front to stop", func() (bool, error) {
+		return testutil.Stopped(before.PID), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dial.CRI("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Its connection's handshake with the frozen front times out first (as the kubelet's does): wait
+	// for ready, as a retry of the call would.
+	if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("a call to the frozen front: %v; want it answered by the next front", err)
+	}
+	answered := time.Since(stopped)
+	after, err := front.Query(runDir, "info")
+	if err != nil || after.PID == before.PID {
+		t.Fatalf("front after the freeze: %+v, %v; want another process than %d", after, err, before.PID)
+	}
+	t.Logf("front %d frozen, the call answered by front %d %s later", before.PID, after.PID, answered.Round(time.Millisecond))
+	err = testutil.Poll(context.Background(), 10*time.Second, "the kill in the metrics", func() (bool, error) {
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		if err != nil {
+			return false, nil
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return strings.Contains(string(body), "\npleg_nri_front_hung_kills_total 1\n") &&
+			strings.Contains(string(body), "\npleg_nri_front_up 1\n"), nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}

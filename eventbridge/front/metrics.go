@@ -104,6 +104,7 @@ func (g *Gatherer) ask() ([]byte, error) {
 type SupervisorMetrics struct {
 	up        prometheus.Gauge
 	respawned prometheus.Counter
+	hung      prometheus.Counter
 }
 
 // NewSupervisorMetrics registers the supervisor's metrics on reg.
@@ -113,8 +114,10 @@ func NewSupervisorMetrics(reg prometheus.Registerer) *SupervisorMetrics {
 			Help: "1 while a front serves the kubelet's CRI endpoint (the core watches it), 0 while none does: the node's runtime endpoint is down."}),
 		respawned: prometheus.NewCounter(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "front_respawns_total",
 			Help: "Fronts the core started (or tried to) in place of one that went away (killed, crashed, stopped) while the core ran."}),
+		hung: prometheus.NewCounter(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "front_hung_kills_total",
+			Help: "Fronts the core killed because they had not answered on the kubelet's CRI endpoint for 10s (stopped, wedged); each is then respawned."}),
 	}
-	reg.MustRegister(m.up, m.respawned)
+	reg.MustRegister(m.up, m.respawned, m.hung)
 	return m
 }
 
@@ -127,6 +130,8 @@ func (m *SupervisorMetrics) FrontUp(up bool) {
 }
 
 func (m *SupervisorMetrics) FrontRespawned() { m.respawned.Inc() }
+
+func (m *SupervisorMetrics) FrontHung() { m.hung.Inc() }
 
 // FrontGone does nothing: FrontUp(false) and FrontRespawned tell it.
 func (m *SupervisorMetrics) FrontGone() {}

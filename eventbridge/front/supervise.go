@@ -45,6 +45,9 @@ type Supervisor struct {
 	// watching is closed once the supervisor first holds a front's listening socket (watched).
 	watching     chan struct{}
 	watchingOnce sync.Once
+	// probeInterval, probeTimeout and hangTimeout are the checks that a watched front still answers
+	// (liveness.go), fields for tests.
+	probeInterval, probeTimeout, hangTimeout time.Duration
 }
 
 // SupervisorHooks are told what the supervisor sees, for the core's readiness and metrics.
@@ -58,6 +61,8 @@ type SupervisorHooks interface {
 	// FrontRespawned is called each time the supervisor starts a front in place of one that went
 	// away (before the start, which may fail).
 	FrontRespawned()
+	// FrontHung is called when the supervisor kills a front that no longer answers (liveness.go).
+	FrontHung()
 }
 
 // Supervisor's backoff between failed attempts to start a front, and how long it waits before it
@@ -75,7 +80,8 @@ const (
 // it the first time). preRegistered is as for Ensure; hooks may be nil.
 func NewSupervisor(cfg Config, preRegistered bool, hooks SupervisorHooks) *Supervisor {
 	cfg.Takeover, cfg.ListenFD = false, 0
-	return &Supervisor{cfg: cfg, preRegistered: preRegistered, hooks: hooks, watching: make(chan struct{})}
+	return &Supervisor{cfg: cfg, preRegistered: preRegistered, hooks: hooks, watching: make(chan struct{}),
+		probeInterval: probeInterval, probeTimeout: probeTimeout, hangTimeout: hangTimeout}
 }
 
 // Watching is closed once the supervisor holds the listening socket of the front it watches: from
@@ -116,7 +122,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.setUp(true)
 			s.watchingOnce.Do(func() { close(s.watching) })
 			log.G(ctx).WithField("pid", info.PID).WithField("front-version", info.Version).Debug("watching the front")
-			gone := watch(ctx, conn)
+			gone := s.watch(ctx, conn, info.PID)
 			if !gone {
 				return nil // ctx is done
 			}
@@ -208,11 +214,23 @@ func shareListener(runDir string) (*net.UnixConn, Info, *os.File, error) {
 	return conn, info, files[0], nil
 }
 
-// watch waits until conn ends (gone) or ctx is done (not gone); it closes conn.
-func watch(ctx context.Context, conn *net.UnixConn) (gone bool) {
+// watch waits until conn, the control connection of the front pid, ends (gone) or ctx is done (not
+// gone); it closes conn. Meanwhile it kills the front if it stops answering (killIfHung), which ends
+// conn.
+func (s *Supervisor) watch(ctx context.Context, conn *net.UnixConn, pid int) (gone bool) {
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	defer conn.Close()
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	probesDone := make(chan struct{})
+	go func() {
+		defer close(probesDone)
+		s.killIfHung(probeCtx, pid)
+	}()
+	defer func() {
+		stopProbes()
+		<-probesDone
+	}()
 	_, _ = io.Copy(io.Discard, conn)
 	return ctx.Err() == nil
 }

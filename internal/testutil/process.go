@@ -1,11 +1,12 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -14,16 +15,36 @@ const processPoll = 20 * time.Millisecond
 
 // Alive says whether pid is a live process: it is in /proc and it is not a zombie (or dead).
 func Alive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	state, ok := procState("/proc/" + strconv.Itoa(pid) + "/stat")
+	return ok && state != 'Z' && state != 'X'
+}
+
+// Stopped says whether every thread of pid is stopped by a signal (SIGSTOP): a process signalled
+// goes on running in its other threads for a moment.
+func Stopped(pid int) bool {
+	stats, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/stat")
+	if err != nil || len(stats) == 0 {
 		return false
 	}
-	// The state follows the command name in parentheses, which may itself hold parentheses.
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
+	for _, f := range stats {
+		if state, ok := procState(f); !ok || state != 'T' {
+			return false
+		}
 	}
 	return true
+}
+
+// procState is the state letter in a /proc stat file; ok is false if the file cannot be read.
+func procState(stat string) (state byte, ok bool) {
+	data, err := os.ReadFile(stat)
+	if err != nil {
+		return 0, false
+	}
+	// The state follows the command name in parentheses, which may itself hold parentheses.
+	if i := bytes.LastIndexByte(data, ')'); i > 0 && i+2 < len(data) {
+		return data[i+2], true
+	}
+	return 0, true
 }
 
 // WaitGone waits until pid is no longer Alive, for at most timeout or until ctx ends.
