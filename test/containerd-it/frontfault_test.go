@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -32,6 +33,91 @@ import (
 // logged. It failed before the front supervisor: the first kill took the endpoint away for good.
 func TestFaultFrontKill(t *testing.T) {
 	faultFrontKill(t, 10, 2)
+}
+
+// TestFaultFrontHung: the front is frozen (SIGSTOP) twice while pods churn, the core running. A frozen
+// front keeps its control connection to the core, so only the core's check of the endpoint sees it:
+// the core kills it once it has not answered for 10 s, and starts the next front on the same socket.
+// A call made to the frozen front on a new connection is answered (by the next front); the poller's
+// forwarded calls fail only while a front is frozen (until a second after its replacement), with
+// UNAVAILABLE or their deadline; the subscriber's stream ends at most once per freeze and it learns of
+// every exit; the core's own stream never ends; one front runs at the end, and the metrics count two
+// hung fronts killed and two respawns. Before the check, a frozen front held every call forever.
+func TestFaultFrontHung(t *testing.T) {
+	logOnFailure(t)
+	prefix := "fhung-" + randomSuffix()
+	p := startPlegNRI(t)
+	core := recordEvents(t, p.coreSocket())
+	sub := recordAcrossEnds(t, p.Socket)
+	calls := startPoller(t, p.Socket)
+	ch := startChurn(t, prefix, 2)
+	const freezes = 2
+	type window struct{ from, to time.Time }
+	var frozen []window
+	var answered []time.Duration
+	for i := range freezes {
+		time.Sleep(time.Second)
+		before := p.frontPID(t)
+		at := time.Now()
+		if err := syscall.Kill(before, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(before, syscall.SIGCONT) })
+		// The probe is made once every thread is stopped: a connection the front accepted before is
+		// reset by the kill, as the kubelet's open connection is.
+		if err := testutil.Poll(context.Background(), 10*time.Second, "the front to stop", func() (bool, error) {
+			return testutil.Stopped(before), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		probe := newCRI(t, p.Socket)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// Its handshake with the frozen front times out first: wait for ready, as a retry would.
+		_, err := probe.rt.Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			t.Fatalf("freeze %d: a call to the frozen front failed: %v", i+1, err)
+		}
+		answered = append(answered, time.Since(at))
+		if err := testutil.WaitGone(context.Background(), before, 10*time.Second); err != nil {
+			t.Fatalf("freeze %d: the frozen front: %v", i+1, err)
+		}
+		if after := p.frontPID(t); after == before {
+			t.Fatalf("freeze %d: the frozen front %d still answers", i+1, before)
+		}
+		frozen = append(frozen, window{at, time.Now()})
+	}
+	time.Sleep(time.Second)
+	ch.halt()
+	calls.halt()
+	t.Logf("churn: %s", ch)
+	t.Logf("front SIGSTOP to a call answered by the next front: %s", spread(answered))
+
+	calls.mu.Lock()
+	fails := slices.Clone(calls.fails)
+	t.Logf("forwarded calls: %d, %d failed", calls.calls, calls.failures)
+	calls.mu.Unlock()
+	for _, f := range fails {
+		near := false
+		for _, w := range frozen {
+			if !f.at.Before(w.from) && !f.at.After(w.to.Add(time.Second)) {
+				near = true
+			}
+		}
+		switch {
+		case f.code != codes.Unavailable && f.code != codes.DeadlineExceeded:
+			t.Errorf("a forwarded call failed with %s, want Unavailable or DeadlineExceeded: %s", f.code, f.err)
+		case !near:
+			t.Errorf("a forwarded call failed %s, while no front was frozen: %s", f.at.Format("15:04:05.000"), f.err)
+		}
+	}
+	checkAcrossFrontFaults(t, p, prefix, sub, core, freezes)
+	if n := p.metric(t, "pleg_nri_front_hung_kills_total"); n != freezes {
+		t.Errorf("pleg_nri_front_hung_kills_total %v, want %d", n, freezes)
+	}
+	if n := p.metric(t, "pleg_nri_front_respawns_total"); n != freezes {
+		t.Errorf("pleg_nri_front_respawns_total %v, want %d", n, freezes)
+	}
 }
 
 // TestSoakFaultFrontKill: the same with 50 kills (PLEG_NRI_SOAK_KILLS) and 4 churn workers.
@@ -143,13 +229,26 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 		}
 	}
 
-	// The subscriber: at most one stream end per kill; every exit of a container that is still there
-	// told by a STOPPED or seen exited in the relist after a stream end.
-	ends, relisted := sub.result()
-	if len(ends) > kills {
-		t.Errorf("the subscriber's stream ended %d times in %d kills, want at most one each: %v", len(ends), kills, ends)
+	checkAcrossFrontFaults(t, p, prefix, sub, core, kills)
+	if fdsAfter := countFDs(t, p.PID); fdsAfter > fdsBefore+3 {
+		t.Errorf("the core has %d descriptors after %d front kills, %d before", fdsAfter, kills, fdsBefore)
 	}
-	t.Logf("the subscriber's stream ended %d times in %d kills", len(ends), kills)
+	if n := p.metric(t, "pleg_nri_front_respawns_total"); n != float64(kills) {
+		t.Errorf("pleg_nri_front_respawns_total %v, want %d", n, kills)
+	}
+}
+
+// checkAcrossFrontFaults checks what faults front faults (kills, hangs) of the front must leave
+// intact: the subscriber's stream ended at most once per fault; every exit of a container of the
+// churn (pods named prefix*) that is still there reached it as a STOPPED or in its relist after an
+// end; the core's own stream never ended; and one front runs at the end.
+func checkAcrossFrontFaults(t *testing.T, p *plegNRI, prefix string, sub *acrossEnds, core *eventRecorder, faults int) {
+	t.Helper()
+	ends, relisted := sub.result()
+	if len(ends) > faults {
+		t.Errorf("the subscriber's stream ended %d times in %d faults, want at most one each: %v", len(ends), faults, ends)
+	}
+	t.Logf("the subscriber's stream ended %d times in %d faults", len(ends), faults)
 	final := newCRI(t, env.Address)
 	pods, err := final.rt.ListPodSandbox(ctx(t), &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
@@ -186,18 +285,11 @@ func faultFrontKill(t *testing.T, kills, workers int) {
 	if exited == 0 {
 		t.Error("no container of the churn exited: the test saw nothing")
 	}
-
 	if err := core.Err(); err != nil {
 		t.Errorf("the core's own stream ended: %v", err)
 	}
-	if fdsAfter := countFDs(t, p.PID); fdsAfter > fdsBefore+3 {
-		t.Errorf("the core has %d descriptors after %d front kills, %d before", fdsAfter, kills, fdsBefore)
-	}
 	if fronts := frontProcesses(p.RunDir); len(fronts) != 1 {
 		t.Errorf("fronts running at the end: %v, want one", fronts)
-	}
-	if n := p.metric(t, "pleg_nri_front_respawns_total"); n != float64(kills) {
-		t.Errorf("pleg_nri_front_respawns_total %v, want %d", n, kills)
 	}
 }
 
