@@ -83,6 +83,56 @@ func TestFrontKillsUnderKubelet(t *testing.T) {
 	t.Logf("front SIGKILL to the exited container's restart: %v", lags)
 }
 
+// TestFrontHungUnderKubelet freezes pleg-nri's front (SIGSTOP: alive, its control connection to the
+// core open, serving nothing) under a running kubelet (setup 3), with a container exiting right after.
+// Every CRI call of the kubelet waits in the frozen front; the core finds it silent on the endpoint,
+// kills it after 10 s and starts the next: the kubelet's calls recover, it restarts the container
+// that exited (within restartLagLimit of the freeze), its event stream ended once and it reconnected,
+// and it still takes events from pleg-nri. Before the core checked the front, every call waited until
+// the kubelet's own 2 min timeout, and again after it, for as long as the front stayed frozen.
+func TestFrontHungUnderKubelet(t *testing.T) {
+	n := startNode(t, setupEventedPlegNRI)
+	for _, name := range []string{"fhung0", "fhung1"} {
+		if err := n.k.WritePod(gapPod(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"fhung0", "fhung1"} {
+		n.waitPod(name, "running", running)
+	}
+	before := n.plegMetrics()
+	p := n.waitPod("fhung0", "running", running)
+	pid := n.waiterPID(p)
+	front, err := n.p.FrontPID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(front, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	t.Cleanup(func() { _ = syscall.Kill(front, syscall.SIGCONT) })
+	n.triggerExit(p, pid)
+	n.waitPod("fhung0", "waiter restarted once and running", restartedTo("waiter", 1))
+	lag := time.Since(frozen)
+	if lag > restartLagLimit {
+		t.Errorf("the container that exited while the front was frozen was restarted %s after the freeze, want within %s", lag.Round(time.Millisecond), restartLagLimit)
+	}
+	if now, err := n.p.FrontPID(); err != nil || now == front {
+		t.Errorf("the front is pid %d (%v), the frozen one was %d", now, err, front)
+	}
+	m := n.streamBackAfterFrontKill(1, before, 1)
+	t.Logf("front frozen: the container restarted %s after the freeze; %s", lag.Round(time.Millisecond), m)
+
+	// The kubelet still acts on pleg-nri's events.
+	last := n.waitPod("fhung1", "running", running)
+	n.triggerExit(last, n.waiterPID(last))
+	n.waitPod("fhung1", "waiter restarted once and running", restartedTo("waiter", 1))
+	if final := n.plegMetrics(); final.EventsReceived <= m.EventsReceived {
+		t.Errorf("the kubelet received no event after the front's replacement: %s, then %s", m, final)
+	}
+}
+
 // streamBackAfterFrontKill checks the kubelet's event stream after the kill-th front kill of a test,
 // the kills-th of this kubelet's life since before: it was ended once per kill (no more), and it
 // connected again (within restartLagLimit). It returns the kubelet's metrics then.
