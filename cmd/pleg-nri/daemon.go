@@ -173,7 +173,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	if cfg.MetricsAddress != "" {
 		registerBuildInfo(reg, cfg.RunDirectory())
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
+		stopMetrics, err := promutil.Serve(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready.check)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
