@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"reflect"
@@ -86,17 +84,4 @@ func daemonConfig(cmd *cli.Command) (cfg config.Config, path string, err error) 
 	}
 	config.ReplaceRetired(&cfg)
 	return cfg, path, cfg.Validate()
-}
-
-// loadConfig is daemonConfig for a daemon command line (args without the program's name).
-func loadConfig(args []string) (cfg config.Config, path string, err error) {
-	app := newApp(io.Discard, io.Discard, func(string) string { return "" })
-	app.Action = func(_ context.Context, cmd *cli.Command) error {
-		cfg, path, err = daemonConfig(cmd)
-		return err
-	}
-	if runErr := app.Run(context.Background(), append([]string{"pleg-nri"}, args...)); err == nil {
-		err = runErr
-	}
-	return cfg, path, err
 }
