@@ -169,7 +169,7 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	comps.run(ctx, "CRI endpoint", serverFailure(srv))
 
 	if cfg.MetricsAddress != "" {
-		registerBuildInfo(reg, cfg.RunDirectory())
+		runningcore.RegisterBuildInfo(reg, cfg.RunDirectory(), version)
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
 		stopMetrics, err := promutil.Serve(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready.check)
 		if err != nil {
