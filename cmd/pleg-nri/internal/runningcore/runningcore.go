@@ -1,6 +1,7 @@
 // Package runningcore is the core that serves a run directory, as a new instance finds it: what it says
-// of itself (core.json: WriteInfo, ReadInfo), which process it is (PeerPID), a second core's refusal to
-// start beside it (RefuseSecond), and a new pre-registered instance's takeover from it (TakeOver).
+// of itself (core.json: WriteInfo, ReadInfo), which process it is (PeerPID), its and its front's
+// versions (WriteVersions, RegisterBuildInfo), a second core's refusal to start beside it
+// (RefuseSecond), and a new pre-registered instance's takeover from it (TakeOver).
 //
 // A pre-registered core that outlived containerd (containerd 2.4 does not stop its pre-registered
 // plugins) reconnects through the NRI socket and goes on serving the run directory. The instance the
