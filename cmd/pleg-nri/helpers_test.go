@@ -53,3 +53,16 @@ func runEvents(ctx context.Context, args []string, getenv func(string) string, s
 	cmd.Writer, cmd.ErrWriter = stdout, stderr
 	return cmd.Run(ctx, append([]string{"events"}, args...))
 }
+
+// noEnv is an empty environment.
+func noEnv(string) string { return "" }
+
+// endpointEnv is an environment of CONTAINER_RUNTIME_ENDPOINT=v only.
+func endpointEnv(v string) func(string) string {
+	return func(k string) string {
+		if k == runtimeEndpointEnv {
+			return v
+		}
+		return ""
+	}
+}
