@@ -60,7 +60,7 @@ type callHook struct {
 
 func (h *callHook) Sending([]byte) {}
 
-func (h *callHook) Wants(method string) bool { return method == "/runtime.v1.RuntimeService/ContainerStatus" }
+func (h *callHook) Wants(method string) bool { return method == ContainerStatusMethod }
 
 func (h *callHook) Call(ctx context.Context, c *Call, forward func(context.Context) error) error {
 	h.method, h.objectID, h.request = c.Method(), c.ObjectID(), append([]byte(nil), c.Request()...)
@@ -103,7 +103,7 @@ func TestCallAccessors(t *testing.T) {
 	if err != nil || resp.GetStatus().GetId() != id {
 		t.Fatalf("ContainerStatus = %v, %v", resp, err)
 	}
-	if h.method != "/runtime.v1.RuntimeService/ContainerStatus" || h.objectID != id {
+	if h.method != ContainerStatusMethod || h.objectID != id {
 		t.Errorf("the hook saw method %q, object %q; want ContainerStatus of %s", h.method, h.objectID, id)
 	}
 	var req runtimeapi.ContainerStatusRequest
