@@ -1,36 +1,12 @@
 package front
 
 import (
-	"bufio"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
-
-// answeringFront answers every request on runDir's control socket with answer (nothing: it closes the
-// connection once it read the request).
-func answeringFront(t *testing.T, runDir, answer string) {
-	t.Helper()
-	l, err := net.Listen("unix", filepath.Join(runDir, ControlSocketName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = bufio.NewReader(c).ReadBytes('\n')
-			_, _ = c.Write([]byte(answer))
-			_ = c.Close()
-		}
-	}()
-}
 
 // TestQueryAnswers: Query returns the front's answer, and says whether the front gave none or one it
 // cannot read; with no front, the dial's error.
@@ -44,7 +20,7 @@ func TestQueryAnswers(t *testing.T) {
 		{"not JSON", "ok\n", "bad answer from the front"},
 	} {
 		runDir := testutil.ShortTempDir(t, "qa-")
-		answeringFront(t, runDir, tc.answer)
+		testutil.ServeAnswer(t, filepath.Join(runDir, ControlSocketName), tc.answer)
 		info, err := Query(runDir, "info")
 		switch {
 		case tc.want == "" && (err != nil || info.Version != "v9" || info.PID != 7):
@@ -65,12 +41,12 @@ func TestGathererBadMetrics(t *testing.T) {
 	if fams, err := (&Gatherer{RunDir: runDir}).Gather(); fams != nil || err != nil {
 		t.Errorf("no front: %v, %v; want nothing", fams, err)
 	}
-	answeringFront(t, runDir, "pleg_nri_x{ 1\n")
+	testutil.ServeAnswer(t, filepath.Join(runDir, ControlSocketName), "pleg_nri_x{ 1\n")
 	if _, err := (&Gatherer{RunDir: runDir}).Gather(); err == nil || !strings.HasPrefix(err.Error(), "front metrics: ") {
 		t.Errorf("bad metrics: %v, want a front metrics error", err)
 	}
 	good := testutil.ShortTempDir(t, "gb-")
-	answeringFront(t, good, "# TYPE pleg_nri_a counter\npleg_nri_a 1\n# TYPE other_b counter\nother_b 2\n# TYPE go_c gauge\ngo_c 3\n")
+	testutil.ServeAnswer(t, filepath.Join(good, ControlSocketName), "# TYPE pleg_nri_a counter\npleg_nri_a 1\n# TYPE other_b counter\nother_b 2\n# TYPE go_c gauge\ngo_c 3\n")
 	fams, err := (&Gatherer{RunDir: good}).Gather()
 	var names []string
 	for _, f := range fams {

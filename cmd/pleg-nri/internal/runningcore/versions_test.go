@@ -1,7 +1,6 @@
 package runningcore
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -23,22 +22,8 @@ const version = "v1.2.3-test"
 // fakeFront answers "info" on runDir's control socket as a front of version v and pid 4242 would.
 func fakeFront(t *testing.T, runDir, v string) {
 	t.Helper()
-	l, err := net.Listen("unix", filepath.Join(runDir, front.ControlSocketName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = bufio.NewReader(c).ReadBytes('\n')
-			fmt.Fprintf(c, "{\"protocol\":%d,\"version\":%q,\"pid\":4242}\n", front.Protocol, v)
-			c.Close()
-		}
-	}()
+	testutil.ServeAnswer(t, filepath.Join(runDir, front.ControlSocketName),
+		fmt.Sprintf("{\"protocol\":%d,\"version\":%q,\"pid\":4242}\n", front.Protocol, v))
 }
 
 // TestWriteVersions (issue 56): `pleg-nri version` prints the binary's version and, when they serve the
