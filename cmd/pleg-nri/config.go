@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"maps"
-	"os"
-	"reflect"
 	"slices"
 	"time"
 
-	"github.com/containerd/log"
 	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
@@ -58,45 +53,13 @@ func daemonFlags(d config.Config) []cli.Flag {
 	return flags
 }
 
-// daemonConfig builds the daemon's configuration from defaults, the --config file, then the flags cmd
-// was given explicitly (they win over the file). path is the file's.
+// daemonConfig builds the daemon's configuration (config.Load) from the --config file and the flags
+// cmd was given explicitly. path is the file's.
 func daemonConfig(cmd *cli.Command) (cfg config.Config, path string, err error) {
 	if cmd.Args().Len() > 0 {
 		return config.Config{}, "", fmt.Errorf("unexpected argument %q", cmd.Args().First())
 	}
-	cfg, path = config.Default(), cmd.String("config")
-	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return config.Config{}, path, fmt.Errorf("failed to read config: %w", err)
-		}
-		if cfg, err = config.Parse(data, cfg); err != nil {
-			return config.Config{}, path, fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	for key, field := range config.Fields(&cfg) {
-		if cmd.IsSet(key) {
-			field.Set(reflect.ValueOf(cmd.Value(key)).Convert(field.Type()))
-		}
-	}
-	for key, note := range config.Retired {
-		if cmd.IsSet(key) {
-			log.L.WithField("flag", "--"+key).Warn("flag retired, ignored: " + note)
-		}
-	}
-	config.ReplaceRetired(&cfg)
-	return cfg, path, cfg.Validate()
-}
-
-// loadConfig is daemonConfig for a daemon command line (args without the program's name).
-func loadConfig(args []string) (cfg config.Config, path string, err error) {
-	app := newApp(io.Discard, io.Discard, func(string) string { return "" })
-	app.Action = func(_ context.Context, cmd *cli.Command) error {
-		cfg, path, err = daemonConfig(cmd)
-		return err
-	}
-	if runErr := app.Run(context.Background(), append([]string{"pleg-nri"}, args...)); err == nil {
-		err = runErr
-	}
+	path = cmd.String("config")
+	cfg, err = config.Load(path, func(key string) (any, bool) { return cmd.Value(key), cmd.IsSet(key) })
 	return cfg, path, err
 }

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -84,7 +82,7 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 				LateWait:     cmd.Duration("late-wait"),
 			}
 			if path := cmd.String("runtime-log"); path != "" {
-				o.LogLines = func() (int, error) { return fileLines(path) }
+				o.LogLines = func() (int, error) { return conformance.FileLines(path) }
 			}
 			return run(ctx, o, cmd.Duration("timeout"), cmd.Bool("json"))
 		},
@@ -108,33 +106,6 @@ func runConformance(stdout io.Writer) func(context.Context, conformance.Options,
 		if err != nil {
 			return err
 		}
-		if n := rep.Count(conformance.Fail); n > 0 {
-			return fmt.Errorf("%d of %d checks failed against %s", n, len(rep.Results), rep.Endpoint)
-		}
-		if rep.Cleanup != "" {
-			return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", conformance.RunLabel, rep.RunID, rep.Cleanup)
-		}
-		return nil
-	}
-}
-
-// fileLines counts the lines of the file at path.
-func fileLines(path string) (int, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	n := 0
-	buf := make([]byte, 64<<10)
-	for {
-		k, err := f.Read(buf)
-		n += bytes.Count(buf[:k], []byte("\n"))
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return n, fmt.Errorf("failed to read %s: %w", path, err)
-		}
+		return rep.Err()
 	}
 }

@@ -76,14 +76,6 @@ func TestConformanceFlags(t *testing.T) {
 // TestConformanceEndpoint: --runtime-endpoint, else $CONTAINER_RUNTIME_ENDPOINT (as crictl reads
 // it), else containerd's socket.
 func TestConformanceEndpoint(t *testing.T) {
-	env := func(v string) func(string) string {
-		return func(k string) string {
-			if k == "CONTAINER_RUNTIME_ENDPOINT" {
-				return v
-			}
-			return ""
-		}
-	}
 	for _, tc := range []struct {
 		name   string
 		args   []string
@@ -91,10 +83,10 @@ func TestConformanceEndpoint(t *testing.T) {
 		want   string
 	}{
 		{"default", nil, noEnv, "unix:///run/containerd/containerd.sock"},
-		{"environment", nil, env("unix:///run/pleg-nri/cri.sock"), "unix:///run/pleg-nri/cri.sock"},
-		{"the flag over the environment", []string{"--runtime-endpoint", "/run/x.sock"}, env("unix:///run/pleg-nri/cri.sock"), "/run/x.sock"},
-		{"the short flag over the environment", []string{"-r", "tcp://127.0.0.1:1"}, env("unix:///run/pleg-nri/cri.sock"), "tcp://127.0.0.1:1"},
-		{"an empty environment variable", nil, env(""), "unix:///run/containerd/containerd.sock"},
+		{"environment", nil, endpointEnv("unix:///run/pleg-nri/cri.sock"), "unix:///run/pleg-nri/cri.sock"},
+		{"the flag over the environment", []string{"--runtime-endpoint", "/run/x.sock"}, endpointEnv("unix:///run/pleg-nri/cri.sock"), "/run/x.sock"},
+		{"the short flag over the environment", []string{"-r", "tcp://127.0.0.1:1"}, endpointEnv("unix:///run/pleg-nri/cri.sock"), "tcp://127.0.0.1:1"},
+		{"an empty environment variable", nil, endpointEnv(""), "unix:///run/containerd/containerd.sock"},
 	} {
 		var got string
 		capture := func(_ context.Context, o conformance.Options, _ time.Duration, _ bool) error {

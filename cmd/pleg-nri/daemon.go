@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -91,11 +90,10 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 		}
 	}
 
-	// A second core started by hand beside a running one must not touch the running one's front: it
-	// would replace it (ending the kubelet's stream) before finding the core's socket taken. (A
-	// pre-registered instance decided above whether to take the running core over.)
+	// A core started by hand leaves a running one alone (a pre-registered instance decided above
+	// whether to take the running core over).
 	if !preRegistered {
-		if err := refuseSecondCore(cfg.RunDirectory()); err != nil {
+		if err := runningcore.RefuseSecond(cfg.RunDirectory()); err != nil {
 			return err
 		}
 	}
@@ -171,9 +169,9 @@ func runDaemon(ctx context.Context, cfg config.Config, configPath string) error 
 	comps.run(ctx, "CRI endpoint", serverFailure(srv))
 
 	if cfg.MetricsAddress != "" {
-		registerBuildInfo(reg, cfg.RunDirectory())
+		runningcore.RegisterBuildInfo(reg, cfg.RunDirectory(), version)
 		// The front's metrics (the kubelet's endpoint: forwarded calls, streams, held reads) with the core's.
-		stopMetrics, err := serveMetrics(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready)
+		stopMetrics, err := promutil.Serve(ctx, cfg.MetricsAddress, prometheus.Gatherers{reg, &front.Gatherer{RunDir: cfg.RunDirectory()}}, ready.check)
 		if err != nil {
 			return fmt.Errorf("config key \"metrics-address\": %w", err)
 		}
@@ -363,21 +361,6 @@ func serveCoreEvents(ctx context.Context, cfg config.Config, core *pleg.PLEG, m 
 	}
 	// The core first stops counting what its streams do not send as received (see pleg.PLEG.Stopping).
 	return srv, sync.OnceFunc(func() { core.Stopping(); srv.StopWithin(ctx, coreStopTimeout) }), nil
-}
-
-// refuseSecondCore returns an error when a core already serves runDir's event socket.
-func refuseSecondCore(runDir string) error {
-	sock := filepath.Join(runDir, front.CoreSocketName)
-	c, err := net.DialTimeout("unix", sock, time.Second)
-	if err != nil {
-		return nil // none (or a stale socket, which the core's listen replaces)
-	}
-	_ = c.Close()
-	who := ""
-	if info, err := runningcore.ReadInfo(runDir); err == nil && info.PID > 0 {
-		who = fmt.Sprintf(" (pid %d, version %s)", info.PID, info.Version)
-	}
-	return fmt.Errorf("config key \"run-dir\": a pleg-nri core already serves %s%s: stop it first, or give this one another run-dir and listen", runDir, who)
 }
 
 // serverFailure is a component that returns srv's serving error, or nil once ctx is done.

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/urfave/cli/v3"
@@ -50,10 +48,9 @@ func eventsOptionsFrom(cmd *cli.Command, getenv func(string) string) (eventprint
 	if cmd.Args().Len() > 0 {
 		return eventprint.Options{}, fmt.Errorf("unexpected argument %q", cmd.Args().First())
 	}
-	o := eventprint.Options{Output: cmd.String("output")}
+	var o eventprint.Options
 	o.Filter.Pods, o.Filter.Namespaces = trimmed(cmd.StringSlice("pod")), trimmed(cmd.StringSlice("namespace"))
-	endpoint, templ, types := cmd.String("runtime-endpoint"), cmd.String("template"), trimmed(cmd.StringSlice("type"))
-	switch {
+	switch endpoint := cmd.String("runtime-endpoint"); {
 	case endpoint != "":
 		o.Endpoint = endpoint
 	case getenv(runtimeEndpointEnv) != "":
@@ -61,33 +58,14 @@ func eventsOptionsFrom(cmd *cli.Command, getenv func(string) string) (eventprint
 	default:
 		o.Endpoint = config.Default().Listen
 	}
-	for _, s := range types {
+	for _, s := range trimmed(cmd.StringSlice("type")) {
 		t, err := eventprint.ParseEventType(s)
 		if err != nil {
 			return o, fmt.Errorf("--type: %w", err)
 		}
 		o.Filter.Types = append(o.Filter.Types, t)
 	}
-	switch o.Output {
-	case "text":
-		o.Output = "table"
-	case "table", "json", "yaml":
-	case "go-template":
-		if templ == "" {
-			return o, errors.New("--output go-template needs --template")
-		}
-		t, err := eventprint.ParseTemplate(templ)
-		if err != nil {
-			return o, fmt.Errorf("--template: %w", err)
-		}
-		o.Template = t
-	default:
-		return o, fmt.Errorf("--output: want table, json, yaml or go-template, got %q", o.Output)
-	}
-	if templ != "" && o.Output != "go-template" {
-		return o, fmt.Errorf("--template can't be used with --output %s", o.Output)
-	}
-	return o, nil
+	return o, o.SetOutput(cmd.String("output"), cmd.String("template"))
 }
 
 // trimmed returns the non-empty values of list, trimmed.
@@ -99,18 +77,4 @@ func trimmed(list []string) []string {
 		}
 	}
 	return out
-}
-
-// parseEventsFlags reads the options of `pleg-nri events` from args (after "events").
-func parseEventsFlags(args []string, getenv func(string) string, stderr io.Writer) (o eventprint.Options, err error) {
-	cmd := eventsCommand(getenv, func(_ context.Context, opts eventprint.Options) error { o = opts; return nil })
-	cmd.Writer, cmd.ErrWriter = io.Discard, stderr
-	return o, cmd.Run(context.Background(), append([]string{"events"}, args...))
-}
-
-// runEvents runs `pleg-nri events` with args (after "events").
-func runEvents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cmd := eventsCommand(getenv, func(ctx context.Context, o eventprint.Options) error { return eventprint.Stream(ctx, o, stdout) })
-	cmd.Writer, cmd.ErrWriter = stdout, stderr
-	return cmd.Run(ctx, append([]string{"events"}, args...))
 }

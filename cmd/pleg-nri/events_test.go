@@ -9,17 +9,7 @@ import (
 	"time"
 )
 
-func noEnv(string) string { return "" }
-
 func TestEventsEndpoint(t *testing.T) {
-	env := func(v string) func(string) string {
-		return func(k string) string {
-			if k == "CONTAINER_RUNTIME_ENDPOINT" {
-				return v
-			}
-			return ""
-		}
-	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -27,10 +17,10 @@ func TestEventsEndpoint(t *testing.T) {
 		want string
 	}{
 		{"default", nil, noEnv, "unix:///run/pleg-nri/cri.sock"},
-		{"environment", nil, env("unix:///run/containerd/containerd.sock"), "unix:///run/containerd/containerd.sock"},
-		{"flag over environment", []string{"--runtime-endpoint", "/a.sock"}, env("/b.sock"), "/a.sock"},
+		{"environment", nil, endpointEnv("unix:///run/containerd/containerd.sock"), "unix:///run/containerd/containerd.sock"},
+		{"flag over environment", []string{"--runtime-endpoint", "/a.sock"}, endpointEnv("/b.sock"), "/a.sock"},
 		{"-r", []string{"-r", "tcp://127.0.0.1:1"}, noEnv, "tcp://127.0.0.1:1"},
-		{"--endpoint", []string{"--endpoint=/c.sock"}, env("/b.sock"), "/c.sock"},
+		{"--endpoint", []string{"--endpoint=/c.sock"}, endpointEnv("/b.sock"), "/c.sock"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parseEventsFlags(tc.args, tc.env, io.Discard)
@@ -67,15 +57,9 @@ func TestEventsFlagErrors(t *testing.T) {
 // nothing serves: it fails, naming the endpoint (the printing is eventprint's, tested there).
 func TestRunEvents(t *testing.T) {
 	sock := "unix://" + filepath.Join(t.TempDir(), "cri.sock")
-	getenv := func(k string) string {
-		if k == "CONTAINER_RUNTIME_ENDPOINT" {
-			return sock
-		}
-		return ""
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := runEvents(ctx, []string{"-o", "json"}, getenv, io.Discard, io.Discard)
+	err := runEvents(ctx, []string{"-o", "json"}, endpointEnv(sock), io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), sock) {
 		t.Errorf("error %v, want one naming %s", err, sock)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/containerd/log"
@@ -67,11 +66,4 @@ func stopFrontCommand() *cli.Command {
 			return nil
 		},
 	}
-}
-
-// runStopFront runs `pleg-nri stop-front` with args (after "stop-front").
-func runStopFront(args []string, out io.Writer) error {
-	cmd := stopFrontCommand()
-	cmd.Writer = out
-	return cmd.Run(context.Background(), append([]string{"stop-front"}, args...))
 }

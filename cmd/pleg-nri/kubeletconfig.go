@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/urfave/cli/v3"
 
@@ -74,10 +73,3 @@ func kubeletConfigCommand() *cli.Command {
 
 // errKubeletDrift is the error of `pleg-nri kubelet-config --check` when a setting differs.
 var errKubeletDrift = errors.New("the kubelet's settings differ from the ones asked for")
-
-// runKubeletConfig runs `pleg-nri kubelet-config` with args (after "kubelet-config").
-func runKubeletConfig(args []string, stdout, stderr io.Writer) error {
-	cmd := kubeletConfigCommand()
-	cmd.Writer, cmd.ErrWriter = stdout, stderr
-	return cmd.Run(context.Background(), append([]string{"kubelet-config"}, args...))
-}

@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/yaml"
 
+	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
@@ -46,7 +47,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	kubelet.NewPrometheusMetrics(&reg, upstreams, "front_cri")
 	front.NewSupervisorMetrics(&reg)
 	kubelet.NewRefusedPeersMetric(&reg)
-	registerBuildInfo(&reg, "/nonexistent")
+	runningcore.RegisterBuildInfo(&reg, "/nonexistent", version)
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg.collectors {

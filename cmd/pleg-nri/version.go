@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"path/filepath"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
-	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 )
 
 // versionCommand is `pleg-nri version`: this binary's version, then the version and pid of the core
@@ -28,25 +25,8 @@ func versionCommand() *cli.Command {
 			if cmd.Args().Len() > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
 			}
-			printVersions(cmd.Root().Writer, cmd.String("run-dir"))
+			runningcore.WriteVersions(cmd.Root().Writer, cmd.String("run-dir"), version)
 			return nil
 		},
-	}
-}
-
-// printVersions writes this binary's version, then the running core's (the core socket's server, with
-// the version its core.json gives) and front's (its control socket's answer), each when one serves
-// runDir.
-func printVersions(w io.Writer, runDir string) {
-	fmt.Fprintf(w, "pleg-nri %s\n", version)
-	if pid, err := runningcore.PeerPID(filepath.Join(runDir, front.CoreSocketName)); err == nil {
-		v := "unknown (no " + runningcore.InfoName + ": an older release)"
-		if info, err := runningcore.ReadInfo(runDir); err == nil && info.PID == pid {
-			v = info.Version
-		}
-		fmt.Fprintf(w, "core: pid %d, version %s\n", pid, v)
-	}
-	if info, err := front.Query(runDir, "info"); err == nil {
-		fmt.Fprintf(w, "front: pid %d, version %s\n", info.PID, info.Version)
 	}
 }

@@ -65,7 +65,7 @@ func TestFrontRelaysBurst(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			kubelettest.NextOpened(t, core.src)
+			core.src.NextOpened(t)
 			go func() {
 				for i := range burst {
 					core.src.Publish(kubelettest.Event(fmt.Sprintf("e%d", i), runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
@@ -125,8 +125,8 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 			subscribe(staying)
 			testutil.Eventually(t, kubelettest.WaitTimeout, "both streams to open", func() bool { open, _ := metrics.streams(); return open == 2 })
 			if core == "stopped with its streams open" {
-				kubelettest.NextOpened(t, up.src)
-				kubelettest.NextOpened(t, up.src)
+				up.src.NextOpened(t)
+				up.src.NextOpened(t)
 				up.stop()
 			}
 
@@ -238,7 +238,7 @@ func TestCoreSocketIsNoCRIEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubelettest.NextOpened(t, e.src)
+	e.src.NextOpened(t)
 	e.src.Publish(kubelettest.Event("c9", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
 	if ev := kubelettest.RecvEvent(t, stream); ev.GetContainerId() != "c9" {
 		t.Errorf("the core's stream sent %s, want c9", ev.GetContainerId())
@@ -285,7 +285,7 @@ func TestEventStreamCapsThroughTheFront(t *testing.T) {
 				}
 				clients = append(clients, c)
 				if i < tc.accepted {
-					kubelettest.NextOpened(t, core.src)
+					core.src.NextOpened(t)
 				}
 			}
 			if _, err := clients[tc.accepted].Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), tc.says) {

@@ -59,7 +59,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
 	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
@@ -69,7 +69,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 	up.stop()
 	waitConnState(t, relay.conn, connectivity.TransientFailure)
 	up = startUpstream(t, corePath)
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c2"})
 	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c2" {
 		t.Fatalf("got %q, want c2", id)
@@ -77,7 +77,7 @@ func TestRelaySurvivesUpstreamRestarts(t *testing.T) {
 
 	// The upstream's stream ends with UNAVAILABLE while its server runs on.
 	up.src.Last().End <- status.Error(codes.Unavailable, "core shutting down")
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c3"})
 	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c3" {
 		t.Fatalf("got %q, want c3", id)
@@ -107,7 +107,7 @@ func TestRelayClosesUpstreamWithClient(t *testing.T) {
 	if _, err := client.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	s := kubelettest.NextOpened(t, up.src)
+	s := up.src.NextOpened(t)
 	cancel()
 	kubelettest.WaitClosed(t, s)
 }
@@ -181,7 +181,7 @@ func TestRelayEndsWhenCoreGone(t *testing.T) {
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
 	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
@@ -204,14 +204,14 @@ func TestRelayCoreBackWithinGrace(t *testing.T) {
 	up := startUpstream(t, corePath)
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	ended := awaitEnd(t, stream)
 
 	for i := range 2 {
 		lost := time.Now()
 		up.stop()
 		up = startUpstream(t, corePath)
-		kubelettest.NextOpened(t, up.src)
+		up.src.NextOpened(t)
 		// Past the grace of the loss, with the core's new stream quiet.
 		time.Sleep(time.Until(lost.Add(grace + 300*time.Millisecond)))
 		select {
@@ -238,7 +238,7 @@ func TestRelayEndsWhenCoreCrashLoops(t *testing.T) {
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	client, gone := graceFront(t, dir, grace)
 	stream, _ := openEvents(t, client)
-	first := kubelettest.NextOpened(t, up.src)
+	first := up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
 	if id := kubelettest.RecvEvent(t, stream).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)
@@ -286,7 +286,7 @@ func TestRelayNewSubscriptionCoreDown(t *testing.T) {
 	// A core that goes away: the stream opened before it ends first, one opened later its grace after.
 	up := startUpstream(t, filepath.Join(dir, "core.sock"))
 	early, _ := openEvents(t, client)
-	kubelettest.NextOpened(t, up.src)
+	up.src.NextOpened(t)
 	up.src.Publish(&runtimeapi.ContainerEventResponse{ContainerId: "c1"})
 	if id := kubelettest.RecvEvent(t, early).ContainerId; id != "c1" {
 		t.Fatalf("got %q, want c1", id)

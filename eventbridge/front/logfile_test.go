@@ -66,3 +66,45 @@ func TestLogFileCap(t *testing.T) {
 		t.Errorf("files in the run directory: %v, want %s and %s.1", entries, logName, logName)
 	}
 }
+
+// TestLogFileCannotRotate: when the file cannot be renamed to .1 (a directory stands there), it is
+// truncated instead, saying so in its first line, and stays within its cap; a symbolic link at the
+// log's path is refused, not followed.
+func TestLogFileCannotRotate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, logName)
+	if err := os.MkdirAll(filepath.Join(path+".1", "busy"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const max = 300
+	l, err := openLogFile(path, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.f.Close()
+	line := strings.Repeat("y", 99) + "\n"
+	for range 4 {
+		if _, err := l.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur, _ := os.ReadFile(path)
+	if !strings.HasPrefix(string(cur), "pleg-nri front: cannot rotate "+path) || !strings.HasSuffix(string(cur), line) {
+		t.Errorf("the log file after a failed rotation:\n%s", cur)
+	}
+	if len(cur) > max+len(line) || l.size != int64(len(cur)) {
+		t.Errorf("the log file holds %d bytes (counted %d), want them counted and at most %d", len(cur), l.size, max+len(line))
+	}
+
+	target := filepath.Join(dir, "elsewhere")
+	link := filepath.Join(dir, "link.log")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openLogFile(link, max); err == nil {
+		t.Error("a symbolic link at the log's path was followed")
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Errorf("the link's target was created: %v", err)
+	}
+}

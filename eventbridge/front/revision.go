@@ -5,4 +5,4 @@ package front
 // Revision is a digest of everything the front process runs (internal/frontrev): a core replaces a
 // running front whose revision differs from its own, so that a change to the front's code reaches the
 // process that serves the kubelet, and leaves one of the same revision alone, whatever its version.
-const Revision = "45da21cf27af0a17"
+const Revision = "725cb988307e21ac"

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 )
@@ -74,10 +75,10 @@ func newHealthyClient(t *testing.T, e *env) *healthyClient {
 	t.Helper()
 	h := &healthyClient{e: e, rt: runtimeapi.NewRuntimeServiceClient(e.proxied)}
 	var err error
-	if h.stream, err = h.rt.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{}); err != nil {
+	if h.stream, err = h.rt.GetContainerEvents(endpointtest.Ctx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	nextOpened(t, e.source)
+	e.source.NextOpened(t)
 	h.check(t, "at start")
 	return h
 }
@@ -86,8 +87,8 @@ func newHealthyClient(t *testing.T, e *env) *healthyClient {
 func (h *healthyClient) check(t *testing.T, after string) {
 	t.Helper()
 	id := "healthy-" + strings.ReplaceAll(after, " ", "-")
-	h.e.source.publish(event(id, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
-	if ev := recvEvent(t, h.stream); ev.GetContainerId() != id {
+	h.e.source.Publish(endpointtest.Event(id, runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
+	if ev := endpointtest.RecvEvent(t, h.stream); ev.GetContainerId() != id {
 		t.Errorf("healthy event stream %s: got %q, want %q", after, ev.GetContainerId(), id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -169,7 +170,7 @@ func TestServerSurvivesBadClients(t *testing.T) {
 		}
 		defer conn.Close()
 		big := make([]byte, dial.MaxMsgSize+1)
-		ctx := testCtx(t)
+		ctx := endpointtest.Ctx(t)
 		for _, method := range []string{"/runtime.v1.RuntimeService/Version", GetContainerEventsMethod} {
 			var out grpcraw.Frame
 			err := conn.Invoke(ctx, method, &grpcraw.Frame{Data: big}, &out, grpc.ForceCodecV2(grpcraw.Codec{}))
@@ -200,7 +201,7 @@ func TestServerSurvivesBadClients(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = cs
-		if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(testCtx(t), &runtimeapi.VersionRequest{}); err != nil {
+		if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(endpointtest.Ctx(t), &runtimeapi.VersionRequest{}); err != nil {
 			t.Errorf("Version next to a stream with no request: %v", err)
 		}
 		h.check(t, "with a stream that sent no request")
@@ -243,7 +244,7 @@ func FuzzEndpointBytes(f *testing.F) {
 		defer close(drained)
 		for {
 			select {
-			case <-e.source.opened:
+			case <-e.source.Opened:
 			case <-stop:
 				return
 			}

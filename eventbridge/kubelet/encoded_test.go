@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -54,17 +55,17 @@ func (s *encodedStream) Close() {}
 
 // TestEncodedEventStream: the proxy sends the bytes an EncodedEventStream hands out, as they are.
 func TestEncodedEventStream(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	dir := testutil.ShortTempDir(t, "eb-")
 	be := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(0))
-	want := event("encoded", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+	want := endpointtest.Event("encoded", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
 	b, err := proto.Marshal(want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := encodedSource{encoded: b, decoded: event("decoded", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)}
-	srv, _ := startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, be.path), Events: src})
-	conn := connect(t, srv.Addr().String())
+	src := encodedSource{encoded: b, decoded: endpointtest.Event("decoded", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT)}
+	srv, _ := startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: endpointtest.Connect(t, be.path), Events: src})
+	conn := endpointtest.Connect(t, srv.Addr().String())
 
 	for range 2 { // two streams get the same shared bytes
 		sctx, cancel := context.WithCancel(ctx)
@@ -72,7 +73,7 @@ func TestEncodedEventStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if diff := cmp.Diff(want, recvEvent(t, s), protocmp.Transform()); diff != "" {
+		if diff := cmp.Diff(want, endpointtest.RecvEvent(t, s), protocmp.Transform()); diff != "" {
 			t.Errorf("event (-want +got):\n%s", diff)
 		}
 		cancel()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -136,13 +137,13 @@ func TestFailedHandoffListenerStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	if err := recv(t, accepted, "a connection accepted"); err != nil {
+	if err := endpointtest.Recv(t, accepted, "a connection accepted"); err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- l.Close() }()
-	recv(t, closed, "Close to return")
-	if err := recv(t, accepted, "the pending Accept to end"); err == nil {
+	endpointtest.Recv(t, closed, "Close to return")
+	if err := endpointtest.Recv(t, accepted, "the pending Accept to end"); err == nil {
 		t.Error("Accept after Close: no error")
 	}
 }

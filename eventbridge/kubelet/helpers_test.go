@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -11,24 +10,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
-	"github.com/pleg-nri/pleg-nri/internal/dial"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
-// waitTimeout bounds every wait of a test for what a working machine does at once.
-const waitTimeout = 10 * time.Second
+// fakeSource is endpointtest's event source as an EventSource.
+type fakeSource struct{ *endpointtest.Source }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func newFakeSource() *fakeSource { return &fakeSource{endpointtest.NewSource()} }
 
-// recv returns the next value from ch, and fails t when none comes within waitTimeout.
-func recv[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	return testutil.Next(t, ch, what, waitTimeout)
-}
+func (s *fakeSource) Subscribe() EventStream { return s.Source.Subscribe() }
 
 func mustProxy(t testing.TB, cfg ProxyConfig) *Proxy {
 	t.Helper()
@@ -37,17 +28,6 @@ func mustProxy(t testing.TB, cfg ProxyConfig) *Proxy {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// connect returns a connection (DialCRI) to the unix socket at path, closed when the test ends.
-func connect(t testing.TB, path string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := dial.CRI("unix://" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
 }
 
 // startServer serves a Proxy made from cfg on the unix socket at path, with the extra server options.
@@ -64,19 +44,7 @@ func serveProxy(t testing.TB, path string, p *Proxy, opts ...grpc.ServerOption) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	stop = sync.OnceFunc(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-		if err := <-srv.Err(); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	t.Cleanup(stop)
-	return srv, stop
+	return srv, endpointtest.Start(t, srv)
 }
 
 // env is a fake backend, the proxy in front of it (with a fakeSource of events, read freshness off), and
@@ -97,10 +65,10 @@ func newEnv(t testing.TB, containers int, opts ...grpc.ServerOption) *env {
 	dir := testutil.ShortTempDir(t, "eb-")
 	e := &env{source: newFakeSource(), metrics: &recordingMetrics{}}
 	e.backend = startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(containers))
-	e.server, _ = startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: connect(t, e.backend.path),
+	e.server, _ = startServer(t, filepath.Join(dir, "run", "cri.sock"), ProxyConfig{Backend: endpointtest.Connect(t, e.backend.path),
 		Events: e.source, Metrics: e.metrics}, opts...)
-	e.direct = connect(t, e.backend.path)
-	e.proxied = connect(t, e.server.Addr().String())
+	e.direct = endpointtest.Connect(t, e.backend.path)
+	e.proxied = endpointtest.Connect(t, e.server.Addr().String())
 	return e
 }
 

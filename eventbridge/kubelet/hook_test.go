@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -64,7 +65,7 @@ func TestReadHooks(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "hk-")
 	b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(1))
 	metrics := &recordingMetrics{}
-	p := mustProxy(t, ProxyConfig{Backend: connect(t, b.path), Metrics: metrics})
+	p := mustProxy(t, ProxyConfig{Backend: endpointtest.Connect(t, b.path), Metrics: metrics})
 	var mu sync.Mutex
 	var log []string
 	const version, list = "/runtime.v1.RuntimeService/Version", "/runtime.v1.RuntimeService/ListContainers"
@@ -74,8 +75,8 @@ func TestReadHooks(t *testing.T) {
 		&orderHook{name: "answers", method: list, answer: &runtimeapi.ListContainersResponse{Containers: []*runtimeapi.Container{{Id: "from-hook"}}}, mu: &mu, log: &log},
 	}
 	srv, _ := serveProxy(t, filepath.Join(dir, "cri.sock"), p)
-	rt := runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
-	ctx := testCtx(t)
+	rt := runtimeapi.NewRuntimeServiceClient(endpointtest.Connect(t, srv.Addr().String()))
+	ctx := endpointtest.Ctx(t)
 
 	v, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil || v.GetRuntimeName() != "fake" {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/grpcraw"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -36,7 +37,7 @@ func rawCall(ctx context.Context, conn *grpc.ClientConn, method string, req prot
 
 func TestProxyUnaryByteEqual(t *testing.T) {
 	e := newEnv(t, 20)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	for _, c := range []struct {
 		method string
 		req    proto.Message
@@ -89,7 +90,7 @@ func TestProxyUnaryByteEqual(t *testing.T) {
 
 func TestProxyMetadataAndErrors(t *testing.T) {
 	e := newEnv(t, 2)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 
 	// Metadata goes to the backend; its headers and trailers come back.
 	var hdr, trl metadata.MD
@@ -134,7 +135,7 @@ func TestProxyMetadataAndErrors(t *testing.T) {
 
 func TestProxyStreams(t *testing.T) {
 	e := newEnv(t, 5)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 
 	// Server streaming.
 	stream, err := runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(ctx, &runtimeapi.StreamContainersRequest{})
@@ -183,7 +184,7 @@ func TestProxyStreams(t *testing.T) {
 
 func TestProxyCancellationReachesBackend(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(endpointtest.Ctx(t))
 	stream, err := runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(ctx, &runtimeapi.StreamContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"wait": "yes"}},
 	})
@@ -194,13 +195,13 @@ func TestProxyCancellationReachesBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	if m := recv(t, e.backend.runtime.canceled, "the backend to see the cancellation"); m != "StreamContainers" {
+	if m := endpointtest.Recv(t, e.backend.runtime.canceled, "the backend to see the cancellation"); m != "StreamContainers" {
 		t.Fatalf("canceled %s", m)
 	}
 
 	// A deadline reaches the backend too: the first answer shows the call reached it before the deadline
 	// (long enough for a loaded machine), then the stream ends with it.
-	dctx, dcancel := context.WithTimeout(testCtx(t), 2*time.Second)
+	dctx, dcancel := context.WithTimeout(endpointtest.Ctx(t), 2*time.Second)
 	defer dcancel()
 	stream, err = runtimeapi.NewRuntimeServiceClient(e.proxied).StreamContainers(dctx, &runtimeapi.StreamContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{LabelSelector: map[string]string{"wait": "yes"}},
@@ -219,12 +220,12 @@ func TestProxyCancellationReachesBackend(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("stream past its deadline: %v, want DeadlineExceeded", err)
 	}
-	recv(t, e.backend.runtime.canceled, "the backend to see the deadline")
+	endpointtest.Recv(t, e.backend.runtime.canceled, "the backend to see the deadline")
 }
 
 func TestProxyEvents(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	rt := runtimeapi.NewRuntimeServiceClient(e.proxied)
 
 	// Two subscribers each get every event, none from the backend.
@@ -232,66 +233,66 @@ func TestProxyEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs1 := nextOpened(t, e.source)
+	fs1 := e.source.NextOpened(t)
 	ctx2, cancel2 := context.WithCancel(ctx)
 	defer cancel2()
 	s2, err := rt.GetContainerEvents(ctx2, &runtimeapi.GetEventsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs2 := nextOpened(t, e.source)
+	fs2 := e.source.NextOpened(t)
 	want := []*runtimeapi.ContainerEventResponse{
-		event("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT),
-		event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
-		event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT),
+		endpointtest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT),
+		endpointtest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT),
+		endpointtest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT),
 	}
 	for _, ev := range want {
-		e.source.publish(ev)
+		e.source.Publish(ev)
 	}
 	for _, s := range []grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]{s1, s2} {
 		for _, w := range want {
-			if diff := cmp.Diff(w, recvEvent(t, s), protocmp.Transform()); diff != "" {
+			if diff := cmp.Diff(w, endpointtest.RecvEvent(t, s), protocmp.Transform()); diff != "" {
 				t.Errorf("event (-want +got):\n%s", diff)
 			}
 		}
 	}
 
 	// The core evicts s1: its client gets RESOURCE_EXHAUSTED; s2 goes on.
-	fs1.end <- status.Error(codes.ResourceExhausted, "subscriber too slow, evicted")
+	fs1.End <- status.Error(codes.ResourceExhausted, "subscriber too slow, evicted")
 	if _, err := s1.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("evicted stream: %v, want ResourceExhausted", err)
 	}
-	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
-	if got := recvEvent(t, s2); got.ContainerId != "c2" {
+	e.source.Publish(endpointtest.Event("c2", runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT))
+	if got := endpointtest.RecvEvent(t, s2); got.ContainerId != "c2" {
 		t.Errorf("s2 got %s", got.ContainerId)
 	}
-	waitClosed(t, fs1)
+	endpointtest.WaitClosed(t, fs1)
 
 	// An errdefs error from the core gets its gRPC code.
 	s4, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs4 := nextOpened(t, e.source)
-	fs4.end <- fmt.Errorf("queue full: %w", errdefs.ErrResourceExhausted)
+	fs4 := e.source.NextOpened(t)
+	fs4.End <- fmt.Errorf("queue full: %w", errdefs.ErrResourceExhausted)
 	if _, err := s4.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("errdefs eviction: %v, want ResourceExhausted", err)
 	}
-	waitClosed(t, fs4)
+	endpointtest.WaitClosed(t, fs4)
 
 	// A client that goes away closes its subscription.
 	ctx3, cancel3 := context.WithCancel(ctx)
 	if _, err := rt.GetContainerEvents(ctx3, &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	fs3 := nextOpened(t, e.source)
+	fs3 := e.source.NextOpened(t)
 	cancel3()
-	waitClosed(t, fs3)
+	endpointtest.WaitClosed(t, fs3)
 
 	// The proxy counts an event after sending it, so after its client may have it: every count is in
 	// once every stream has ended.
 	cancel2()
-	waitClosed(t, fs2)
+	endpointtest.WaitClosed(t, fs2)
 	e.metrics.mu.Lock()
 	sent := e.metrics.sent
 	e.metrics.mu.Unlock()
@@ -304,7 +305,7 @@ func TestProxyEvents(t *testing.T) {
 // open event streams go on; when it is back, calls work again.
 func TestProxyBackendRestart(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	rt := runtimeapi.NewRuntimeServiceClient(e.proxied)
 	if _, err := rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
 		t.Fatal(err)
@@ -313,7 +314,7 @@ func TestProxyBackendRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nextOpened(t, e.source)
+	e.source.NextOpened(t)
 
 	e.backend.stop()
 	for i := range 3 {
@@ -326,25 +327,25 @@ func TestProxyBackendRestart(t *testing.T) {
 			t.Errorf("call %d took %s to fail", i, d)
 		}
 	}
-	e.source.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT))
-	if got := recvEvent(t, events); got.ContainerId != "c1" {
+	e.source.Publish(endpointtest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT))
+	if got := endpointtest.RecvEvent(t, events); got.ContainerId != "c1" {
 		t.Errorf("event %s", got.ContainerId)
 	}
 
 	e.backend.start()
-	if err := testutil.Poll(ctx, waitTimeout, "calls to work again with the backend back", func() (bool, error) {
+	if err := testutil.Poll(ctx, endpointtest.WaitTimeout, "calls to work again with the backend back", func() (bool, error) {
 		_, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
 		return err == nil, err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	e.source.publish(event("c2", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
-	if got := recvEvent(t, events); got.ContainerId != "c2" {
+	e.source.Publish(endpointtest.Event("c2", runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT))
+	if got := endpointtest.RecvEvent(t, events); got.ContainerId != "c2" {
 		t.Errorf("event %s", got.ContainerId)
 	}
 
 	// The upstream state went up, down and up again.
-	if err := testutil.Poll(ctx, waitTimeout, "the upstream state to go up, down and up", func() (bool, error) {
+	if err := testutil.Poll(ctx, endpointtest.WaitTimeout, "the upstream state to go up, down and up", func() (bool, error) {
 		e.metrics.mu.Lock()
 		states := append([]bool(nil), e.metrics.upstream...)
 		e.metrics.mu.Unlock()
@@ -357,12 +358,12 @@ func TestProxyBackendRestart(t *testing.T) {
 // TestProxyShutdownEndsEventStreams: Stop does not wait for event streams.
 func TestProxyShutdownEndsEventStreams(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	events, err := runtimeapi.NewRuntimeServiceClient(e.proxied).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := nextOpened(t, e.source)
+	fs := e.source.NextOpened(t)
 	start := time.Now()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -373,7 +374,7 @@ func TestProxyShutdownEndsEventStreams(t *testing.T) {
 	if _, err := events.Recv(); status.Code(err) != codes.Unavailable {
 		t.Errorf("event stream at shutdown: %v, want Unavailable", err)
 	}
-	waitClosed(t, fs)
+	endpointtest.WaitClosed(t, fs)
 }
 
 func TestIsUnary(t *testing.T) {

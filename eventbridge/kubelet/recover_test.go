@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -24,11 +25,11 @@ func (panickingMetrics) ForwardedCall(string, codes.Code, time.Duration) { panic
 func TestHandlerPanicIsAnError(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "eb-")
 	b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(1))
-	srv, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, b.path),
+	srv, _ := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: endpointtest.Connect(t, b.path),
 		Events: newFakeSource(), Metrics: panickingMetrics{}})
-	client := runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
+	client := runtimeapi.NewRuntimeServiceClient(endpointtest.Connect(t, srv.Addr().String()))
 	for range 2 {
-		_, err := client.Version(testCtx(t), &runtimeapi.VersionRequest{})
+		_, err := client.Version(endpointtest.Ctx(t), &runtimeapi.VersionRequest{})
 		if status.Code(err) != codes.Internal {
 			t.Fatalf("Version with a panicking handler: %v, want INTERNAL", err)
 		}

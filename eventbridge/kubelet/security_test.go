@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/sirupsen/logrus"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -110,7 +111,7 @@ func dialAs(t *testing.T, uid int, path string) dialResult {
 			}
 		}()
 	}()
-	return recv(t, ch, "the unprivileged client")
+	return endpointtest.Recv(t, ch, "the unprivileged client")
 }
 
 // openToAll makes the socket at path and its directory usable by every user, as a mistake or a hand
@@ -158,7 +159,7 @@ func checkRefusesOthers(t *testing.T, l net.Listener, path string) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	c := recv(t, accepted, "root's connection")
+	c := endpointtest.Recv(t, accepted, "root's connection")
 	defer c.Close()
 	cred, err := peerCred(c.(*net.UnixConn))
 	if err != nil {
@@ -230,7 +231,7 @@ func TestListenAcceptsItsOwner(t *testing.T) {
 		t.Errorf("uid %d: not closed at once: %v", nobody-1, r.err)
 	}
 	go func() { _ = dialAs(t, nobody, path) }()
-	c := recv(t, accepted, "the owner's connection")
+	c := endpointtest.Recv(t, accepted, "the owner's connection")
 	if c == nil {
 		t.Fatal("Accept failed")
 	}

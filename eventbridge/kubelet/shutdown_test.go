@@ -10,6 +10,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -41,9 +42,9 @@ func TestShutdownSendsWhatWasTaken(t *testing.T) {
 		dir := testutil.ShortTempDir(t, "eb-")
 		src := &countingSource{}
 		b := startBackend(t, filepath.Join(dir, "backend.sock"), newFakeRuntime(0))
-		srv, stop := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: connect(t, b.path), Events: src})
-		client := runtimeapi.NewRuntimeServiceClient(connect(t, srv.Addr().String()))
-		stream, err := client.GetContainerEvents(testCtx(t), &runtimeapi.GetEventsRequest{})
+		srv, stop := startServer(t, filepath.Join(dir, "cri.sock"), ProxyConfig{Backend: endpointtest.Connect(t, b.path), Events: src})
+		client := runtimeapi.NewRuntimeServiceClient(endpointtest.Connect(t, srv.Addr().String()))
+		stream, err := client.GetContainerEvents(endpointtest.Ctx(t), &runtimeapi.GetEventsRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +66,7 @@ func TestShutdownSendsWhatWasTaken(t *testing.T) {
 			}
 			received++
 		}
-		recv(t, stopped, "the stop")
+		endpointtest.Recv(t, stopped, "the stop")
 		if taken := src.taken.Load(); int64(received) != taken {
 			t.Fatalf("the client received %d events, the stream took %d from the source", received, taken)
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
@@ -22,10 +23,10 @@ import (
 // and a stream that ends makes room for a new one.
 func TestEventStreamCaps(t *testing.T) {
 	e := newEnv(t, 1)
-	ctx := testCtx(t)
+	ctx := endpointtest.Ctx(t)
 	type openStream struct {
 		client grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]
-		sub    *fakeStream
+		sub    *endpointtest.Stream
 		cancel context.CancelFunc
 	}
 	var streams []openStream
@@ -43,7 +44,7 @@ func TestEventStreamCaps(t *testing.T) {
 	accepted := func(conn *grpc.ClientConn) {
 		t.Helper()
 		openOn(conn)
-		streams[len(streams)-1].sub = nextOpened(t, e.source)
+		streams[len(streams)-1].sub = e.source.NextOpened(t)
 	}
 	refused := func(conn *grpc.ClientConn, says string) {
 		t.Helper()
@@ -52,7 +53,7 @@ func TestEventStreamCaps(t *testing.T) {
 			t.Fatalf("stream beyond the cap: %v, want ResourceExhausted saying %q", err, says)
 		}
 		select {
-		case <-e.source.opened:
+		case <-e.source.Opened:
 			t.Fatal("a refused stream subscribed")
 		default:
 		}
@@ -65,21 +66,21 @@ func TestEventStreamCaps(t *testing.T) {
 	var conn *grpc.ClientConn
 	for i := range DefaultMaxEventStreams - DefaultMaxEventStreamsPerConnection {
 		if i%DefaultMaxEventStreamsPerConnection == 0 {
-			conn = connect(t, e.server.Addr().String())
+			conn = endpointtest.Connect(t, e.server.Addr().String())
 		}
 		accepted(conn)
 	}
-	late := connect(t, e.server.Addr().String())
+	late := endpointtest.Connect(t, e.server.Addr().String())
 	refused(late, fmt.Sprintf("at most %d in all", DefaultMaxEventStreams))
 
 	// The streams open go on.
-	e.source.publish(event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
-	if got := recvEvent(t, streams[0].client); got.ContainerId != "c1" {
+	e.source.Publish(endpointtest.Event("c1", runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT))
+	if got := endpointtest.RecvEvent(t, streams[0].client); got.ContainerId != "c1" {
 		t.Errorf("first stream got %s", got.ContainerId)
 	}
 	// One ends: the late connection gets a stream.
 	streams[0].cancel()
-	waitClosed(t, streams[0].sub)
+	endpointtest.WaitClosed(t, streams[0].sub)
 	accepted(late)
 
 	// The service counts a stream open just after it subscribed (which accepted waits for), and the

@@ -58,6 +58,18 @@ func (r *Report) Failed() bool {
 	return false
 }
 
+// Err is the run's verdict as the command's error: nil unless a check failed (first) or the cleanup
+// did.
+func (r *Report) Err() error {
+	if n := r.Count(Fail); n > 0 {
+		return fmt.Errorf("%d of %d checks failed against %s", n, len(r.Results), r.Endpoint)
+	}
+	if r.Cleanup != "" {
+		return fmt.Errorf("the run's pods could not all be removed (label %s=%s): %s", RunLabel, r.RunID, r.Cleanup)
+	}
+	return nil
+}
+
 // Count returns how many checks ended with o.
 func (r *Report) Count(o Outcome) int {
 	n := 0

@@ -37,6 +37,33 @@ type Options struct {
 	Filter Filter
 }
 
+// SetOutput sets the output format (table, json, yaml or go-template; text is table) and the template of
+// go-template, which needs one; no other format takes a template. Its errors name the flag at fault
+// (--output, --template), as `pleg-nri events` shows them.
+func (o *Options) SetOutput(output, templ string) error {
+	o.Output, o.Template = output, nil
+	switch output {
+	case "text":
+		o.Output = "table"
+	case "table", "json", "yaml":
+	case "go-template":
+		if templ == "" {
+			return errors.New("--output go-template needs --template")
+		}
+		t, err := ParseTemplate(templ)
+		if err != nil {
+			return fmt.Errorf("--template: %w", err)
+		}
+		o.Template = t
+	default:
+		return fmt.Errorf("--output: want table, json, yaml or go-template, got %q", output)
+	}
+	if templ != "" && o.Output != "go-template" {
+		return fmt.Errorf("--template can't be used with --output %s", o.Output)
+	}
+	return nil
+}
+
 // Filter selects events. Within one field any value matches; across fields all must match; an
 // empty field matches every event.
 type Filter struct {

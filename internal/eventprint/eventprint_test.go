@@ -288,3 +288,33 @@ func TestStreamErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSetOutput: each format and its template as `pleg-nri events` takes them, the errors naming the
+// flag at fault.
+func TestSetOutput(t *testing.T) {
+	for _, tc := range []struct {
+		output, templ string
+		want          string // the format set, or the error's text
+		template      bool
+	}{
+		{"table", "", "table", false},
+		{"text", "", "table", false},
+		{"json", "", "json", false},
+		{"yaml", "", "yaml", false},
+		{"go-template", "{{.containerId}}", "go-template", true},
+		{"xml", "", `--output: want table, json, yaml or go-template, got "xml"`, false},
+		{"go-template", "", "--output go-template needs --template", false},
+		{"go-template", "{{.x", "--template: ", false},
+		{"json", "{{.x}}", "--template can't be used with --output json", false},
+		{"text", "{{.x}}", "--template can't be used with --output table", false},
+	} {
+		var o Options
+		err := o.SetOutput(tc.output, tc.templ)
+		switch {
+		case err != nil && !strings.HasPrefix(err.Error(), tc.want):
+			t.Errorf("SetOutput(%q, %q): %v, want %q", tc.output, tc.templ, err, tc.want)
+		case err == nil && (o.Output != tc.want || (o.Template != nil) != tc.template):
+			t.Errorf("SetOutput(%q, %q): output %q template %v, want %q template %v", tc.output, tc.templ, o.Output, o.Template != nil, tc.want, tc.template)
+		}
+	}
+}

@@ -236,26 +236,57 @@ func keepRecord(path string, config, flags []byte) error {
 	return nil
 }
 
+// inputs are what Apply and Check start from: the kubelet's configuration file and kubeadm's flags
+// file as they are, and the image service endpoint that e asks of each (imageEdits).
+type inputs struct {
+	// config is the configuration file's path, data its content; flags is the flags file's content
+	// (nil: there is none).
+	config      string
+	data, flags []byte
+	e           Edit
+	// image and flagImage are the image endpoints asked of the configuration and of the flags file;
+	// restoring says they come from e.Record.
+	image, flagImage string
+	restoring        bool
+}
+
+// readInputs reads the files of Apply and Check and resolves e's image endpoint.
+func readInputs(config, flags string, e Edit) (inputs, error) {
+	in := inputs{config: config, e: e}
+	var err error
+	if in.data, err = os.ReadFile(config); err != nil {
+		return in, fmt.Errorf("--config: %w", err)
+	}
+	if in.flags, err = readFlags(flags); err != nil {
+		return in, err
+	}
+	if in.image, in.flagImage, in.restoring, err = imageEdits(e); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// edited is the configuration file as e makes it (EditConfig), and whether that changes it.
+func (in inputs) edited() (out []byte, changed bool, err error) {
+	ce := in.e
+	ce.ImageEndpoint = in.image
+	if out, changed, err = EditConfig(in.data, ce); err != nil {
+		return nil, false, fmt.Errorf("%s: %w", in.config, err)
+	}
+	return out, changed, nil
+}
+
 // Apply applies e to the kubelet's configuration file config and kubeadm's flags file flags (missing is
 // fine), each replaced atomically only when it changes, and says whether anything changed.
 func Apply(config, flags string, e Edit) (changed bool, err error) {
-	data, err := os.ReadFile(config)
-	if err != nil {
-		return false, fmt.Errorf("--config: %w", err)
-	}
-	fdata, err := readFlags(flags)
+	in, err := readInputs(config, flags, e)
 	if err != nil {
 		return false, err
 	}
-	image, flagImage, restoring, err := imageEdits(e)
+	data, fdata, image, flagImage, restoring := in.data, in.flags, in.image, in.flagImage, in.restoring
+	out, changed, err := in.edited()
 	if err != nil {
 		return false, err
-	}
-	ce := e
-	ce.ImageEndpoint = image
-	out, changed, err := EditConfig(data, ce)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", config, err)
 	}
 	if e.Record != "" && image != "" && image != "remove" && !restoring {
 		if err := keepRecord(e.Record, data, fdata); err != nil {
@@ -288,22 +319,13 @@ func Apply(config, flags string, e Edit) (changed bool, err error) {
 // wants): a drift, such as `kubeadm upgrade node` rewriting the configuration from its ConfigMap. It
 // writes nothing.
 func Check(config, flags string, e Edit) (drift []string, err error) {
-	data, err := os.ReadFile(config)
-	if err != nil {
-		return nil, fmt.Errorf("--config: %w", err)
-	}
-	fdata, err := readFlags(flags)
+	in, err := readInputs(config, flags, e)
 	if err != nil {
 		return nil, err
 	}
-	image, flagImage, _, err := imageEdits(e)
-	if err != nil {
+	data, fdata, image, flagImage := in.data, in.flags, in.image, in.flagImage
+	if _, changed, err := in.edited(); err != nil {
 		return nil, err
-	}
-	ce := e
-	ce.ImageEndpoint = image
-	if _, changed, err := EditConfig(data, ce); err != nil {
-		return nil, fmt.Errorf("%s: %w", config, err)
 	} else if changed {
 		var cfg map[string]any
 		_ = yaml.Unmarshal(data, &cfg)

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"bufio"
 	"net"
 	"testing"
 
@@ -31,4 +32,27 @@ func ServeGRPC(t testing.TB, path string, register func(*grpc.Server), opts ...g
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
 	return srv
+}
+
+// ServeAnswer answers every connection to the unix socket at path, until the test ends, with answer once
+// it read one line of request (a line protocol's server, a front's control socket, say); an empty
+// answer closes the connection without one.
+func ServeAnswer(t testing.TB, path, answer string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatalf("listen on %s: %v", path, err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = bufio.NewReader(c).ReadBytes('\n')
+			_, _ = c.Write([]byte(answer))
+			_ = c.Close()
+		}
+	}()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -129,14 +128,8 @@ func TestConformancePlegNRINoReplay(t *testing.T) {
 // must complete and clean up.
 func TestConformanceContainerd(t *testing.T) {
 	logOnFailure(t)
-	rep := runConformance(t, conformanceOptions("unix://"+env.Address, func() (int, error) { return fileLines(env.LogPath) }))
+	rep := runConformance(t, conformanceOptions("unix://"+env.Address, func() (int, error) { return conformance.FileLines(env.LogPath) }))
 	if len(rep.Results) != len(conformance.Checks()) {
 		t.Errorf("%d results, want %d", len(rep.Results), len(conformance.Checks()))
 	}
-}
-
-// fileLines counts the lines of a file.
-func fileLines(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	return bytes.Count(b, []byte("\n")), err
 }

@@ -121,7 +121,7 @@ func (e *afterStopEnv) relay(t *testing.T, events *grpc.ServerStreamingClient[ru
 		if *events, err = e.client.GetContainerEvents(kubelettest.Ctx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 			t.Fatal(err)
 		}
-		kubelettest.NextOpened(t, e.source)
+		e.source.NextOpened(t)
 	}
 	for _, ev := range evs {
 		e.source.Publish(ev)

@@ -139,7 +139,7 @@ func newFreshEnv(t *testing.T, mode ReadFreshness) *freshEnv {
 	if e.events, err = e.client.GetContainerEvents(kubelettest.Ctx(t), &runtimeapi.GetEventsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	kubelettest.NextOpened(t, e.source)
+	e.source.NextOpened(t)
 	return e
 }
 
@@ -345,7 +345,7 @@ func TestStoppedTrackedBeforeSend(t *testing.T) {
 	ss := &sendCheck{ctx: ctx, tracker: hook.tracker, req: req, sent: make(chan bool, 10)}
 	done := make(chan error, 1)
 	go func() { done <- events.Serve(ss) }()
-	kubelettest.NextOpened(t, src)
+	src.NextOpened(t)
 	for _, ev := range stoppedEvents() {
 		src.Publish(ev)
 		if !kubelettest.Recv(t, ss.sent, "the send of "+ev.ContainerId) {

@@ -1,48 +1,71 @@
 // Package kubelettest has what the tests of the packages around the kubelet's endpoint share (fresh,
-// corelink): an event source the test publishes to, a client's view of a stream, servers and
-// connections on unix sockets in the test's temporary directory. Fakes for tests only.
+// corelink): package endpointtest's fakes and helpers (an event source the test publishes to, a
+// client's view of a stream, connections, bounded waits), with servers and proxies of package kubelet
+// on unix sockets in the test's temporary directory. Fakes for tests only.
 package kubelettest
 
 import (
 	"context"
-	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet"
-	"github.com/pleg-nri/pleg-nri/internal/dial"
-	"github.com/pleg-nri/pleg-nri/internal/testutil"
+	"github.com/pleg-nri/pleg-nri/eventbridge/kubelet/internal/endpointtest"
 )
 
 // WaitTimeout bounds every wait of a test for what a working machine does at once.
-const WaitTimeout = 10 * time.Second
+const WaitTimeout = endpointtest.WaitTimeout
 
-// Ctx is a context that ends with the test, or after 20 s.
-func Ctx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// Stream is one subscription of a Source (endpointtest.Stream).
+type Stream = endpointtest.Stream
 
-// Recv returns the next value from ch, and fails t when none comes within WaitTimeout.
-func Recv[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	return testutil.Next(t, ch, what, WaitTimeout)
-}
+// Ctx is a context that ends with the test, or after 20 s (endpointtest.Ctx).
+func Ctx(t *testing.T) context.Context { return endpointtest.Ctx(t) }
 
-// Connect returns a connection (dial.CRI) to the unix socket at path, closed when the test ends.
+// Connect returns a connection to the unix socket at path, closed when the test ends
+// (endpointtest.Connect).
 func Connect(t testing.TB, path string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := dial.CRI("unix://" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	return endpointtest.Connect(t, path)
 }
+
+// Event is an event of container id in sandbox s1 (endpointtest.Event).
+func Event(id string, typ runtimeapi.ContainerEventType) *runtimeapi.ContainerEventResponse {
+	return endpointtest.Event(id, typ)
+}
+
+// RecvEvent returns the next event of a client's stream, and fails t when the stream ends or no event
+// comes (endpointtest.RecvEvent).
+func RecvEvent(t testing.TB, s grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) *runtimeapi.ContainerEventResponse {
+	t.Helper()
+	return endpointtest.RecvEvent(t, s)
+}
+
+// WaitClosed fails t unless s is closed (endpointtest.WaitClosed).
+func WaitClosed(t testing.TB, s *Stream) {
+	t.Helper()
+	endpointtest.WaitClosed(t, s)
+}
+
+// Recv returns the next value from ch, and fails t when none comes within WaitTimeout
+// (endpointtest.Recv).
+func Recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	return endpointtest.Recv(t, ch, what)
+}
+
+// Source is endpointtest's event source as a kubelet.EventSource.
+type Source struct{ *endpointtest.Source }
+
+var _ kubelet.EventSource = (*Source)(nil)
+
+// NewSource returns an event source with no stream.
+func NewSource() *Source { return &Source{endpointtest.NewSource()} }
+
+// Subscribe opens a stream.
+func (s *Source) Subscribe() kubelet.EventStream { return s.Source.Subscribe() }
 
 // Serve serves service on the unix socket at path. stop stops it (once; the test's end calls it too)
 // and fails the test if serving ended with an error.
@@ -52,19 +75,7 @@ func Serve(t testing.TB, path string, service kubelet.Service) (srv *kubelet.Ser
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	stop = sync.OnceFunc(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-		if err := <-srv.Err(); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	t.Cleanup(stop)
-	return srv, stop
+	return srv, endpointtest.Start(t, srv)
 }
 
 // Proxy is kubelet.NewProxy, failing t on an error.
@@ -75,114 +86,4 @@ func Proxy(t testing.TB, cfg kubelet.ProxyConfig) *kubelet.Proxy {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// Source is an event source whose streams get what the test publishes.
-type Source struct {
-	// mu guards streams.
-	mu      sync.Mutex
-	streams []*Stream
-	// Opened receives each new stream.
-	Opened chan *Stream
-}
-
-var _ kubelet.EventSource = (*Source)(nil)
-
-// NewSource returns an event source with no stream.
-func NewSource() *Source { return &Source{Opened: make(chan *Stream, 10)} }
-
-// Subscribe opens a stream.
-func (s *Source) Subscribe() kubelet.EventStream {
-	st := &Stream{ch: make(chan *runtimeapi.ContainerEventResponse, 100), End: make(chan error, 1), Closed: make(chan struct{})}
-	s.mu.Lock()
-	s.streams = append(s.streams, st)
-	s.mu.Unlock()
-	s.Opened <- st
-	return st
-}
-
-// Publish sends ev to every open stream.
-func (s *Source) Publish(ev *runtimeapi.ContainerEventResponse) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, st := range s.streams {
-		select {
-		case <-st.Closed:
-		default:
-			st.ch <- ev
-		}
-	}
-}
-
-// Last returns the stream opened last.
-func (s *Source) Last() *Stream {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.streams[len(s.streams)-1]
-}
-
-// NextOpened returns the next stream src opens, and fails t when none is opened.
-func NextOpened(t testing.TB, src *Source) *Stream {
-	t.Helper()
-	return Recv(t, src.Opened, "a subscription")
-}
-
-// Stream is one subscription of a Source.
-type Stream struct {
-	ch chan *runtimeapi.ContainerEventResponse
-	// End, when it receives, ends the stream with that error.
-	End chan error
-	// Closed is closed when the subscriber closes the stream.
-	Closed    chan struct{}
-	closeOnce sync.Once
-}
-
-// Next returns the next event published, its source time a millisecond ago.
-func (s *Stream) Next(ctx context.Context) (*runtimeapi.ContainerEventResponse, time.Time, error) {
-	select {
-	case ev := <-s.ch:
-		return ev, time.Now().Add(-time.Millisecond), nil
-	case err := <-s.End:
-		return nil, time.Time{}, err
-	case <-ctx.Done():
-		return nil, time.Time{}, ctx.Err()
-	}
-}
-
-// Close ends the subscription.
-func (s *Stream) Close() { s.closeOnce.Do(func() { close(s.Closed) }) }
-
-// WaitClosed fails t unless s is closed.
-func WaitClosed(t testing.TB, s *Stream) {
-	t.Helper()
-	Recv(t, s.Closed, "the subscription to be closed")
-}
-
-// Event is an event of container id in sandbox s1.
-func Event(id string, typ runtimeapi.ContainerEventType) *runtimeapi.ContainerEventResponse {
-	return &runtimeapi.ContainerEventResponse{
-		ContainerId: id, ContainerEventType: typ, CreatedAt: time.Now().UnixNano(),
-		PodSandboxStatus:   &runtimeapi.PodSandboxStatus{Id: "s1", Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Uid: "u", Namespace: "n"}},
-		ContainersStatuses: []*runtimeapi.ContainerStatus{{Id: id}},
-	}
-}
-
-// RecvEvent returns the next event of a client's stream, and fails t when the stream ends or no event
-// comes.
-func RecvEvent(t testing.TB, s grpc.ServerStreamingClient[runtimeapi.ContainerEventResponse]) *runtimeapi.ContainerEventResponse {
-	t.Helper()
-	type result struct {
-		ev  *runtimeapi.ContainerEventResponse
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		ev, err := s.Recv()
-		ch <- result{ev, err}
-	}()
-	r := Recv(t, ch, "an event")
-	if r.err != nil {
-		t.Fatalf("Recv: %v", r.err)
-	}
-	return r.ev
 }

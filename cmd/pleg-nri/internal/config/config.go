@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -219,6 +220,35 @@ func cleanJSONError(err error) error {
 		return fmt.Errorf("want a %s, got a %s", te.Type, te.Value)
 	}
 	return err
+}
+
+// Load builds the daemon's configuration: the defaults, then the file at path (none when empty), then
+// the flags given explicitly (flag says whether one was, and its value), which win over the file. A
+// retired key's flag is ignored with its warning; a retired value is replaced (ReplaceRetired). The
+// result is validated.
+func Load(path string, flag func(key string) (v any, set bool)) (Config, error) {
+	cfg := Default()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, fmt.Errorf("failed to read config: %w", err)
+		}
+		if cfg, err = Parse(data, cfg); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	for key, field := range Fields(&cfg) {
+		if v, set := flag(key); set {
+			field.Set(reflect.ValueOf(v).Convert(field.Type()))
+		}
+	}
+	for key, note := range Retired {
+		if _, set := flag(key); set {
+			log.L.WithField("flag", "--"+key).Warn("flag retired, ignored: " + note)
+		}
+	}
+	ReplaceRetired(&cfg)
+	return cfg, cfg.Validate()
 }
 
 // Fields maps each key to its field in cfg.

@@ -134,6 +134,49 @@ func TestRetiredValueReplaced(t *testing.T) {
 	}
 }
 
+// TestLoad: the defaults, then the file, then the flags set (as the flag library gives their values:
+// a time.Duration for a Duration key), each over the one before; a retired flag is ignored with its
+// warning and a retired value replaced; an unreadable or bad file and an invalid result are errors.
+func TestLoad(t *testing.T) {
+	buf := testutil.CaptureLog(t)
+	dir := t.TempDir()
+	path := dir + "/config.yaml"
+	if err := os.WriteFile(path, []byte("relist-period: 7s\nlog-level: debug\nsubscriber-queue: 64\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]any{"log-level": "warn", "cache-tick": 2 * time.Second, "read-source": "state", "read-freshness": "hold"}
+	flag := func(key string) (any, bool) { v, ok := flags[key]; return v, ok }
+	got, err := Load(path, flag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.RelistPeriod, want.SubscriberQueue = Duration(7*time.Second), 64
+	want.LogLevel, want.CacheTick, want.ReadFreshness = "warn", Duration(2*time.Second), "overlay"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Load (-want +got):\n%s", diff)
+	}
+	if out := buf.String(); !strings.Contains(out, "flag retired, ignored") || !strings.Contains(out, "--read-source") {
+		t.Errorf("the retired flag's warning: %q", out)
+	}
+	if got, err := Load("", func(string) (any, bool) { return nil, false }); err != nil || !cmp.Equal(got, Default()) {
+		t.Errorf("no file, no flags: %+v, %v; want the defaults", got, err)
+	}
+	if _, err := Load(dir+"/missing.yaml", flag); err == nil || !strings.Contains(err.Error(), "failed to read config") {
+		t.Errorf("a missing file: %v", err)
+	}
+	bad := dir + "/bad.yaml"
+	if err := os.WriteFile(bad, []byte("no-such-key: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bad, flag); err == nil || !strings.HasPrefix(err.Error(), bad+": ") {
+		t.Errorf("a bad file: %v, want an error naming it", err)
+	}
+	if _, err := Load("", func(key string) (any, bool) { return "", key == "listen" }); err == nil {
+		t.Error("an empty listen: no error")
+	}
+}
+
 // TestExampleConfig checks that nri.conf.example parses and documents every key with its default.
 func TestExampleConfig(t *testing.T) {
 	data, err := os.ReadFile("../../../../nri.conf.example")

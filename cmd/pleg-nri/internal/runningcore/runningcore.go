@@ -1,6 +1,7 @@
 // Package runningcore is the core that serves a run directory, as a new instance finds it: what it says
-// of itself (core.json: WriteInfo, ReadInfo), which process it is (PeerPID), and a new pre-registered
-// instance's takeover from it (TakeOver).
+// of itself (core.json: WriteInfo, ReadInfo), which process it is (PeerPID), its and its front's
+// versions (WriteVersions, RegisterBuildInfo), a second core's refusal to start beside it
+// (RefuseSecond), and a new pre-registered instance's takeover from it (TakeOver).
 //
 // A pre-registered core that outlived containerd (containerd 2.4 does not stop its pre-registered
 // plugins) reconnects through the NRI socket and goes on serving the run directory. The instance the
@@ -234,6 +235,23 @@ func newTakeover(cfg config.Config, version string) (takeover, error) {
 		peerPID: PeerPID, open: openProcess,
 		inspect:  func(pid int) (peerCore, error) { return inspectPeer("/proc", runDir, pid) },
 		termWait: takeoverTermWait, killWait: takeoverKillWait}, nil
+}
+
+// RefuseSecond returns an error, naming the running core when its core.json says which it is, when a
+// core already serves runDir's event socket. A second core started by hand beside a running one must
+// not touch the running one's front: it would replace it (ending the kubelet's stream) before finding
+// the core's socket taken.
+func RefuseSecond(runDir string) error {
+	c, err := net.DialTimeout("unix", filepath.Join(runDir, front.CoreSocketName), time.Second)
+	if err != nil {
+		return nil // none (or a stale socket, which the core's listen replaces)
+	}
+	_ = c.Close()
+	who := ""
+	if info, err := ReadInfo(runDir); err == nil && info.PID > 0 {
+		who = fmt.Sprintf(" (pid %d, version %s)", info.PID, info.Version)
+	}
+	return fmt.Errorf("config key \"run-dir\": a pleg-nri core already serves %s%s: stop it first, or give this one another run-dir and listen", runDir, who)
 }
 
 // PeerPID connects to the unix socket at path and returns the pid of the process that serves

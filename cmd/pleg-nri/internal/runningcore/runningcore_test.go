@@ -164,6 +164,42 @@ func TestSocketPeerPID(t *testing.T) {
 	}
 }
 
+// TestRefuseSecond: no error while nothing serves the run directory's core socket (none, or a stale
+// socket file); an error naming the run directory once something serves it, with the pid and version
+// of core.json when it has one.
+func TestRefuseSecond(t *testing.T) {
+	runDir := testutil.ShortTempDir(t, "rs-")
+	if err := RefuseSecond(runDir); err != nil {
+		t.Errorf("nothing serves: %v", err)
+	}
+	sock := filepath.Join(runDir, front.CoreSocketName)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
+	if err := RefuseSecond(runDir); err != nil {
+		t.Errorf("a stale socket: %v", err)
+	}
+	_ = os.Remove(sock)
+	if l, err = net.Listen("unix", sock); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	err = RefuseSecond(runDir)
+	if err == nil || !strings.Contains(err.Error(), "a pleg-nri core already serves "+runDir+": stop it first") {
+		t.Errorf("a core serves, no core.json: %v", err)
+	}
+	if _, err := WriteInfo(runDir, Info{PID: 4242, Version: "v9"}); err != nil {
+		t.Fatal(err)
+	}
+	err = RefuseSecond(runDir)
+	if err == nil || !strings.Contains(err.Error(), "already serves "+runDir+" (pid 4242, version v9): stop it first") {
+		t.Errorf("a core serves, with core.json: %v", err)
+	}
+}
+
 // TestInspectPeer reads a /proc-like tree: the peer's executable without " (deleted)", whether it is
 // the file this process runs, and core.json only when it names the peer.
 func TestInspectPeer(t *testing.T) {

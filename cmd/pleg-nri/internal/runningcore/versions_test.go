@@ -1,7 +1,6 @@
-package main
+package runningcore
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -12,40 +11,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
-	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/runningcore"
 	"github.com/pleg-nri/pleg-nri/eventbridge/front"
 	"github.com/pleg-nri/pleg-nri/internal/promutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
+// version is the version of the binary the tests stand for.
+const version = "v1.2.3-test"
+
 // fakeFront answers "info" on runDir's control socket as a front of version v and pid 4242 would.
 func fakeFront(t *testing.T, runDir, v string) {
 	t.Helper()
-	l, err := net.Listen("unix", filepath.Join(runDir, front.ControlSocketName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = bufio.NewReader(c).ReadBytes('\n')
-			fmt.Fprintf(c, "{\"protocol\":%d,\"version\":%q,\"pid\":4242}\n", front.Protocol, v)
-			c.Close()
-		}
-	}()
+	testutil.ServeAnswer(t, filepath.Join(runDir, front.ControlSocketName),
+		fmt.Sprintf("{\"protocol\":%d,\"version\":%q,\"pid\":4242}\n", front.Protocol, v))
 }
 
-// TestPrintVersions (issue 56): `pleg-nri version` prints the binary's version and, when they serve the
+// TestWriteVersions (issue 56): `pleg-nri version` prints the binary's version and, when they serve the
 // run directory, the running core's (the core socket's server, its version from core.json) and the
 // front's, each with its pid: after an upgrade they may differ.
-func TestPrintVersions(t *testing.T) {
+func TestWriteVersions(t *testing.T) {
 	runDir := testutil.ShortTempDir(t, "v-")
 	var b strings.Builder
-	printVersions(&b, runDir)
+	WriteVersions(&b, runDir, version)
 	if want := "pleg-nri " + version + "\n"; b.String() != want {
 		t.Errorf("nothing running:\n%s\nwant:\n%s", b.String(), want)
 	}
@@ -55,16 +42,16 @@ func TestPrintVersions(t *testing.T) {
 	}
 	defer l.Close()
 	b.Reset()
-	printVersions(&b, runDir)
+	WriteVersions(&b, runDir, version)
 	if want := fmt.Sprintf("pleg-nri %s\ncore: pid %d, version unknown (no core.json: an older release)\n", version, os.Getpid()); b.String() != want {
 		t.Errorf("a core without core.json:\n%s\nwant:\n%s", b.String(), want)
 	}
-	if _, err := runningcore.WriteInfo(runDir, runningcore.Info{PID: os.Getpid(), Version: "v0.8", Config: config.Default()}); err != nil {
+	if _, err := WriteInfo(runDir, Info{PID: os.Getpid(), Version: "v0.8", Config: config.Default()}); err != nil {
 		t.Fatal(err)
 	}
 	fakeFront(t, runDir, "v0.7")
 	b.Reset()
-	printVersions(&b, runDir)
+	WriteVersions(&b, runDir, version)
 	if want := fmt.Sprintf("pleg-nri %s\ncore: pid %d, version v0.8\nfront: pid 4242, version v0.7\n", version, os.Getpid()); b.String() != want {
 		t.Errorf("a core and a front:\n%s\nwant:\n%s", b.String(), want)
 	}
@@ -75,7 +62,7 @@ func TestPrintVersions(t *testing.T) {
 func TestBuildInfo(t *testing.T) {
 	runDir := testutil.ShortTempDir(t, "v-")
 	reg := prometheus.NewRegistry()
-	registerBuildInfo(reg, runDir)
+	RegisterBuildInfo(reg, runDir, version)
 	text := func() string {
 		var b strings.Builder
 		if err := promutil.Write(&b, reg); err != nil {

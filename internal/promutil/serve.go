@@ -1,4 +1,4 @@
-package main
+package promutil
 
 import (
 	"context"
@@ -14,9 +14,13 @@ import (
 	"github.com/pleg-nri/pleg-nri/internal/httpbounds"
 )
 
-// serveMetrics serves /metrics (what g gathers), /healthz and /readyz (ready) on addr until stop is
-// called, within the metrics server's bounds (httpbounds).
-func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready *readiness) (stop func(), err error) {
+// shutdownWait is how long stopping the metrics server lets its requests finish.
+const shutdownWait = 2 * time.Second
+
+// Serve serves /metrics (what g gathers), /healthz and /readyz (ready: nil when ready, else why not) on
+// addr until stop is called, within the metrics server's bounds (httpbounds). It warns that an address
+// off loopback is served without authentication.
+func Serve(ctx context.Context, addr string, g prometheus.Gatherer, ready func() error) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -24,16 +28,16 @@ func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, ready
 	if ip := l.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
 		log.G(ctx).WithField("address", l.Addr().String()).Warn("metrics server listens on a non-loopback address, without authentication")
 	}
-	return serveMetricsOn(ctx, l, g, ready), nil
+	return ServeOn(ctx, l, g, ready), nil
 }
 
-// serveMetricsOn is serveMetrics on l.
-func serveMetricsOn(ctx context.Context, l net.Listener, g prometheus.Gatherer, ready *readiness) (stop func()) {
+// ServeOn is Serve on l.
+func ServeOn(ctx context.Context, l net.Listener, g prometheus.Gatherer, ready func() error) (stop func()) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready.check(); err != nil {
+		if err := ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -46,7 +50,7 @@ func serveMetricsOn(ctx context.Context, l net.Listener, g prometheus.Gatherer, 
 		}
 	}()
 	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownWait)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}
