@@ -319,6 +319,18 @@ func TestHelmReadiness(t *testing.T) {
 	if v := envOf(get(render(t, "--set", "kubelet.reapplySwitch=true")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))["PLEG_NRI_REAPPLY_SWITCH"]; v != "true" {
 		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q with kubelet.reapplySwitch=true", v)
 	}
+	// The switch through the kubelet's drop-in directory: off unless asked, in the installer and in the
+	// uninstall job (which undoes it).
+	if v, ok := envOf(c)["PLEG_NRI_KUBELET_DROPIN_DIR"]; !ok || v != "" {
+		t.Errorf("PLEG_NRI_KUBELET_DROPIN_DIR=%q (set: %v) by default, want empty", v, ok)
+	}
+	dropin := render(t, "--set", "kubelet.dropinDir=/etc/kubernetes/kubelet.conf.d")
+	for _, c := range []any{get(dropin["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0),
+		get(dropin["Job/rel-pleg-nri-uninstall"], "spec", "template", "spec", "containers", 0)} {
+		if v := envOf(c)["PLEG_NRI_KUBELET_DROPIN_DIR"]; v != "/etc/kubernetes/kubelet.conf.d" {
+			t.Errorf("PLEG_NRI_KUBELET_DROPIN_DIR=%q with kubelet.dropinDir set", v)
+		}
+	}
 	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1", "--set", "readiness.port=19811")["DaemonSet/rel-pleg-nri"],
 		"spec", "template", "spec", "containers", 0)
 	if get(c2, "readinessProbe", "periodSeconds") != 2.0 || get(c2, "readinessProbe", "failureThreshold") != 4.0 || envOf(c2)["PLEG_NRI_HEALTH_TIMEOUT"] != "1" ||
