@@ -129,6 +129,9 @@ func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 	file := filepath.Join(e.DropinDir, DropinName)
 	hostDir := filepath.Join(e.HostRoot, e.DropinDir)
 	hostFile := filepath.Join(e.HostRoot, file)
+	fout, _ := AddConfigDir(fdata, e.DropinDir)
+	fout, _ = EditKubeadmFlags(fout, e.Endpoint, flagImage)
+	switched := string(fout)
 	r, err := readRecord(e.Record)
 	if err != nil {
 		return false, err
@@ -141,7 +144,7 @@ func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 		}
 		_, statErr := os.Stat(hostDir)
 		was := string(fdata)
-		if err := writeRecord(e.Record, record{DropinFile: file, Dropin: prev, KubeadmFlags: &was,
+		if err := writeRecord(e.Record, record{DropinFile: file, Dropin: prev, KubeadmFlags: &was, KubeadmFlagsSwitched: &switched,
 			DropinDirCreated: errors.Is(statErr, os.ErrNotExist)}); err != nil {
 			return false, err
 		}
@@ -149,6 +152,18 @@ func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 		return false, fmt.Errorf("%s records a switch of config.yaml in place: undo it first (--image-service-endpoint restore without --dropin-dir)", e.Record)
 	case r.DropinFile != file:
 		return false, fmt.Errorf("%s records a switch through %s: undo it first", e.Record, r.DropinFile)
+	case r.KubeadmFlagsSwitched == nil || *r.KubeadmFlagsSwitched != switched:
+		// A re-apply over a flags file someone else rewrote since the switch (kubeadm removing a flag
+		// it no longer wants): what the undo puts back becomes that file without the switch's edits,
+		// not the copy from before the first switch (which would bring the removed flag back).
+		if r.KubeadmFlags != nil {
+			was := string(unswitchFlags(fdata, []byte(*r.KubeadmFlags), e.DropinDir))
+			r.KubeadmFlags = &was
+		}
+		r.KubeadmFlagsSwitched = &switched
+		if err := writeRecord(e.Record, *r); err != nil {
+			return false, err
+		}
 	}
 	changed := false
 	want := DropinContent(e)
@@ -161,8 +176,6 @@ func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 		}
 		changed = true
 	}
-	fout, _ := AddConfigDir(fdata, e.DropinDir)
-	fout, _ = EditKubeadmFlags(fout, e.Endpoint, flagImage)
 	if !bytes.Equal(fout, fdata) {
 		if err := atomicfile.WriteFile(flags, fout, 0o644); err != nil {
 			return changed, fmt.Errorf("failed to write %s: %w", flags, err)
@@ -174,14 +187,23 @@ func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 
 // undoDropin puts back what r (a record of a switch through the drop-in directory, in e.Record)
 // holds: the drop-in and kubeadm's flags file byte for byte (a drop-in that did not exist removed, and
-// its directory if the switch made it and it is empty), then removes the record.
+// its directory if the switch made it and it is empty), then removes the record. A flags file someone
+// else changed since the switch left it (kubeadm upgrade removing a flag it no longer wants:
+// RemoveKubeletArgsFromFile in cmd/kubeadm/app/phases/upgrade/postupgrade.go) keeps their change: only
+// the switch's own edits are taken out of it (unswitchFlags).
 func undoDropin(flags string, e Edit, r *record) (bool, error) {
 	changed := false
 	hostFile := filepath.Join(e.HostRoot, r.DropinFile)
+	flagsWas := r.KubeadmFlags
+	if cur, err := readOptional(flags); err == nil && cur != nil && r.KubeadmFlags != nil && r.KubeadmFlagsSwitched != nil &&
+		*cur != *r.KubeadmFlagsSwitched && *cur != *r.KubeadmFlags {
+		out := string(unswitchFlags([]byte(*cur), []byte(*r.KubeadmFlags), filepath.Dir(r.DropinFile)))
+		flagsWas = &out
+	}
 	for _, f := range []struct {
 		path string
 		was  *string
-	}{{hostFile, r.Dropin}, {flags, r.KubeadmFlags}} {
+	}{{hostFile, r.Dropin}, {flags, flagsWas}} {
 		cur, err := readOptional(f.path)
 		if err != nil {
 			return changed, fmt.Errorf("failed to read %s: %w", f.path, err)
@@ -207,6 +229,37 @@ func undoDropin(flags string, e Edit, r *record) (bool, error) {
 		return changed, fmt.Errorf("failed to remove the record of the switch: %w", err)
 	}
 	return changed, nil
+}
+
+// configDirFlagBlanks is configDirFlag with the blanks around it: one of them is taken out with it.
+var configDirFlagBlanks = regexp.MustCompile(`[ \t]?--config-dir[= ]("[^"]*"|[^\s"]+)[ \t]?`)
+
+// unswitchFlags takes the switch's edits out of kubeadm's flags file cur, orig being the file before
+// the switch and dir the drop-in directory: the --config-dir=dir it added (where orig had none), and
+// the endpoint flags as orig had them.
+func unswitchFlags(cur, orig []byte, dir string) []byte {
+	out := cur
+	if ConfigDir(orig) == nil {
+		out = configDirFlagBlanks.ReplaceAllFunc(out, func(m []byte) []byte {
+			v := flagValue(configDirFlag, m)
+			switch {
+			case v == nil || filepath.Clean(*v) != filepath.Clean(dir):
+				return m
+			case (m[0] == ' ' || m[0] == '\t') && (m[len(m)-1] == ' ' || m[len(m)-1] == '\t'):
+				return []byte{' '}
+			}
+			return nil
+		})
+	}
+	if v := flagValue(runtimeEndpointFlag, orig); v != nil {
+		out, _ = EditKubeadmFlags(out, *v, "")
+	}
+	image := "remove"
+	if v := flagValue(imageEndpointFlag, orig); v != nil {
+		image = *v
+	}
+	out, _ = EditKubeadmFlags(out, "", image)
+	return out
 }
 
 // writeRecord writes r to path.

@@ -264,3 +264,69 @@ func TestDropinRefusals(t *testing.T) {
 		t.Errorf("the kubelet's own --config-dir: %v", err)
 	}
 }
+
+// TestDropinUndoKeepsKubeadmsChange: kubeadm-flags.env rewritten after the switch (kubeadm upgrade
+// dropping a flag it no longer wants, RemoveKubeletArgsFromFile: the other flags, --config-dir included,
+// rewritten sorted) is not put back to the copy from before the switch, which would bring the dropped
+// flag back; the undo takes out only the switch's own edits. A re-apply over such a file records that
+// file without the switch's edits as what the undo puts back.
+func TestDropinUndoKeepsKubeadmsChange(t *testing.T) {
+	const before = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=" + containerdSock + " --node-ip=172.18.0.2 --pod-infra-container-image=registry.k8s.io/pause:3.10\"\n"
+	n := newDropinNode(t, before)
+	if _, err := Apply(n.config, n.flags, n.switchEdit()); err != nil {
+		t.Fatal(err)
+	}
+	// kubeadm's rewrite, without --pod-infra-container-image.
+	const rewritten = "KUBELET_KUBEADM_ARGS=\"--config-dir=" + dropinDir + " --container-runtime-endpoint=" + plegSock +
+		" --image-service-endpoint=" + containerdSock + " --node-ip=172.18.0.2\"\n"
+	writeFile(t, n.flags, rewritten)
+	if drift, err := Check(n.config, n.flags, n.switchEdit()); err != nil || len(drift) != 0 {
+		t.Errorf("check after kubeadm's rewrite: %v %v", drift, err)
+	}
+	if _, err := Apply(n.config, n.flags, n.undoEdit(dropinDir)); err != nil {
+		t.Fatal(err)
+	}
+	const want = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=" + containerdSock + " --node-ip=172.18.0.2\"\n"
+	if got := readFile(t, n.flags); got != want {
+		t.Errorf("kubeadm-flags.env after the undo:\n%s\nwant\n%s", got, want)
+	}
+
+	// Switched over kubeadm's rewrite (a re-apply): the undo right after restores byte for byte.
+	n = newDropinNode(t, before)
+	if _, err := Apply(n.config, n.flags, n.switchEdit()); err != nil {
+		t.Fatal(err)
+	}
+	const dropped = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=" + containerdSock + " --node-ip=172.18.0.2\"\n"
+	writeFile(t, n.flags, dropped)
+	if changed, err := Apply(n.config, n.flags, n.switchEdit()); err != nil || !changed {
+		t.Fatalf("re-apply: %v %v", changed, err)
+	}
+	if _, err := Apply(n.config, n.flags, n.undoEdit(dropinDir)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, n.flags); got != dropped {
+		t.Errorf("kubeadm-flags.env after an undo right after the re-apply:\n%s\nwant kubeadm's\n%s", got, dropped)
+	}
+}
+
+// TestUnswitchFlags: the switch's --config-dir taken out wherever it is, with one blank; another
+// directory's, or one the file had before the switch, kept; the endpoint flags as they were.
+func TestUnswitchFlags(t *testing.T) {
+	const orig = `KUBELET_KUBEADM_ARGS="--node-ip=1"` + "\n"
+	for _, tc := range []struct{ name, cur, orig, want string }{
+		{"first", `KUBELET_KUBEADM_ARGS="--config-dir=/d --node-ip=1"` + "\n", orig, orig},
+		{"middle", `KUBELET_KUBEADM_ARGS="--a=1 --config-dir=/d --node-ip=1"` + "\n", orig, `KUBELET_KUBEADM_ARGS="--a=1 --node-ip=1"` + "\n"},
+		{"last", `KUBELET_KUBEADM_ARGS="--node-ip=1 --config-dir=/d/"` + "\n", orig, orig},
+		{"only", `KUBELET_KUBEADM_ARGS="--config-dir=/d"` + "\n", orig, `KUBELET_KUBEADM_ARGS=""` + "\n"},
+		{"another directory", `KUBELET_KUBEADM_ARGS="--config-dir=/other --node-ip=1"` + "\n", orig, `KUBELET_KUBEADM_ARGS="--config-dir=/other --node-ip=1"` + "\n"},
+		{"had it before", `KUBELET_KUBEADM_ARGS="--config-dir=/d --node-ip=2"` + "\n", `KUBELET_KUBEADM_ARGS="--config-dir=/d"` + "\n",
+			`KUBELET_KUBEADM_ARGS="--config-dir=/d --node-ip=2"` + "\n"},
+		{"endpoints", `KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=` + plegSock + ` --image-service-endpoint=` + containerdSock + ` --node-ip=2"` + "\n",
+			`KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=` + containerdSock + `"` + "\n",
+			`KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=` + containerdSock + ` --node-ip=2"` + "\n"},
+	} {
+		if got := string(unswitchFlags([]byte(tc.cur), []byte(tc.orig), "/d")); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -57,6 +57,9 @@ type record struct {
 	Dropin *string `json:"dropin,omitempty"`
 	// KubeadmFlags is kubeadm's flags file before the switch through the drop-in directory.
 	KubeadmFlags *string `json:"kubeadmFlags,omitempty"`
+	// KubeadmFlagsSwitched is kubeadm's flags file as the switch (or its last re-apply) left it: the
+	// undo restores KubeadmFlags byte for byte only while the file is still so (undoDropin).
+	KubeadmFlagsSwitched *string `json:"kubeadmFlagsSwitched,omitempty"`
 	// DropinDirCreated says the switch made the drop-in directory (the undo removes it if empty).
 	DropinDirCreated bool `json:"dropinDirCreated,omitempty"`
 }
