@@ -280,7 +280,9 @@ func writeRecord(path string, r record) error {
 // Effective is the kubelet's configuration as a kubelet started with --config-dir dir merges it:
 // config.yaml, then every *.conf under dir (subdirectories included) in lexical order, each applied as
 // a JSON merge patch (RFC 7386: maps merged key by key, null removes a key). dir "" or missing: the
-// configuration file alone.
+// configuration file alone. A drop-in without apiVersion kubelet.config.k8s.io/v1beta1 and kind
+// KubeletConfiguration is an error, as it is for the kubelet (cmd/kubelet/app/server.go,
+// mergeKubeletConfigurations, 1.37.2).
 func Effective(config, dir string) (map[string]any, error) {
 	data, err := os.ReadFile(config)
 	if err != nil {
@@ -313,6 +315,10 @@ func Effective(config, dir string) (map[string]any, error) {
 		var patch map[string]any
 		if err := yaml.Unmarshal(data, &patch); err != nil {
 			return fmt.Errorf("%s: not a kubelet configuration: %w", path, err)
+		}
+		// As the kubelet (1.37) refuses it, and then does not start.
+		if patch["apiVersion"] != "kubelet.config.k8s.io/v1beta1" || patch["kind"] != "KubeletConfiguration" {
+			return fmt.Errorf("%s: apiVersion %v, kind %v: the kubelet wants kubelet.config.k8s.io/v1beta1 KubeletConfiguration in every drop-in", path, orNone(patch["apiVersion"]), orNone(patch["kind"]))
 		}
 		cfg = mergePatch(cfg, patch)
 		return nil

@@ -149,7 +149,7 @@ func TestDropinKeepsOthers(t *testing.T) {
 	n := newDropinNode(t, flags)
 	old, other := filepath.Join(n.root, dropinDir, DropinName), filepath.Join(n.root, dropinDir, "10-other.conf")
 	writeFile(t, old, "# an old one\nkind: KubeletConfiguration\nmaxPods: 50\n")
-	writeFile(t, other, "kind: KubeletConfiguration\nmaxPods: 20\n")
+	writeFile(t, other, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 20\n")
 	if _, err := Apply(n.config, n.flags, n.switchEdit()); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestDropinKeepsOthers(t *testing.T) {
 	if got := readFile(t, old); got != "# an old one\nkind: KubeletConfiguration\nmaxPods: 50\n" {
 		t.Errorf("the drop-in before the switch: %q", got)
 	}
-	if got := readFile(t, other); got != "kind: KubeletConfiguration\nmaxPods: 20\n" {
+	if got := readFile(t, other); got != "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 20\n" {
 		t.Errorf("the other drop-in: %q", got)
 	}
 	if got := readFile(t, n.flags); got != flags {
@@ -175,17 +175,18 @@ func TestDropinCheckEffective(t *testing.T) {
 		drop      map[string]string // under dropinDir
 		wantDrift []string          // substrings, one per drift
 	}{
-		{"later wins", map[string]string{"95-later.conf": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: " + containerdSock + "\n"},
+		{"later wins", map[string]string{"95-later.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: " + containerdSock + "\n"},
 			[]string{"containerRuntimeEndpoint is " + containerdSock}},
-		{"earlier loses", map[string]string{"10-earlier.conf": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: " + containerdSock + "\n"}, nil},
-		{"gate merged key by key", map[string]string{"95-gates.conf": "kind: KubeletConfiguration\nfeatureGates:\n  Foo: true\n"}, nil},
-		{"gate off later", map[string]string{"99-gates.conf": "kind: KubeletConfiguration\nfeatureGates:\n  EventedPLEG: false\n"},
+		{"earlier loses", map[string]string{"10-earlier.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: " + containerdSock + "\n"}, nil},
+		{"gate merged key by key", map[string]string{"95-gates.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfeatureGates:\n  Foo: true\n"}, nil},
+		{"gate off later", map[string]string{"99-gates.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfeatureGates:\n  EventedPLEG: false\n"},
 			[]string{"featureGates.EventedPLEG is false, want true"}},
-		{"null removes", map[string]string{"99-null.conf": "kind: KubeletConfiguration\nimageServiceEndpoint: null\n"},
+		{"null removes", map[string]string{"99-null.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageServiceEndpoint: null\n"},
 			[]string{"imageServiceEndpoint is unset"}},
-		{"subdirectory in order", map[string]string{"zz/1.conf": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///x.sock\n"},
+		{"subdirectory in order", map[string]string{"zz/1.conf": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///x.sock\n"},
 			[]string{"containerRuntimeEndpoint is unix:///x.sock"}},
-		{"not .conf", map[string]string{"99-x.yaml": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///x.sock\n"}, nil},
+		{"not .conf", map[string]string{"99-x.yaml": "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///x.sock\n"}, nil},
+		{"no apiVersion", map[string]string{"50-bad.conf": "kind: KubeletConfiguration\nmaxPods: 10\n"}, []string{"apiVersion unset, kind KubeletConfiguration: the kubelet wants kubelet.config.k8s.io/v1beta1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newDropinNode(t, "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2\"\n")
@@ -197,7 +198,7 @@ func TestDropinCheckEffective(t *testing.T) {
 			}
 			drift, err := Check(n.config, n.flags, n.switchEdit())
 			if err != nil {
-				t.Fatal(err)
+				drift = []string{"error: " + err.Error()}
 			}
 			if len(drift) != len(tc.wantDrift) {
 				t.Fatalf("drift %q, want %d", drift, len(tc.wantDrift))
