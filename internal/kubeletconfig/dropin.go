@@ -110,8 +110,9 @@ func kubeletConfigDir(fdata []byte, e Edit) error {
 
 // applyDropin switches the kubelet through its drop-in directory e.DropinDir: it records the drop-in
 // and kubeadm's flags file as they are (unless e.Record holds a record of this switch already: a
-// re-apply keeps the first), then writes the drop-in and adds --config-dir (and, where kubeadm's flags
-// name the endpoints, which win over any file, those too). config.yaml is not touched.
+// re-apply keeps it, but for a flags file rewritten by someone else since), then writes the drop-in and
+// adds --config-dir (and, where kubeadm's flags name the endpoints, which win over any file, those too).
+// config.yaml is not touched.
 func applyDropin(flags string, e Edit, flagImage string) (bool, error) {
 	if e.Record == "" {
 		return false, errors.New("a switch through the drop-in directory needs a record file (--record)")
