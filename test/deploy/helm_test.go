@@ -263,6 +263,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"--set", "image.pullPolicy=Sometimes"},
 		{"--set", "uninstall.nodeCount=-1"},
 		{"--set", "minReadySeconds=-5"},
+		{"--set", "kubelet.dropinDir=kubelet.conf.d"},
 		{"--set", "unknownValue=1"},
 	} {
 		out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, bad...)...)
@@ -273,6 +274,7 @@ func TestHelmValuesSchema(t *testing.T) {
 	for _, good := range [][]string{
 		{"--set", "config.relist-period=5s", "--set-string", "config.startup-replay=0", "--set-string", "config.plugin-idx=20"},
 		{"--set", "config.subscriber-queue=4096", "--set", "config.log-level=debug"},
+		{"--set", "kubelet.switchEndpoint=true", "--set", "kubelet.dropinDir=/etc/kubernetes/kubelet.conf.d"},
 	} {
 		if out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, good...)...); err != nil {
 			t.Errorf("helm template %v was refused: %v\n%s", good, err, out)
