@@ -26,6 +26,9 @@ PROMTOOL        := $(PLEG_NRI_CACHE)/promtool-$(PROMTOOL_VER)/promtool
 PROMETHEUS      := $(PLEG_NRI_CACHE)/prometheus-$(PROMTOOL_VER)/prometheus
 # The distribution project's registry, for the node e2e specs that pull an image.
 REGISTRY_VER    := v3.1.2
+# node-problem-detector, for test-deploy's check of deploy/npd (make npd; not in go.mod).
+NPD_VER         := v1.34.0
+NPD             := $(PLEG_NRI_CACHE)/npd-$(NPD_VER)/node-problem-detector
 REGISTRY        := $(PLEG_NRI_CACHE)/registry-$(REGISTRY_VER)/registry
 # protoc-gen-go at the version of the google.golang.org/protobuf runtime in go.mod, which the generated
 # code is checked against; protoc from Debian's protobuf-compiler.
@@ -102,6 +105,12 @@ $(HELM):
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into the dependency cache.
+
+$(NPD):
+	bash hack/build-npd.sh $(NPD_VER) $@
+
+.PHONY: npd
+npd: $(NPD) ## Build node-problem-detector from the Go module proxy into the dependency cache (deploy/npd's test in make test-deploy).
 
 $(REGISTRY):
 	@mkdir -p $(dir $@)
@@ -295,11 +304,11 @@ e2e-cluster-conformance: deps-runtime image helm $(REGISTRY) ## Upstream's [sig-
 	  $(if $(KEEP),PLEG_NRI_E2E_KEEP=1) bash test/kind/cluster.sh
 
 .PHONY: test-deploy
-test-deploy: deps-runtime image helm promtool ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
+test-deploy: deps-runtime image helm promtool npd ## The image (docker load, ctr import), make install, systemd units and the chart's node agent under systemd, the chart, alerts (~3 min warm).
 	@test -f test/images/debian-base.sh || { echo "test-deploy: test/images/debian-base.sh (the systemd base image) is missing"; exit 1; }
 	bash test/images/debian-base.sh >/dev/null
 	PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -v -run '^(TestImage|TestMakeInstallPreregistered|TestPreRegistered)$$' -timeout 10m $(INTEGRATION_PKGS)
-	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
+	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) PLEG_NRI_NPD=$(NPD) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: test-deploy-kind
 test-deploy-kind: image helm prometheus ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled; and the installer pod's readiness through faults of the core and the front, Prometheus finding it by its annotations (make e2e-kind's node image; ~6 min).

@@ -39,6 +39,11 @@ IMAGE_ENDPOINT=${PLEG_NRI_IMAGE_ENDPOINT-unix:///run/containerd/containerd.sock}
 KUBELET_CONFIG=${KUBELET_CONFIG:-/var/lib/kubelet/config.yaml}
 KUBEADM_FLAGS=${KUBEADM_FLAGS:-/var/lib/kubelet/kubeadm-flags.env}
 KUBELET_UNIT=${KUBELET_UNIT:-kubelet.service}
+# The kubelet's drop-in configuration directory (the chart's kubelet.dropinDir; the kubelet's path,
+# e.g. /etc/kubernetes/kubelet.conf.d): the switch writes its settings to a drop-in there and adds
+# --config-dir to kubeadm-flags.env, both of which kubeadm upgrade node leaves alone, instead of editing
+# config.yaml in place. Empty: the switch in place.
+DROPIN_DIR=${PLEG_NRI_KUBELET_DROPIN_DIR:-}
 # The mark that this chart switched the kubelet (so that uninstall, or switchKubelet=false, undoes it).
 # It holds the kubelet's imageServiceEndpoint from before the switch (pleg-nri kubelet-config
 # --record), which the restore puts back; empty (a switch by an older chart): left as it is.
@@ -108,24 +113,43 @@ wait_ready() {
 	log "pleg-nri is ready ($READYZ)"
 }
 
-# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, IMAGE_ENDPOINT, EVENTED_PLEG);
-# else fails, printing each drift.
+# dropin CMD...: CMD with --dropin-dir DROPIN_DIR when the switch goes through the drop-in directory.
+dropin() {
+	if [ -n "$DROPIN_DIR" ]; then "$@" --dropin-dir "$DROPIN_DIR"; else "$@"; fi
+}
+
+# kubelet_check: the kubelet's settings are the switch's (ENDPOINT, IMAGE_ENDPOINT, EVENTED_PLEG; with
+# DROPIN_DIR, its effective settings: config.yaml with its drop-ins); else fails, printing each drift.
 kubelet_check() {
-	"$BIN" kubelet-config --check --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
-		--container-runtime-endpoint "$ENDPOINT" --image-service-endpoint "$IMAGE_ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
+	dropin "$BIN" kubelet-config --check --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
+		--host-root "$HOST_ROOT" --container-runtime-endpoint "$ENDPOINT" --image-service-endpoint "$IMAGE_ENDPOINT" --evented-pleg "$EVENTED_PLEG" 2>&1
 }
 
 # kubelet_edit ENDPOINT IMAGE GATE: edit the kubelet's settings (IMAGE: an endpoint, "restore" from the
-# mark, or empty: left), the mark recording its imageServiceEndpoint before the first switch; sets out
-# to changed or unchanged.
+# mark, or empty: left), the mark recording its imageServiceEndpoint before the first switch (with
+# DROPIN_DIR: the drop-in and kubeadm-flags.env as they were; "restore" undoes whichever switch the
+# mark records); sets out to changed or unchanged.
 kubelet_edit() {
-	out=$("$BIN" kubelet-config --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
-		--record "$SWITCHED" --container-runtime-endpoint "$1" --image-service-endpoint "$2" --evented-pleg "$3")
+	out=$(dropin "$BIN" kubelet-config --config "$HOST_ROOT$KUBELET_CONFIG" --kubeadm-flags "$HOST_ROOT$KUBEADM_FLAGS" \
+		--host-root "$HOST_ROOT" --record "$SWITCHED" --container-runtime-endpoint "$1" --image-service-endpoint "$2" --evented-pleg "$3")
+}
+
+# switched_kind: the kind of switch the mark records: dropin (through the drop-in directory) or
+# inplace (config.yaml edited; an empty mark, an older chart's, too).
+switched_kind() {
+	if grep -q '"dropinFile"' "$SWITCHED" 2>/dev/null; then echo dropin; else echo inplace; fi
 }
 
 # kubelet_switch: mark that this chart switches the kubelet (first: a switch cut short is undone
-# too), then switch it; out is changed or unchanged.
+# too), then switch it; out is changed or unchanged. A switch of the other kind (kubelet.dropinDir set
+# or emptied since) is undone first.
 kubelet_switch() {
+	want=inplace
+	[ -z "$DROPIN_DIR" ] || want=dropin
+	if [ -e "$SWITCHED" ] && [ "$(switched_kind)" != "$want" ]; then
+		log "kubelet: undoing the $(switched_kind) switch, for the $want one"
+		kubelet_restore
+	fi
 	mkdir -p "$(dirname "$SWITCHED")"
 	touch "$SWITCHED"
 	kubelet_edit "$ENDPOINT" "$IMAGE_ENDPOINT" "$EVENTED_PLEG"
@@ -139,7 +163,9 @@ kubelet_restore() {
 }
 
 # switched, restored: the settings of the switch and of the restore, for the log.
-switched() { echo "containerRuntimeEndpoint=$ENDPOINT imageServiceEndpoint=${IMAGE_ENDPOINT:-(left)} EventedPLEG=$EVENTED_PLEG"; }
+switched() {
+	echo "containerRuntimeEndpoint=$ENDPOINT imageServiceEndpoint=${IMAGE_ENDPOINT:-(left)} EventedPLEG=$EVENTED_PLEG${DROPIN_DIR:+ (drop-in $DROPIN_DIR/90-pleg-nri.conf)}"
+}
 restored() { echo "containerRuntimeEndpoint=$RESTORE_ENDPOINT imageServiceEndpoint=(as before the switch) EventedPLEG=(removed)"; }
 
 # restart_kubelet WHAT: restart the kubelet if its settings changed (out) to WHAT.

@@ -282,6 +282,137 @@ func TestNodeKubeletSwitch(t *testing.T) {
 	}
 }
 
+// TestNodeKubeletDropin (issue 60): with kubelet.dropinDir the switch goes through the kubelet's
+// drop-in directory: 90-pleg-nri.conf under the host root and --config-dir in kubeadm-flags.env,
+// config.yaml untouched; the readiness check finds the kubelet's settings as switched, still after
+// kubeadm upgrade node rewrites config.yaml (and the switch again changes nothing); the restore puts
+// kubeadm-flags.env and config.yaml back byte for byte. Turning kubelet.dropinDir on over a switch in
+// place, or off again, undoes the other switch first.
+func TestNodeKubeletDropin(t *testing.T) {
+	const kubeadmConfig = "apiVersion: kubelet.config.k8s.io/v1beta1\ncgroupDriver: systemd\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\nkind: KubeletConfiguration\n"
+	const kubeadmFlags = "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2 --node-labels=\"\n"
+	const dir = "/etc/kubernetes/kubelet.conf.d"
+	root := t.TempDir()
+	kdir := filepath.Join(root, "var", "lib", "kubelet")
+	config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
+	dropin := filepath.Join(root, dir, "90-pleg-nri.conf")
+	ready := filepath.Join(root, "ready")
+	write := func(path, data string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(path string) string {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	write(config, kubeadmConfig)
+	write(flags, kubeadmFlags)
+	write(ready, "")
+	env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": ready,
+		"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
+		"PLEG_NRI_IMAGE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock",
+		"PLEG_NRI_KUBELET_DROPIN_DIR": dir, "PLEG_NRI_HEALTH_TIMEOUT": "1", "PLEG_NRI_READYZ": "http://127.0.0.1:1/readyz"}
+	// run runs node.sh cmd; its last line is want.
+	run := func(cmd, want string) string {
+		t.Helper()
+		out, err := nodeSh(t, env, cmd)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if err != nil || lines[len(lines)-1] != want {
+			t.Fatalf("node.sh %s: %v %q, want %q last", cmd, err, out, want)
+		}
+		return out
+	}
+	settings := func() string {
+		t.Helper()
+		out, _ := nodeSh(t, env, "health")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "kubelet settings:") {
+				return l
+			}
+		}
+		t.Fatalf("node.sh health: no kubelet settings line:\n%s", out)
+		return ""
+	}
+	if s := settings(); !strings.Contains(s, "FAIL") || !strings.Contains(s, "--config-dir is unset") {
+		t.Errorf("before the switch: %s", s)
+	}
+	run("kubelet-switch", "changed")
+	if got := read(config); got != kubeadmConfig {
+		t.Errorf("config.yaml changed by the switch:\n%s", got)
+	}
+	if got, want := read(flags), "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2 --node-labels= --config-dir="+dir+"\"\n"; got != want {
+		t.Errorf("kubeadm-flags.env: %q, want %q", got, want)
+	}
+	if got := read(dropin); !strings.Contains(got, "containerRuntimeEndpoint: \"unix:///run/pleg-nri/cri.sock\"") || !strings.Contains(got, "EventedPLEG: true") {
+		t.Errorf("the drop-in:\n%s", got)
+	}
+	if s := settings(); s != "kubelet settings: as switched" {
+		t.Errorf("after the switch: %s", s)
+	}
+	// kubeadm upgrade node: config.yaml written anew from the ConfigMap.
+	write(config, kubeadmConfig+"maxPods: 110\n")
+	if s := settings(); s != "kubelet settings: as switched" {
+		t.Errorf("after kubeadm upgrade node: %s", s)
+	}
+	run("kubelet-switch", "unchanged")
+	write(config, kubeadmConfig)
+	run("kubelet-restore", "changed")
+	if got := read(flags); got != kubeadmFlags {
+		t.Errorf("kubeadm-flags.env after the restore: %q", got)
+	}
+	if got := read(config); got != kubeadmConfig {
+		t.Errorf("config.yaml after the restore: %q", got)
+	}
+	for _, p := range []string{mark, filepath.Join(root, dir)} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there after the restore: %v", p, err)
+		}
+	}
+
+	// A switch in place, then kubelet.dropinDir set: the switch in place is undone first.
+	delete(env, "PLEG_NRI_KUBELET_DROPIN_DIR")
+	run("kubelet-switch", "changed")
+	if !strings.Contains(read(config), "pleg-nri/cri.sock") {
+		t.Fatalf("the switch in place: %s", read(config))
+	}
+	env["PLEG_NRI_KUBELET_DROPIN_DIR"] = dir
+	if out := run("kubelet-switch", "changed"); !strings.Contains(out, "undoing the inplace switch") {
+		t.Errorf("no word of undoing the switch in place:\n%s", out)
+	}
+	var got, want map[string]any
+	_ = yaml.Unmarshal([]byte(read(config)), &got)
+	_ = yaml.Unmarshal([]byte(kubeadmConfig), &want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("config.yaml after the switch in place was undone (-want +got):\n%s", diff)
+	}
+	if s := settings(); s != "kubelet settings: as switched" {
+		t.Errorf("after the switch through the drop-in directory: %s", s)
+	}
+	// And off again: the drop-in switch undone (kubeadm-flags.env as it was), the switch in place made.
+	delete(env, "PLEG_NRI_KUBELET_DROPIN_DIR")
+	if out := run("kubelet-switch", "changed"); !strings.Contains(out, "undoing the dropin switch") {
+		t.Errorf("no word of undoing the drop-in switch:\n%s", out)
+	}
+	if got := read(flags); got != kubeadmFlags {
+		t.Errorf("kubeadm-flags.env after the drop-in switch was undone: %q", got)
+	}
+	if _, err := os.Stat(dropin); !os.IsNotExist(err) {
+		t.Errorf("the drop-in is still there: %v", err)
+	}
+	if s := settings(); s != "kubelet settings: as switched" {
+		t.Errorf("after the switch in place again: %s", s)
+	}
+}
+
 // containerdBin is the containerd of the dependency cache (make deps-runtime), or "" without one.
 func containerdBin() string {
 	cache := os.Getenv("PLEG_NRI_CACHE")

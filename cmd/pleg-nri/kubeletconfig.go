@@ -14,7 +14,9 @@ import (
 // kubeletConfigCommand is `pleg-nri kubelet-config`: point a kubelet's configuration (and kubeadm's
 // flags file, where it sets the endpoint) at a CRI endpoint, its image service at another (containerd's
 // socket: the kubelet's image calls then never cross pleg-nri; issue 58) and set its EventedPLEG gate;
-// with --record, what the image service was is kept for "restore". It prints
+// with --record, what the image service was is kept for "restore". With --dropin-dir it switches
+// through the kubelet's drop-in directory instead, which kubeadm upgrade node leaves alone (issue 60),
+// and "restore" puts back the files as --record holds them. It prints
 // "changed" or "unchanged", so that a caller restarts the kubelet only when needed. With --check it
 // changes nothing and fails, naming each setting, when they differ: the Helm chart's readiness probe
 // notices a kubelet taken off pleg-nri that way (issue 60). The Helm chart's node script runs it; an
@@ -35,6 +37,12 @@ func kubeletConfigCommand() *cli.Command {
 			&cli.StringFlag{Name: "record", TakesFile: true,
 				Usage: "a file keeping imageServiceEndpoint from before the switch: written when --image-service-endpoint sets it (unless it holds one), read and removed by --image-service-endpoint restore"},
 			&cli.StringFlag{Name: "evented-pleg", Usage: "set the EventedPLEG feature gate: true, false, or remove"},
+			&cli.StringFlag{Name: "dropin-dir",
+				Usage: "switch through the kubelet's drop-in configuration directory (--config-dir; the kubelet's path, e.g. /etc/kubernetes/kubelet.conf.d) instead of editing --config: write " +
+					kubeletconfig.DropinName + " there and add --config-dir to --kubeadm-flags (refused if the kubelet has another --config-dir), all recorded first in --record; " +
+					"kubeadm upgrade node rewrites --config but leaves both alone. With --check: check the kubelet's effective settings (--config, then its drop-ins in lexical order)"},
+			&cli.StringFlag{Name: "host-root", TakesFile: true,
+				Usage: "where the kubelet's / is, for --dropin-dir (and the directories of --config-dir) when run from a pod; --config and --kubeadm-flags are given with it already"},
 			&cli.BoolFlag{Name: "check", Usage: "change nothing: print each setting that differs (a drift) and fail if any does, else print unchanged"},
 		},
 		OnUsageError: onUsageError,
@@ -43,9 +51,12 @@ func kubeletConfigCommand() *cli.Command {
 				return usageError{fmt.Errorf("unexpected argument %q", cmd.Args().First())}
 			}
 			e := kubeletconfig.Edit{Endpoint: cmd.String("container-runtime-endpoint"), ImageEndpoint: cmd.String("image-service-endpoint"),
-				EventedPLEG: cmd.String("evented-pleg"), Record: cmd.String("record")}
+				EventedPLEG: cmd.String("evented-pleg"), Record: cmd.String("record"), DropinDir: cmd.String("dropin-dir"), HostRoot: cmd.String("host-root")}
 			if e.ImageEndpoint == "restore" && e.Record == "" {
 				return usageError{errors.New("--image-service-endpoint restore needs --record")}
+			}
+			if e.DropinDir != "" && e.Record == "" && !cmd.Bool("check") {
+				return usageError{errors.New("--dropin-dir needs --record (the undo puts the files back from it)")}
 			}
 			if cmd.Bool("check") {
 				drift, err := kubeletconfig.Check(cmd.String("config"), cmd.String("kubeadm-flags"), e)

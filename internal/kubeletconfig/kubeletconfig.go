@@ -33,7 +33,16 @@ type Edit struct {
 	// switch: Apply setting ImageEndpoint writes it first unless it holds one already (a switch
 	// applied again keeps the first), and ImageEndpoint "restore" puts that back and removes the file.
 	// A missing or empty file holds none: restoring from it leaves imageServiceEndpoint as it is.
+	// A switch through the drop-in directory (DropinDir) records its files there too, and needs it.
 	Record string
+	// DropinDir, if not empty, switches the kubelet through its drop-in configuration directory
+	// (--config-dir; the kubelet's path) instead of editing its configuration file in place: Apply
+	// writes DropinName there and adds --config-dir to kubeadm's flags file, Check reads the merged
+	// configuration (dropin.go). "restore" undoes whichever switch Record holds, with or without it.
+	DropinDir string
+	// HostRoot is where the kubelet's / is (the drop-in directory is under it; the configuration and
+	// flags files are given with it already); empty: /.
+	HostRoot string
 }
 
 // record is what Edit.Record holds: the kubelet's imageServiceEndpoint before the switch, in the
@@ -41,6 +50,18 @@ type Edit struct {
 type record struct {
 	Config *string `json:"imageServiceEndpoint"`
 	Flag   *string `json:"kubeadmFlagImageServiceEndpoint"`
+	// DropinFile is the drop-in written by a switch through the drop-in directory, as the kubelet
+	// names it; empty: a switch in place (the fields above).
+	DropinFile string `json:"dropinFile,omitempty"`
+	// Dropin is what DropinFile held before the switch; nil: it did not exist.
+	Dropin *string `json:"dropin,omitempty"`
+	// KubeadmFlags is kubeadm's flags file before the switch through the drop-in directory.
+	KubeadmFlags *string `json:"kubeadmFlags,omitempty"`
+	// KubeadmFlagsSwitched is kubeadm's flags file as the switch (or its last re-apply) left it: the
+	// undo restores KubeadmFlags byte for byte only while the file is still so (undoDropin).
+	KubeadmFlagsSwitched *string `json:"kubeadmFlagsSwitched,omitempty"`
+	// DropinDirCreated says the switch made the drop-in directory (the undo removes it if empty).
+	DropinDirCreated bool `json:"dropinDirCreated,omitempty"`
 }
 
 // EditConfig applies e to a KubeletConfiguration file's YAML and says whether it changed. The
@@ -277,8 +298,21 @@ func (in inputs) edited() (out []byte, changed bool, err error) {
 }
 
 // Apply applies e to the kubelet's configuration file config and kubeadm's flags file flags (missing is
-// fine), each replaced atomically only when it changes, and says whether anything changed.
+// fine), each replaced atomically only when it changes, and says whether anything changed. With
+// e.DropinDir it switches through the drop-in directory instead (applyDropin); ImageEndpoint "restore"
+// undoes a switch through the drop-in directory where e.Record holds one, whatever e.DropinDir is.
 func Apply(config, flags string, e Edit) (changed bool, err error) {
+	if e.ImageEndpoint == "restore" && e.Record != "" {
+		r, err := readRecord(e.Record)
+		if err != nil {
+			return false, err
+		}
+		if r != nil && r.DropinFile != "" {
+			return undoDropin(flags, e, r)
+		}
+	} else if e.DropinDir != "" {
+		return applyDropin(flags, e, e.ImageEndpoint)
+	}
 	in, err := readInputs(config, flags, e)
 	if err != nil {
 		return false, err
@@ -316,53 +350,73 @@ func Apply(config, flags string, e Edit) (changed bool, err error) {
 
 // Check says how the kubelet's configuration file config and kubeadm's flags file flags (missing is
 // fine) differ from what Apply with e would make them, one line per difference (none: they are as e
-// wants): a drift, such as `kubeadm upgrade node` rewriting the configuration from its ConfigMap. It
-// writes nothing.
+// wants): a drift, such as `kubeadm upgrade node` rewriting the configuration from its ConfigMap. With
+// e.DropinDir it checks the kubelet's effective configuration: config.yaml with the drop-ins of its
+// --config-dir (checkDropin). It writes nothing.
 func Check(config, flags string, e Edit) (drift []string, err error) {
+	if e.DropinDir != "" {
+		image, flagImage, _, err := imageEdits(e)
+		if err != nil {
+			return nil, err
+		}
+		return checkDropin(config, flags, e, image, flagImage)
+	}
 	in, err := readInputs(config, flags, e)
 	if err != nil {
 		return nil, err
 	}
-	data, fdata, image, flagImage := in.data, in.flags, in.image, in.flagImage
-	if _, changed, err := in.edited(); err != nil {
+	if _, _, err := in.edited(); err != nil {
 		return nil, err
-	} else if changed {
-		var cfg map[string]any
-		_ = yaml.Unmarshal(data, &cfg)
-		if e.Endpoint != "" && cfg["containerRuntimeEndpoint"] != e.Endpoint {
-			drift = append(drift, fmt.Sprintf("%s: containerRuntimeEndpoint is %v, want %s", config, orNone(cfg["containerRuntimeEndpoint"]), e.Endpoint))
-		}
-		if v, ok := cfg["imageServiceEndpoint"]; image == "remove" && ok {
-			drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want it unset", config, v))
-		} else if image != "" && image != "remove" && v != image {
-			drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want %s", config, orNone(v), image))
-		}
-		gates, _ := cfg["featureGates"].(map[string]any)
-		if g, ok := gates["EventedPLEG"]; e.EventedPLEG == "remove" && ok {
-			drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want it unset", config, g))
-		} else if e.EventedPLEG == "true" || e.EventedPLEG == "false" {
-			if v, isBool := g.(bool); !isBool || fmt.Sprint(v) != e.EventedPLEG {
-				drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want %s", config, orNone(g), e.EventedPLEG))
-			}
+	}
+	var cfg map[string]any
+	_ = yaml.Unmarshal(in.data, &cfg)
+	drift = settingsDrift(config, cfg, e, in.image)
+	return append(drift, flagsDrift(flags, in.flags, e, in.flagImage)...), nil
+}
+
+// settingsDrift says how the kubelet configuration cfg (read from where) differs from e's settings,
+// image being the imageServiceEndpoint wanted ("remove": unset; empty: any).
+func settingsDrift(where string, cfg map[string]any, e Edit, image string) (drift []string) {
+	if e.Endpoint != "" && cfg["containerRuntimeEndpoint"] != e.Endpoint {
+		drift = append(drift, fmt.Sprintf("%s: containerRuntimeEndpoint is %v, want %s", where, orNone(cfg["containerRuntimeEndpoint"]), e.Endpoint))
+	}
+	if v, ok := cfg["imageServiceEndpoint"]; image == "remove" && ok {
+		drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want it unset", where, v))
+	} else if image != "" && image != "remove" && v != image {
+		drift = append(drift, fmt.Sprintf("%s: imageServiceEndpoint is %v, want %s", where, orNone(v), image))
+	}
+	gates, _ := cfg["featureGates"].(map[string]any)
+	if g, ok := gates["EventedPLEG"]; e.EventedPLEG == "remove" && ok {
+		drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want it unset", where, g))
+	} else if e.EventedPLEG == "true" || e.EventedPLEG == "false" {
+		if v, isBool := g.(bool); !isBool || fmt.Sprint(v) != e.EventedPLEG {
+			drift = append(drift, fmt.Sprintf("%s: featureGates.EventedPLEG is %v, want %s", where, orNone(g), e.EventedPLEG))
 		}
 	}
-	if fdata != nil {
-		if _, fchanged := EditKubeadmFlags(fdata, e.Endpoint, ""); fchanged {
-			drift = append(drift, fmt.Sprintf("%s: --container-runtime-endpoint is %s, want %s", flags, *flagValue(runtimeEndpointFlag, fdata), e.Endpoint))
-		}
-		if _, fchanged := EditKubeadmFlags(fdata, "", flagImage); fchanged {
-			want := flagImage
-			if want == "remove" {
-				want = "it unset"
-			}
-			is := "unset"
-			if v := flagValue(imageEndpointFlag, fdata); v != nil {
-				is = *v
-			}
-			drift = append(drift, fmt.Sprintf("%s: --image-service-endpoint is %s, want %s", flags, is, want))
-		}
+	return drift
+}
+
+// flagsDrift says how kubeadm's flags file fdata (read from flags; nil: missing) differs from e's
+// endpoint flags, where it sets them (flags win over every configuration file).
+func flagsDrift(flags string, fdata []byte, e Edit, flagImage string) (drift []string) {
+	if fdata == nil {
+		return nil
 	}
-	return drift, nil
+	if _, fchanged := EditKubeadmFlags(fdata, e.Endpoint, ""); fchanged {
+		drift = append(drift, fmt.Sprintf("%s: --container-runtime-endpoint is %s, want %s", flags, *flagValue(runtimeEndpointFlag, fdata), e.Endpoint))
+	}
+	if _, fchanged := EditKubeadmFlags(fdata, "", flagImage); fchanged {
+		want := flagImage
+		if want == "remove" {
+			want = "it unset"
+		}
+		is := "unset"
+		if v := flagValue(imageEndpointFlag, fdata); v != nil {
+			is = *v
+		}
+		drift = append(drift, fmt.Sprintf("%s: --image-service-endpoint is %s, want %s", flags, is, want))
+	}
+	return drift
 }
 
 // orNone prints an absent value as "unset".

@@ -263,6 +263,7 @@ func TestHelmValuesSchema(t *testing.T) {
 		{"--set", "image.pullPolicy=Sometimes"},
 		{"--set", "uninstall.nodeCount=-1"},
 		{"--set", "minReadySeconds=-5"},
+		{"--set", "kubelet.dropinDir=kubelet.conf.d"},
 		{"--set", "unknownValue=1"},
 	} {
 		out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, bad...)...)
@@ -273,6 +274,7 @@ func TestHelmValuesSchema(t *testing.T) {
 	for _, good := range [][]string{
 		{"--set", "config.relist-period=5s", "--set-string", "config.startup-replay=0", "--set-string", "config.plugin-idx=20"},
 		{"--set", "config.subscriber-queue=4096", "--set", "config.log-level=debug"},
+		{"--set", "kubelet.switchEndpoint=true", "--set", "kubelet.dropinDir=/etc/kubernetes/kubelet.conf.d"},
 	} {
 		if out, err := tryRun(h, append([]string{"template", "rel", chartDir()}, good...)...); err != nil {
 			t.Errorf("helm template %v was refused: %v\n%s", good, err, out)
@@ -318,6 +320,18 @@ func TestHelmReadiness(t *testing.T) {
 	}
 	if v := envOf(get(render(t, "--set", "kubelet.reapplySwitch=true")["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0))["PLEG_NRI_REAPPLY_SWITCH"]; v != "true" {
 		t.Errorf("PLEG_NRI_REAPPLY_SWITCH=%q with kubelet.reapplySwitch=true", v)
+	}
+	// The switch through the kubelet's drop-in directory: off unless asked, in the installer and in the
+	// uninstall job (which undoes it).
+	if v, ok := envOf(c)["PLEG_NRI_KUBELET_DROPIN_DIR"]; !ok || v != "" {
+		t.Errorf("PLEG_NRI_KUBELET_DROPIN_DIR=%q (set: %v) by default, want empty", v, ok)
+	}
+	dropin := render(t, "--set", "kubelet.dropinDir=/etc/kubernetes/kubelet.conf.d")
+	for _, c := range []any{get(dropin["DaemonSet/rel-pleg-nri"], "spec", "template", "spec", "containers", 0),
+		get(dropin["Job/rel-pleg-nri-uninstall"], "spec", "template", "spec", "containers", 0)} {
+		if v := envOf(c)["PLEG_NRI_KUBELET_DROPIN_DIR"]; v != "/etc/kubernetes/kubelet.conf.d" {
+			t.Errorf("PLEG_NRI_KUBELET_DROPIN_DIR=%q with kubelet.dropinDir set", v)
+		}
 	}
 	c2 := get(render(t, "--set", "readiness.periodSeconds=2", "--set", "readiness.failureThreshold=4", "--set", "readiness.checkTimeoutSeconds=1", "--set", "readiness.port=19811")["DaemonSet/rel-pleg-nri"],
 		"spec", "template", "spec", "containers", 0)

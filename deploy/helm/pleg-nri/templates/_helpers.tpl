@@ -80,6 +80,8 @@ env:
     value: {{ .Values.kubelet.restartAfterPlegNRIRestart | quote }}
   - name: PLEG_NRI_REAPPLY_SWITCH
     value: {{ .Values.kubelet.reapplySwitch | default false | quote }}
+  - name: PLEG_NRI_KUBELET_DROPIN_DIR
+    value: {{ .Values.kubelet.dropinDir | default "" | quote }}
   - name: PLEG_NRI_ENDPOINT
     value: {{ index .Values.config "listen" | default "unix:///run/pleg-nri/cri.sock" | quote }}
   - name: PLEG_NRI_RESTORE_ENDPOINT
