@@ -38,6 +38,10 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 				Usage: "how long nobody listens before the late subscriber subscribes (past a runtime's hold of events for nobody: containerd's is 5m)"},
 			&cli.StringFlag{Name: "runtime-log",
 				Usage: "the runtime's log file: the late-subscriber check counts its lines while nobody listens"},
+			&cli.StringFlag{Name: "runtime-stop-command",
+				Usage: "a shell command that stops the runtime (systemctl stop containerd): with --runtime-start-command, the runtime-restart check runs"},
+			&cli.StringFlag{Name: "runtime-start-command",
+				Usage: "a shell command that starts the runtime again (systemctl start containerd); it runs even if the stop failed"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "end the run (and clean up) after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 			&cli.BoolFlag{Name: "list", Usage: "print the checks' ids and sentences, run nothing"},
@@ -80,6 +84,13 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 
 				ExpectReplay: replay,
 				LateWait:     cmd.Duration("late-wait"),
+			}
+			stop, start := cmd.String("runtime-stop-command"), cmd.String("runtime-start-command")
+			if (stop == "") != (start == "") {
+				return usageError{errors.New("--runtime-stop-command and --runtime-start-command go together")}
+			}
+			if stop != "" {
+				o.RestartRuntime = conformance.RestartCommands(stop, start)
 			}
 			if path := cmd.String("runtime-log"); path != "" {
 				o.LogLines = func() (int, error) { return conformance.FileLines(path) }

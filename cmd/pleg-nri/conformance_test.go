@@ -37,6 +37,7 @@ func TestConformanceFlags(t *testing.T) {
 		return nil
 	}
 	logPath := filepath.Join(t.TempDir(), "containerd.log")
+	steps := filepath.Join(t.TempDir(), "steps")
 	if err := os.WriteFile(logPath, []byte("a\nb\nc\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -45,12 +46,13 @@ func TestConformanceFlags(t *testing.T) {
 	}
 	if got.Endpoint != "unix:///run/containerd/containerd.sock" || got.Image != conformance.DefaultImage ||
 		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 ||
-		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil {
+		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil || got.RestartRuntime != nil {
 		t.Errorf("defaults: %+v timeout %s json %v", got, timeout, asJSON)
 	}
 	args := []string{"-r", "unix:///run/pleg-nri/cri.sock", "--image", "busybox:x", "--namespace", "ns", "--run-id", "r1",
 		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json",
-		"--expect-replay", "all", "--late-wait", "5m10s", "--runtime-log", logPath}
+		"--expect-replay", "all", "--late-wait", "5m10s", "--runtime-log", logPath,
+		"--runtime-stop-command", "echo stop >>" + steps, "--runtime-start-command", "echo start >>" + steps}
 	if _, err := runConformanceCmd(args, capture); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +64,15 @@ func TestConformanceFlags(t *testing.T) {
 	if n, err := got.LogLines(); n != 3 || err != nil {
 		t.Errorf("--runtime-log counts %d lines (%v), want 3", n, err)
 	}
-	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}, {"--expect-replay", "some"}, {"--late-wait", "-1s"}} {
+	if got.RestartRuntime == nil {
+		t.Error("--runtime-stop-command and --runtime-start-command set no RestartRuntime")
+	} else if err := got.RestartRuntime(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Error(err)
+	} else if b, _ := os.ReadFile(steps); string(b) != "stop\nstart\n" {
+		t.Errorf("the restart ran %q, want the stop then the start command", b)
+	}
+	for _, bad := range [][]string{{"extra"}, {"--timeout", "0s"}, {"--nope"}, {"--expect-replay", "some"}, {"--late-wait", "-1s"},
+		{"--runtime-stop-command", "true"}, {"--runtime-start-command", "true"}} {
 		if _, err := runConformanceCmd(bad, capture); !errors.As(err, new(usageError)) {
 			t.Errorf("%v: %v, want a usage error", bad, err)
 		}
