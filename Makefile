@@ -314,6 +314,10 @@ test-deploy: deps-runtime image helm promtool npd ## The image (docker load, ctr
 test-deploy-kind: image helm prometheus ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled; and the installer pod's readiness through faults of the core and the front, Prometheus finding it by its annotations (make e2e-kind's node image; ~6 min).
 	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) $(GO) test -count=1 -v -run '^TestHelmKind(Health)?$$' -timeout 40m $(DEPLOY_PKG)
 
+.PHONY: conformance-kind
+conformance-kind: image helm ## pleg-nri conformance inside a kind node (the chart installed, the kubelet switched): containerd's socket and pleg-nri's endpoint side by side (make e2e-kind's node image; ~10 min). CONFORMANCE_KIND_OUT=FILE keeps the table.
+	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_CONFORMANCE_KIND_OUT=$(CONFORMANCE_KIND_OUT) $(GO) test -count=1 -v -run '^TestConformanceKind$$' -timeout 40m $(DEPLOY_PKG)
+
 .PHONY: soak
 soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PLEG_NRI_SOAK=1; up to an hour), then the kubelet suite's on KUBELET_VERSION (10 SIGKILLs each of the core, containerd and the front under a kubelet).
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
