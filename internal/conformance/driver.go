@@ -36,6 +36,28 @@ type driver struct {
 	syncs int
 	// gone are the objects a scenario has begun to remove.
 	gone map[string]bool
+	// cgroupParent is the default pod config's cgroup parent (see systemdSlice); empty: the runtime's.
+	cgroupParent string
+}
+
+// systemdSlice is the cgroup parent of the run's pods, by default, on a runtime that manages cgroups
+// through systemd (its RuntimeConfig says so; kind's nodes, most kubeadm nodes): there the runtime
+// needs a parent slice, as the kubelet gives its pods (kubepods-*.slice), and refuses to start a
+// sandbox without one (runc: 'expected cgroupsPath to be of format "slice:prefix:name"'). systemd
+// makes the slice when the first pod's scope asks for it. No dash: a dash would nest it.
+const systemdSlice = "plegnriconformance.slice"
+
+// defaultCgroupParent is the cgroup parent the default pod config needs on the endpoint's runtime:
+// systemdSlice where its RuntimeConfig names the systemd cgroup driver, else none (a runtime that does
+// not answer RuntimeConfig gets none, as before it was asked).
+func defaultCgroupParent(ctx context.Context, rt runtimeapi.RuntimeServiceClient) string {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	resp, err := rt.RuntimeConfig(ctx, &runtimeapi.RuntimeConfigRequest{})
+	if err == nil && resp.GetLinux().GetCgroupDriver() == runtimeapi.CgroupDriver_SYSTEMD {
+		return systemdSlice
+	}
+	return ""
 }
 
 // removing notes that a scenario is about to remove ids: reads may find them gone from then on.
@@ -82,7 +104,7 @@ func (d *driver) podConfig(name string) *runtimeapi.PodSandboxConfig {
 	} else {
 		// On the node's network: no CNI, no address to run out of.
 		cfg = &runtimeapi.PodSandboxConfig{
-			Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+			Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: d.cgroupParent, SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
 				NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE}}},
 		}
 	}

@@ -74,6 +74,9 @@ type faults struct {
 	delay time.Duration
 	// onRunPod is called after each RunPodSandbox.
 	onRunPod func()
+	// systemd makes the fake a runtime of the systemd cgroup driver (RuntimeConfig says so), which
+	// refuses a sandbox without a parent slice, as runc does.
+	systemd bool
 }
 
 // restartMode is how the fake's streams take a restart of the runtime.
@@ -133,6 +136,8 @@ type fakeRuntime struct {
 	whileDown []*runtimeapi.ContainerEventResponse
 	// unheard are the events sent while nobody listened (holdUnheard).
 	unheard []*runtimeapi.ContainerEventResponse
+	// parents are the cgroup parents of every RunPodSandbox, in order.
+	parents []string
 	// lines counts the lines the fake "logged": one per CRI call that changes something, one per
 	// event sent to nobody with logUnheard.
 	lines int
@@ -373,7 +378,22 @@ func (fr *fakeRuntime) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream
 	}
 }
 
+func (fr *fakeRuntime) RuntimeConfig(context.Context, *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
+	driver := runtimeapi.CgroupDriver_CGROUPFS
+	if fr.f.systemd {
+		driver = runtimeapi.CgroupDriver_SYSTEMD
+	}
+	return &runtimeapi.RuntimeConfigResponse{Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver}}, nil
+}
+
 func (fr *fakeRuntime) RunPodSandbox(_ context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	parent := req.GetConfig().GetLinux().GetCgroupParent()
+	fr.mu.Lock()
+	fr.parents = append(fr.parents, parent)
+	fr.mu.Unlock()
+	if fr.f.systemd && !strings.HasSuffix(parent, ".slice") {
+		return nil, fmt.Errorf(`runc create failed: expected cgroupsPath to be of format "slice:prefix:name" for systemd cgroups, got %q`, parent)
+	}
 	time.Sleep(fr.f.delay)
 	fr.mu.Lock()
 	fr.lines++

@@ -68,7 +68,8 @@ type Options struct {
 	// ProbeWait is how long a fresh stream must stay open to count as supported.
 	ProbeWait time.Duration
 	// PodConfig, if set, makes the base config of a pod (the suite sets its metadata and run label):
-	// for a node that needs a cgroup parent or a log directory. Default: a pod on the node's network.
+	// for a node that needs a cgroup parent or a log directory. Default: a pod on the node's network,
+	// in the cgroup parent systemdSlice where the runtime's cgroup driver is systemd.
 	PodConfig func(name string) *runtimeapi.PodSandboxConfig
 	// RestartRuntime, if set, stops the runtime behind the endpoint, calls whileDown (which changes
 	// something the runtime must find when it is back), starts the runtime again and returns once it
@@ -203,6 +204,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("cannot reach the CRI endpoint %s: %w", opts.Endpoint, s.unsupported)
 	}
 	s.support = Classify(s.unsupported)
+	if opts.PodConfig == nil {
+		s.drv.cgroupParent = defaultCgroupParent(ctx, rt)
+	}
 	for _, sp := range selected(opts.Checks) {
 		res := Result{ID: sp.id, Name: sp.name}
 		var figure string

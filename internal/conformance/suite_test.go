@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -376,5 +377,45 @@ func TestReadAfterRemoval(t *testing.T) {
 		if removing != (len(log.violations) == 0) || log.checked != 1 {
 			t.Errorf("removing %v: %d reads checked, violations %q", removing, log.checked, log.violations)
 		}
+	}
+}
+
+// TestSystemdCgroupParent: on a runtime whose cgroup driver is systemd (it refuses a sandbox without a
+// parent slice, as runc does on a kind node) the default pods get systemdSlice and the checks pass;
+// on a cgroupfs runtime they get no parent; a PodConfig of the caller's is left as it is.
+func TestSystemdCgroupParent(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		systemd bool
+		config  func(string) *runtimeapi.PodSandboxConfig
+		want    Outcome
+		parent  string
+	}{
+		{"systemd", true, nil, Pass, systemdSlice},
+		{"cgroupfs", false, nil, Pass, ""},
+		{"the caller's config on systemd", true, func(string) *runtimeapi.PodSandboxConfig {
+			return &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: "/mine"}}
+		}, Fail, "/mine"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fr, endpoint := newFake(t, faults{systemd: tc.systemd})
+			opts := testOptions(endpoint, "once/exit-0")
+			opts.PodConfig = tc.config
+			r, _ := run(t, fr, opts).Result("once/exit-0")
+			if r.Outcome != tc.want {
+				t.Errorf("once/exit-0: %+v, want %s", r, tc.want)
+			}
+			fr.mu.Lock()
+			parents := slices.Clone(fr.parents)
+			fr.mu.Unlock()
+			if len(parents) == 0 {
+				t.Fatal("no RunPodSandbox")
+			}
+			for _, p := range parents {
+				if p != tc.parent {
+					t.Errorf("a pod's cgroup parent is %q, want %q", p, tc.parent)
+				}
+			}
+		})
 	}
 }
