@@ -32,6 +32,8 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 			&cli.StringFlag{Name: "run-id", Usage: "value of the run's label on every pod (random by default)"},
 			&cli.StringSliceFlag{Name: "checks", Usage: "run only these checks: ids or prefixes (once, order/pod, ...; comma-separated, repeatable)"},
 			&cli.IntFlag{Name: "load", Value: conformance.DefaultLoad, Usage: "containers in the load check's pod"},
+			&cli.IntFlag{Name: "slow-pods", Value: conformance.DefaultSlowPods,
+				Usage: "pods the slow-consumer check starts beside a subscriber that does not read (8 events each: past 12, more than containerd's queue of 100 per subscriber)"},
 			&cli.StringFlag{Name: "expect-replay",
 				Usage: "what the endpoint documents a late subscriber gets of the events sent while nobody listened: none or all (default: reported, not judged)"},
 			&cli.DurationFlag{Name: "late-wait",
@@ -81,6 +83,7 @@ func conformanceCommand(getenv func(string) string, run func(ctx context.Context
 				RunID:     cmd.String("run-id"),
 				Checks:    trimmed(cmd.StringSlice("checks")),
 				Load:      int(cmd.Int("load")),
+				SlowPods:  int(cmd.Int("slow-pods")),
 
 				ExpectReplay: replay,
 				LateWait:     cmd.Duration("late-wait"),

@@ -46,18 +46,18 @@ func TestConformanceFlags(t *testing.T) {
 	}
 	if got.Endpoint != "unix:///run/containerd/containerd.sock" || got.Image != conformance.DefaultImage ||
 		got.Namespace != conformance.DefaultNamespace || timeout != 10*time.Minute || asJSON || len(got.Checks) != 0 ||
-		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil || got.RestartRuntime != nil {
+		got.ExpectReplay != conformance.ReplayUndeclared || got.LateWait != 0 || got.LogLines != nil || got.RestartRuntime != nil || got.SlowPods != conformance.DefaultSlowPods {
 		t.Errorf("defaults: %+v timeout %s json %v", got, timeout, asJSON)
 	}
 	args := []string{"-r", "unix:///run/pleg-nri/cri.sock", "--image", "busybox:x", "--namespace", "ns", "--run-id", "r1",
-		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--timeout", "2m", "--json",
+		"--checks", "once, load", "--checks", "order/pod", "--load", "7", "--slow-pods", "20", "--timeout", "2m", "--json",
 		"--expect-replay", "all", "--late-wait", "5m10s", "--runtime-log", logPath,
 		"--runtime-stop-command", "echo stop >>" + steps, "--runtime-start-command", "echo start >>" + steps}
 	if _, err := runConformanceCmd(args, capture); err != nil {
 		t.Fatal(err)
 	}
 	if got.Endpoint != "unix:///run/pleg-nri/cri.sock" || got.Image != "busybox:x" || got.Namespace != "ns" || got.RunID != "r1" ||
-		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || timeout != 2*time.Minute || !asJSON ||
+		strings.Join(got.Checks, ",") != "once,load,order/pod" || got.Load != 7 || got.SlowPods != 20 || timeout != 2*time.Minute || !asJSON ||
 		got.ExpectReplay != conformance.ReplayAll || got.LateWait != 5*time.Minute+10*time.Second || got.LogLines == nil {
 		t.Errorf("flags: %+v timeout %s json %v", got, timeout, asJSON)
 	}

@@ -15,7 +15,8 @@ import (
 // installed pleg-nri and switched the kubelet to it: once against containerd's own socket and once
 // against pleg-nri's endpoint, each with containerd restarted by systemd for the restart check (the
 // node's real units and containerd configuration: the systemd cgroup driver), the kubelet stopped
-// meanwhile (it would kill the suite's pods). pleg-nri must fail no
+// meanwhile (it would kill the suite's pods), and the slow consumer's 20 pods (160 events, past
+// containerd's queue of 100 per subscriber, as the integration tests run it). pleg-nri must fail no
 // check and skip neither the restart check nor the late subscriber; containerd's results are logged
 // beside pleg-nri's, as a table for docs/conformance.md (also written to PLEG_NRI_CONFORMANCE_KIND_OUT
 // if set). The cleanup is the suite's: no pod of either run is left on the node.
@@ -45,7 +46,7 @@ func TestConformanceKind(t *testing.T) {
 		start := time.Now()
 		// The report on stdout, the command's log in a file: the JSON must parse whatever it logs.
 		out, err := n.tryExec("sh", "-c", fmt.Sprintf("/usr/local/bin/pleg-nri conformance --runtime-endpoint %s --json "+
-			"--runtime-stop-command 'systemctl stop containerd' --runtime-start-command 'systemctl start containerd' "+
+			"--runtime-stop-command 'systemctl stop containerd' --runtime-start-command 'systemctl start containerd' --slow-pods 20 "+
 			"--timeout 8m 2>/tmp/conformance-%d.log", ep.endpoint, i))
 		if jerr := json.Unmarshal([]byte(out), &reports[i]); jerr != nil {
 			log, _ := n.tryExec("cat", fmt.Sprintf("/tmp/conformance-%d.log", i))
