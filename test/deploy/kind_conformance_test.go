@@ -26,7 +26,7 @@ func TestConformanceKind(t *testing.T) {
 	n := &node{t: t, name: c.node}
 	tag := imageTag(t, e.imageTar)
 	repo, version, _ := strings.Cut(tag, ":")
-	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set", "image.tag="+version, "--set", "image.pullPolicy=Never",
+	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set-string", "image.tag="+version, "--set", "image.pullPolicy=Never",
 		"--set", "kubelet.switchEndpoint=true", "--wait", "--timeout", "5m")
 	c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri", "--timeout=5m")
 

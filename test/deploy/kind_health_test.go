@@ -135,7 +135,7 @@ func TestHelmKindHealth(t *testing.T) {
 	tag := imageTag(t, e.imageTar)
 	repo, version, _ := strings.Cut(tag, ":")
 	start := time.Now()
-	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set", "image.tag="+version, "--set", "image.pullPolicy=Never",
+	c.helm("install", "pleg-nri", chartDir(), "--set", "image.repository="+repo, "--set-string", "image.tag="+version, "--set", "image.pullPolicy=Never",
 		"--set", "kubelet.switchEndpoint=true", "--set", "config.metrics-address=0.0.0.0:9810",
 		"--set", "containerd.nri.pluginRegistrationTimeout=15s", "--set", "containerd.nri.pluginRequestTimeout=4s",
 		"--wait", "--timeout", "5m")

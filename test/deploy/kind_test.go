@@ -464,7 +464,12 @@ func TestHelmKind(t *testing.T) {
 			}
 			args = append(args, "pleg-nri", chartDir())
 			for _, s := range st.set {
-				args = append(args, "--set", s)
+				// A tag is a string even when it is all digits (a short commit hash can be).
+				flag := "--set"
+				if strings.HasPrefix(s, "image.tag=") {
+					flag = "--set-string"
+				}
+				args = append(args, flag, s)
 			}
 			helm(t, append(args, "--wait", "--timeout", "5m")...)
 			// helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: wait for every pod.

@@ -304,7 +304,7 @@ func run(ctx context.Context, o options) (err error) {
 	// 6. A rolling upgrade to another image, then a rollback, each while a crash batch runs.
 	// The upgrade image's binary is of version upTag (test/kind/cluster.sh builds it so).
 	ph, err := c.roll(ctx, "rolling upgrade", "crash-upgrade", upTag, before,
-		"upgrade", "pleg-nri", o.chart, "--reuse-values", "--set", "image.tag="+upTag)
+		"upgrade", "pleg-nri", o.chart, "--reuse-values", "--set-string", "image.tag="+upTag)
 	phases = append(phases, ph)
 	if err != nil {
 		return err
@@ -429,7 +429,7 @@ func (c *cluster) install(ctx context.Context) (time.Duration, map[string]stream
 		return 0, nil, fmt.Errorf("-pleg-nri-image %q has no tag", c.o.plegNRIImage)
 	}
 	install := []string{"--kubeconfig", c.kubeconfig, "-n", "kube-system", "install", "pleg-nri", c.o.chart,
-		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
+		"--set", "image.repository=" + repo, "--set-string", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
 		"--set", "kubelet.switchEndpoint=true", "--set", fmt.Sprintf("minReadySeconds=%d", rollMinReadySeconds),
 		"--wait", "--timeout", "10m"}
 	if c.o.prometheus != "" {
