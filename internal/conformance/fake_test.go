@@ -74,6 +74,9 @@ type faults struct {
 	delay time.Duration
 	// onRunPod is called after each RunPodSandbox.
 	onRunPod func()
+	// removedAfterStatus removes a container once ContainerStatus answered for it: a removal between
+	// two reads.
+	removedAfterStatus bool
 	// systemd makes the fake a runtime of the systemd cgroup driver (RuntimeConfig says so), which
 	// refuses a sandbox without a parent slice, as runc does.
 	systemd bool
@@ -561,6 +564,9 @@ func (fr *fakeRuntime) ContainerStatus(_ context.Context, req *runtimeapi.Contai
 		return nil, status.Errorf(codes.NotFound, "container %s", req.ContainerId)
 	}
 	resp := &runtimeapi.ContainerStatusResponse{Status: fr.ctrStatus(c)}
+	if fr.f.removedAfterStatus {
+		delete(fr.ctrs, c.id)
+	}
 	if req.Verbose && c.pid != 0 {
 		resp.Info = map[string]string{"info": fmt.Sprintf(`{"pid": %d}`, c.pid)}
 	}

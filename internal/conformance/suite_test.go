@@ -380,6 +380,39 @@ func TestReadAfterRemoval(t *testing.T) {
 	}
 }
 
+// TestReadAfterRemovalBetweenReads: a container removed between ContainerStatus and ListContainers
+// (which then lists none of its id) is gone, not a stale read, once the suite has begun to remove it;
+// a container the suite is not removing that vanishes so is one.
+func TestReadAfterRemovalBetweenReads(t *testing.T) {
+	for _, removing := range []bool{false, true} {
+		fr, endpoint := newFake(t, faults{removedAfterStatus: true})
+		fr.mu.Lock()
+		fr.ctrs["vanishing"] = &fakeCtr{id: "vanishing", podID: "", state: runtimeapi.ContainerState_CONTAINER_EXITED,
+			cfg: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "vanishing"}}}
+		fr.mu.Unlock()
+		opts := testOptions(endpoint)
+		if err := opts.setDefaults(); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := dial.CRI(endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := runtimeapi.NewRuntimeServiceClient(conn)
+		s := &suite{opts: opts, rt: rt, drv: newDriver(rt, &opts, opts.RunID)}
+		s.drv.remember("vanishing", nil)
+		if removing {
+			s.drv.removing("vanishing")
+		}
+		log := &readLog{}
+		s.readAfter(context.Background(), received{ev: &runtimeapi.ContainerEventResponse{ContainerId: "vanishing", ContainerEventType: stopped}}, log)
+		_ = conn.Close()
+		if removing != (len(log.violations) == 0) {
+			t.Errorf("removing %v: violations %q", removing, log.violations)
+		}
+	}
+}
+
 // TestSystemdCgroupParent: on a runtime whose cgroup driver is systemd (it refuses a sandbox without a
 // parent slice, as runc does on a kind node) the default pods get systemdSlice and the checks pass;
 // on a cgroupfs runtime they get no parent; a PodConfig of the caller's is left as it is.
