@@ -438,13 +438,14 @@ echo "--- drop-in directories"; ls -la `+kindDropinDir+` /var/lib/kubelet/conf.d
 			}
 			restart := time.Now()
 			n.exec("systemctl", "restart", "kubelet.service")
+			restartedPID := n.prop("kubelet.service", "MainPID")
 			t.Logf("kubeadm upgrade node: %s; the kubelet restarted %s after it", took.Round(100*time.Millisecond), restart.Sub(rewritten).Round(100*time.Millisecond))
 
 			switch {
 			case tc.dropin == "" && !tc.reapply:
 				figures = append(figures, dayTwoInPlace(t, c, n, pod, rewritten, restart, w))
 			case tc.reapply:
-				figures = append(figures, dayTwoReapply(t, c, n, pod, rewritten, restart, switched, w))
+				figures = append(figures, dayTwoReapply(t, c, n, pod, rewritten, restart, restartedPID, switched, w))
 			default:
 				figures = append(figures, dayTwoDropin(t, c, n, pod, upgradeStart, restart, switched, w))
 			}
@@ -517,7 +518,7 @@ func dayTwoInPlace(t *testing.T, c *kindCluster, n *node, pod string, rewritten,
 // dayTwoReapply checks kubelet.reapplySwitch after the upgrade and the restart: within two minutes the
 // kubelet's files and the running kubelet are on pleg-nri again, the kubelet streams from it and calls
 // it, and the pod is Ready after the kubelet's last restart.
-func dayTwoReapply(t *testing.T, c *kindCluster, n *node, pod string, rewritten, restart time.Time, switched func() (bool, string), w *readyWatch) string {
+func dayTwoReapply(t *testing.T, c *kindCluster, n *node, pod string, rewritten, restart time.Time, restartedPID string, switched func() (bool, string), w *readyWatch) string {
 	var filesAgain, runningAgain time.Duration
 	var k runningKubelet
 	if err := pollDetail(2*time.Minute, time.Second, "the kubelet switched again (its files and the running kubelet)", func() (bool, string) {
@@ -552,7 +553,7 @@ func dayTwoReapply(t *testing.T, c *kindCluster, n *node, pod string, rewritten,
 	// installer re-applied the switch before it).
 	last := kubeletStarted(n)
 	by := "the installer"
-	if !last.After(restart.Truncate(time.Second)) {
+	if k.pid == restartedPID {
 		by = "the operator (the installer re-applied before it)"
 	}
 	up, how, err := waitReadyAfter(c, n, pod, last, 2*time.Minute)
