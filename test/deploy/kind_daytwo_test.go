@@ -515,7 +515,7 @@ func dayTwoInPlace(t *testing.T, c *kindCluster, n *node, pod string, rewritten,
 		t.Errorf("45 s after the kubelet's restart: Ready %q (since %s, %v); the readiness check:\n%s", st, at.Format(time.TimeOnly), err, health)
 	}
 	changes := w.end()
-	f := fmt.Sprintf("in place: drift reported %.1f s after kubeadm upgrade node (pod not Ready after %.1f s and still not Ready 45 s after the kubelet's restart, the check failing on the drift; log after %.1f s); the restarted kubelet on containerd's socket %.1f s after its restart; Ready changes (from the upgrade's end): %s",
+	f := fmt.Sprintf("in place: drift reported %.1f s after kubeadm upgrade node (pod not Ready after %.1f s and still not Ready 45 s after the kubelet's restart, the check failing on the drift; log after %.1f s); the restarted kubelet seen on containerd's socket by %.1f s after its restart (checked once the drift was reported); Ready changes seen every 0.5 s (from the upgrade's end): %s",
 		max(notReady, logged).Seconds(), notReady.Seconds(), logged.Seconds(), onContainerd.Seconds(), timeline(changes, rewritten))
 	t.Log(f)
 	return f
@@ -571,7 +571,7 @@ func dayTwoReapply(t *testing.T, c *kindCluster, n *node, pod string, rewritten,
 		t.Error(err)
 	}
 	changes := w.end()
-	f := fmt.Sprintf("in place with kubelet.reapplySwitch: after the kubelet's restart, its files switched again after %.1f s, the running kubelet on pleg-nri after %.1f s (last restarted by %s, %.1f s after the operator's), streaming from and calling pleg-nri after %.1f s, the pod Ready %.1f s after the last restart (%s); Ready changes (from the upgrade's end): %s",
+	f := fmt.Sprintf("in place with kubelet.reapplySwitch: after the kubelet's restart, its files switched again by %.1f s, the running kubelet on pleg-nri by %.1f s (last restarted by %s, %.1f s after the operator's), seen streaming from and calling pleg-nri by %.1f s (a 10 s sample), the pod seen Ready by %.1f s after the last restart (%s); Ready changes seen every 0.5 s (from the upgrade's end): %s",
 		filesAgain.Seconds(), runningAgain.Seconds(), by, last.Sub(restart.Truncate(time.Second)).Seconds(), talks.Seconds(), up.Seconds(), how, timeline(changes, rewritten))
 	t.Log(f)
 	return f
@@ -632,7 +632,7 @@ func dayTwoDropin(t *testing.T, c *kindCluster, n *node, pod string, upgradeStar
 			t.Errorf("the pod was not Ready from %+.1fs to %+.1fs after the kubelet's restart: not the restart's readiness reset", ch.at.Sub(restart).Seconds(), end.Sub(restart).Seconds())
 		}
 	}
-	f := fmt.Sprintf("drop-in (%s): after kubeadm upgrade node (%s before the restart) and the kubelet's restart, the running kubelet on pleg-nri after %.1f s, streaming from and calling it after %.1f s, the pod Ready %.1f s after the restart (%s), no drift over 50 s; Ready changes (from the upgrade's start): %s",
+	f := fmt.Sprintf("drop-in (%s): after kubeadm upgrade node (%s before the restart) and the kubelet's restart, the running kubelet on pleg-nri by %.1f s, seen streaming from and calling it by %.1f s (a 10 s sample), the pod counted Ready %.1f s after the restart (%s), no drift over 50 s; Ready changes seen every 0.5 s (from the upgrade's start): %s",
 		kindDropinDir, restart.Sub(upgradeStart).Round(100*time.Millisecond), running.Seconds(), talks.Seconds(), up.Seconds(), how, timeline(changes, upgradeStart))
 	t.Log(f)
 	return f
