@@ -372,7 +372,7 @@ echo "--- drop-in directories"; ls -la `+kindDropinDir+` /var/lib/kubelet/conf.d
 			// too), uninstalled at the end, checking what the uninstall puts back.
 			defer func() { uninstalled = dayTwoUninstall(t, c, n, flagsBefore, dropinBefore) }()
 			start := time.Now()
-			args := []string{"install", "pleg-nri", chartDir(), "--set", "image.repository=" + repo, "--set", "image.tag=" + version,
+			args := []string{"install", "pleg-nri", chartDir(), "--set", "image.repository=" + repo, "--set-string", "image.tag=" + version,
 				"--set", "image.pullPolicy=Never", "--set", "kubelet.switchEndpoint=true"}
 			for _, s := range tc.set {
 				args = append(args, "--set", s)
