@@ -92,7 +92,7 @@ build: ## Build bin/pleg-nri.
 IMAGE          ?= pleg-nri:$(VERSION)
 IMAGE_TAR      ?= $(BIN)/pleg-nri-image.tar
 # The tests make test-deploy-kind runs (a -run alternation of whole names).
-KIND_TESTS     ?= TestHelmKind|TestHelmKindHealth|TestHelmKindDayTwo
+KIND_TESTS     ?= TestHelmKind|TestHelmKindHealth|TestHelmKindDayTwo|TestHelmKindNPD
 PREFIX         ?= /
 INSTALL_MODE   ?= systemd
 INSTALL_CONFIG ?=
@@ -313,8 +313,8 @@ test-deploy: deps-runtime image helm promtool npd ## The image (docker load, ctr
 	PLEG_NRI_DEPLOY_TESTS=1 PLEG_NRI_IMAGE=$(IMAGE) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMTOOL=$(PROMTOOL) PLEG_NRI_NPD=$(NPD) $(GO) test -count=1 -v -timeout 20m $(DEPLOY_PKG)
 
 .PHONY: test-deploy-kind
-test-deploy-kind: image helm prometheus ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled; the installer pod's readiness through faults of the core and the front, Prometheus finding it by its annotations; a real kubeadm upgrade node under each kubelet switch (make e2e-kind's node image; ~20 min). KIND_TESTS=TestHelmKindDayTwo runs one.
-	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) $(GO) test -count=1 -v -run '^($(KIND_TESTS))$$' -timeout 60m $(DEPLOY_PKG)
+test-deploy-kind: image helm prometheus npd ## The Helm chart in a kind cluster through every upgrade path of both modes (upgrades, a config change, mode switches), then uninstalled; the installer pod's readiness through faults of the core and the front, Prometheus finding it by its annotations; a real kubeadm upgrade node under each kubelet switch; deploy/npd's node condition raised and cleared (make e2e-kind's node image; ~25 min). KIND_TESTS=TestHelmKindDayTwo runs one.
+	PLEG_NRI_KIND_TESTS=1 PLEG_NRI_IMAGE_TAR=$(CURDIR)/$(IMAGE_TAR) PLEG_NRI_HELM=$(HELM) PLEG_NRI_PROMETHEUS=$(PROMETHEUS) PLEG_NRI_NPD=$(NPD) $(GO) test -count=1 -v -run '^($(KIND_TESTS))$$' -timeout 60m $(DEPLOY_PKG)
 
 .PHONY: conformance-kind
 conformance-kind: image helm ## pleg-nri conformance inside a kind node (the chart installed, the kubelet switched): containerd's socket and pleg-nri's endpoint side by side (make e2e-kind's node image; ~10 min). CONFORMANCE_KIND_OUT=FILE keeps the table.
