@@ -1,7 +1,9 @@
 // Package testutil holds what the tests of every package share: one way to wait for a condition
 // (Eventually, Poll, PollEvery), one manual clock (Clock), one look at a process (Alive, WaitGone) and
 // one short temporary directory for unix sockets (ShortTempDir), one free loopback port (FreeLoopbackAddr),
-// one capture of the global logger (CaptureLog) and one buffer safe for concurrent use (SyncBuffer).
+// one capture of the global logger (CaptureLog), one buffer safe for concurrent use (SyncBuffer), one
+// fake CRI runtime that answers Version (VersionRuntime, ServeVersionRuntime) and one fake /readyz
+// (ServeReadyz).
 // It is for tests and test harnesses only.
 package testutil
 
