@@ -195,19 +195,10 @@ func TestNodeKubeletSwitch(t *testing.T) {
 				t.Fatal(err)
 			}
 			config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
-			write := func(path, data string) {
-				t.Helper()
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			write(config, tc.config)
-			write(flags, kubeadmFlags)
+			testutil.WriteFile(t, config, tc.config)
+			testutil.WriteFile(t, flags, kubeadmFlags)
 			if tc.oldMark {
-				write(mark, "")
+				testutil.WriteFile(t, mark, "")
 			}
 			env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default),
 				"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
@@ -236,7 +227,7 @@ func TestNodeKubeletSwitch(t *testing.T) {
 			}
 			run("kubelet-switch", "unchanged")
 			// kubeadm upgrade node: the configuration as kubeadm writes it; the switch applied again.
-			write(config, tc.config)
+			testutil.WriteFile(t, config, tc.config)
 			run("kubelet-switch", "changed")
 			if _, err := os.Stat(mark); err != nil {
 				t.Fatalf("no mark: %v", err)
@@ -277,15 +268,6 @@ func TestNodeKubeletDropin(t *testing.T) {
 	config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
 	dropin := filepath.Join(root, dir, "90-pleg-nri.conf")
 	ready := filepath.Join(root, "ready")
-	write := func(path, data string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	read := func(path string) string {
 		t.Helper()
 		data, err := os.ReadFile(path)
@@ -294,9 +276,9 @@ func TestNodeKubeletDropin(t *testing.T) {
 		}
 		return string(data)
 	}
-	write(config, kubeadmConfig)
-	write(flags, kubeadmFlags)
-	write(ready, "")
+	testutil.WriteFile(t, config, kubeadmConfig)
+	testutil.WriteFile(t, flags, kubeadmFlags)
+	testutil.WriteFile(t, ready, "")
 	env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": ready,
 		"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
 		"PLEG_NRI_IMAGE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock",
@@ -339,12 +321,12 @@ func TestNodeKubeletDropin(t *testing.T) {
 		t.Errorf("after the switch: %s", s)
 	}
 	// kubeadm upgrade node: config.yaml written anew from the ConfigMap.
-	write(config, kubeadmConfig+"maxPods: 110\n")
+	testutil.WriteFile(t, config, kubeadmConfig+"maxPods: 110\n")
 	if s := settings(); s != "kubelet settings: as switched" {
 		t.Errorf("after kubeadm upgrade node: %s", s)
 	}
 	run("kubelet-switch", "unchanged")
-	write(config, kubeadmConfig)
+	testutil.WriteFile(t, config, kubeadmConfig)
 	run("kubelet-restore", "changed")
 	if got := read(flags); got != kubeadmFlags {
 		t.Errorf("kubeadm-flags.env after the restore: %q", got)
