@@ -9,19 +9,15 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
@@ -105,14 +101,6 @@ func nodeSh(t *testing.T, env map[string]string, args ...string) (string, error)
 	return string(out), err
 }
 
-type versionRuntime struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-}
-
-func (versionRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
-}
-
 // TestNodeHealth (issue 60): node.sh health, the installer pod's readiness probe, fails until the
 // install is done, then passes only while the core's /readyz answers 200 and the host's endpoint (the
 // kubelet's socket, reached under HOST_ROOT) answers a CRI Version call: a core that is not ready, a
@@ -124,20 +112,12 @@ func TestNodeHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(sockDir, "cri.sock")
-	srv := testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
-	var notReady atomic.Bool
-	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if notReady.Load() {
-			http.Error(w, "NRI plugin not registered", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	}))
-	t.Cleanup(readyz.Close)
+	srv := testutil.ServeVersionRuntime(t, sock, "fake")
+	readyz := testutil.ServeReadyz(t)
 	readyFile := filepath.Join(root, "ready")
 	env := map[string]string{
 		"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": readyFile,
-		"PLEG_NRI_READYZ": readyz.URL + "/readyz", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT": "1",
+		"PLEG_NRI_READYZ": readyz.URL, "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT": "1",
 	}
 	check := func(what string, wantOK bool, want string) {
 		t.Helper()
@@ -175,9 +155,9 @@ func TestNodeHealth(t *testing.T) {
 	check("the kubelet's settings drifted: imageServiceEndpoint too", false, root+"/var/lib/kubelet/config.yaml: imageServiceEndpoint is unset, want unix:///run/containerd/containerd.sock")
 	env["PLEG_NRI_SWITCH_KUBELET"] = "false"
 	check("not switched: the kubelet's settings are not checked", true, "cri.sock: ok")
-	notReady.Store(true)
+	readyz.Fail("NRI plugin not registered")
 	check("core not ready", false, "FAIL: 503 Service Unavailable: NRI plugin not registered")
-	notReady.Store(false)
+	readyz.Fail("")
 	// A stopped front: the socket accepts, nothing answers.
 	srv.Stop()
 	l, err := net.Listen("unix", sock)
@@ -215,19 +195,10 @@ func TestNodeKubeletSwitch(t *testing.T) {
 				t.Fatal(err)
 			}
 			config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
-			write := func(path, data string) {
-				t.Helper()
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			write(config, tc.config)
-			write(flags, kubeadmFlags)
+			testutil.WriteFile(t, config, tc.config)
+			testutil.WriteFile(t, flags, kubeadmFlags)
 			if tc.oldMark {
-				write(mark, "")
+				testutil.WriteFile(t, mark, "")
 			}
 			env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default),
 				"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
@@ -256,7 +227,7 @@ func TestNodeKubeletSwitch(t *testing.T) {
 			}
 			run("kubelet-switch", "unchanged")
 			// kubeadm upgrade node: the configuration as kubeadm writes it; the switch applied again.
-			write(config, tc.config)
+			testutil.WriteFile(t, config, tc.config)
 			run("kubelet-switch", "changed")
 			if _, err := os.Stat(mark); err != nil {
 				t.Fatalf("no mark: %v", err)
@@ -297,15 +268,6 @@ func TestNodeKubeletDropin(t *testing.T) {
 	config, flags, mark := filepath.Join(kdir, "config.yaml"), filepath.Join(kdir, "kubeadm-flags.env"), filepath.Join(root, "etc", "pleg-nri", "kubelet-switched")
 	dropin := filepath.Join(root, dir, "90-pleg-nri.conf")
 	ready := filepath.Join(root, "ready")
-	write := func(path, data string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	read := func(path string) string {
 		t.Helper()
 		data, err := os.ReadFile(path)
@@ -314,9 +276,9 @@ func TestNodeKubeletDropin(t *testing.T) {
 		}
 		return string(data)
 	}
-	write(config, kubeadmConfig)
-	write(flags, kubeadmFlags)
-	write(ready, "")
+	testutil.WriteFile(t, config, kubeadmConfig)
+	testutil.WriteFile(t, flags, kubeadmFlags)
+	testutil.WriteFile(t, ready, "")
 	env := map[string]string{"HOST_ROOT": root, "PLEG_NRI_BIN": plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE": ready,
 		"PLEG_NRI_SWITCH_KUBELET": "true", "PLEG_NRI_EVENTED_PLEG": "true", "PLEG_NRI_ENDPOINT": "unix:///run/pleg-nri/cri.sock",
 		"PLEG_NRI_IMAGE_ENDPOINT": "unix:///run/containerd/containerd.sock", "PLEG_NRI_RESTORE_ENDPOINT": "unix:///run/containerd/containerd.sock",
@@ -359,12 +321,12 @@ func TestNodeKubeletDropin(t *testing.T) {
 		t.Errorf("after the switch: %s", s)
 	}
 	// kubeadm upgrade node: config.yaml written anew from the ConfigMap.
-	write(config, kubeadmConfig+"maxPods: 110\n")
+	testutil.WriteFile(t, config, kubeadmConfig+"maxPods: 110\n")
 	if s := settings(); s != "kubelet settings: as switched" {
 		t.Errorf("after kubeadm upgrade node: %s", s)
 	}
 	run("kubelet-switch", "unchanged")
-	write(config, kubeadmConfig)
+	testutil.WriteFile(t, config, kubeadmConfig)
 	run("kubelet-restore", "changed")
 	if got := read(flags); got != kubeadmFlags {
 		t.Errorf("kubeadm-flags.env after the restore: %q", got)
@@ -603,16 +565,8 @@ func TestNodeHealthServer(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "run", "pleg-nri"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	testutil.ServeGRPC(t, filepath.Join(root, "run", "pleg-nri", "cri.sock"), func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
-	var notReady atomic.Bool
-	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if notReady.Load() {
-			http.Error(w, "no relist has completed yet", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	}))
-	t.Cleanup(readyz.Close)
+	testutil.ServeVersionRuntime(t, filepath.Join(root, "run", "pleg-nri", "cri.sock"), "fake")
+	readyz := testutil.ServeReadyz(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -622,7 +576,7 @@ func TestNodeHealthServer(t *testing.T) {
 	readyFile := filepath.Join(root, "ready")
 	cmd := exec.Command("sh", "node.sh", "health-server")
 	cmd.Env = append(os.Environ(), "HOST_ROOT="+root, "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READY_FILE="+readyFile,
-		"PLEG_NRI_READYZ="+readyz.URL+"/readyz", "PLEG_NRI_ENDPOINT=unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT=1",
+		"PLEG_NRI_READYZ="+readyz.URL, "PLEG_NRI_ENDPOINT=unix:///run/pleg-nri/cri.sock", "PLEG_NRI_HEALTH_TIMEOUT=1",
 		"PLEG_NRI_HEALTH_ADDRESS="+addr, "PLEG_NRI_HEALTH_DIR="+filepath.Join(root, "www"), "PLEG_NRI_BUSYBOX="+bb)
 	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -660,9 +614,9 @@ func TestNodeHealthServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	get(http.StatusOK, "/readyz: ok")
-	notReady.Store(true)
+	readyz.Fail("no relist has completed yet")
 	get(http.StatusServiceUnavailable, "FAIL: 503 Service Unavailable: no relist has completed yet")
-	notReady.Store(false)
+	readyz.Fail("")
 	get(http.StatusOK, "cri.sock: ok")
 	// Each change of the result is in the installer's log (the pod's), with why. The log line of the
 	// last change may come a moment after the answer that shows it: wait for it, then count.
@@ -673,7 +627,7 @@ func TestNodeHealthServer(t *testing.T) {
 	}
 	for _, want := range []string{"pleg-nri node: readiness: not ready: the install has not finished;",
 		"pleg-nri node: readiness: ready: core http://",
-		"pleg-nri node: readiness: not ready: core http://" + strings.TrimPrefix(readyz.URL, "http://") + "/readyz: FAIL: 503 Service Unavailable: no relist has completed yet;"} {
+		"pleg-nri node: readiness: not ready: core " + readyz.URL + ": FAIL: 503 Service Unavailable: no relist has completed yet;"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("node.sh's log has no %q:\n%s", want, out.String())
 		}

@@ -2,18 +2,13 @@ package deploy
 
 import (
 	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
@@ -127,38 +122,17 @@ func TestNPDConfig(t *testing.T) {
 	}
 }
 
-// npdTarget is pleg-nri health's target faked: a /readyz and a CRI endpoint answering Version, each
-// able to fail.
-type npdTarget struct {
-	readyz, endpoint string
-	notReady         *atomic.Bool
-}
-
-func newNPDTarget(t *testing.T) npdTarget {
-	t.Helper()
-	dir := testutil.ShortTempDir(t, "npd-")
-	sock := filepath.Join(dir, "cri.sock")
-	testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
-	var notReady atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if notReady.Load() {
-			http.Error(w, "NRI plugin not registered", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	}))
-	t.Cleanup(srv.Close)
-	return npdTarget{readyz: srv.URL + "/readyz", endpoint: "unix://" + sock, notReady: &notReady}
-}
-
 // TestNPDCheckScript (issue 60): deploy/npd/check-pleg-nri.sh follows NPD's plugin protocol: exit 0
 // and "pleg-nri serves this node" while pleg-nri health passes, exit 1 and the failed check (the
 // condition's message) when the core is not ready or the endpoint does not answer, and exit 1 on a node
 // with no pleg-nri binary.
 func TestNPDCheckScript(t *testing.T) {
-	target := newNPDTarget(t)
-	env := []string{"PLEG_NRI_BIN=" + plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READYZ=" + target.readyz,
-		"PLEG_NRI_ENDPOINT=" + target.endpoint, "PLEG_NRI_HEALTH_TIMEOUT=1s"}
+	// pleg-nri health's target faked: a /readyz and a CRI endpoint answering Version.
+	sock := filepath.Join(testutil.ShortTempDir(t, "npd-"), "cri.sock")
+	testutil.ServeVersionRuntime(t, sock, "fake")
+	readyz := testutil.ServeReadyz(t)
+	env := []string{"PLEG_NRI_BIN=" + plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READYZ=" + readyz.URL,
+		"PLEG_NRI_ENDPOINT=unix://" + sock, "PLEG_NRI_HEALTH_TIMEOUT=1s"}
 	run := func(what string, env []string, wantCode int, want string) {
 		t.Helper()
 		cmd := exec.Command("sh", "npd/check-pleg-nri.sh")
@@ -175,9 +149,9 @@ func TestNPDCheckScript(t *testing.T) {
 		}
 	}
 	run("healthy", env, 0, "pleg-nri serves this node")
-	target.notReady.Store(true)
-	run("core not ready", env, 1, "core "+target.readyz+": FAIL")
-	target.notReady.Store(false)
+	readyz.Fail("NRI plugin not registered")
+	run("core not ready", env, 1, "core "+readyz.URL+": FAIL")
+	readyz.Fail("")
 	run("healthy again", env, 0, "pleg-nri serves this node")
 	bad := append(append([]string{}, env...), "PLEG_NRI_ENDPOINT=unix:///nonexistent/cri.sock")
 	run("no endpoint", bad, 1, "endpoint unix:///nonexistent/cri.sock: FAIL")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -107,26 +106,39 @@ func TestFrontStopsWithoutCore(t *testing.T) {
 	}
 }
 
-// fakeRuntime serves a CRI runtime on the unix socket path that answers Version, for tests of what
-// the front forwards; it stops when the test ends.
-func fakeRuntime(t *testing.T, path string) {
+// startBeforeRuntime starts the daemon (startDaemon) with its front on a socket in a new directory,
+// before a fake runtime that answers Version, and its metrics on a free loopback address; it returns
+// the run directory, the front's socket and the metrics address.
+func startBeforeRuntime(t *testing.T) (runDir, sock, metrics string) {
 	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(srv, versionOnly{})
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
+	dir := testutil.ShortTempDir(t, "pn-")
+	runDir = filepath.Join(dir, "run")
+	sock = filepath.Join(runDir, "cri.sock")
+	runtime := filepath.Join(dir, "runtime.sock")
+	testutil.ServeVersionRuntime(t, runtime, "fake")
+	metrics = freeLoopbackAddr(t)
+	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
+		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
+	return runDir, sock, metrics
 }
 
-type versionOnly struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-}
-
-func (versionOnly) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+// waitMetrics waits up to 10 s until the daemon's metrics at addr hold every line of want; what names
+// them in the error.
+func waitMetrics(addr, what string, want ...string) error {
+	return testutil.Poll(context.Background(), 10*time.Second, what+" in the metrics", func() (bool, error) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false, nil
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		for _, line := range want {
+			if !strings.Contains(string(body), "\n"+line+"\n") {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 // TestFrontRespawned (issue 56): a front that dies while the core runs (SIGKILL here; a panic outside a
@@ -135,14 +147,7 @@ func (versionOnly) Version(context.Context, *runtimeapi.VersionRequest) (*runtim
 // "no such file"; the socket file never goes away; the metrics count each respawn. It failed before
 // the front supervisor: nothing started a front again, and every call failed for good.
 func TestFrontRespawned(t *testing.T) {
-	dir := testutil.ShortTempDir(t, "pn-")
-	runDir := filepath.Join(dir, "run")
-	sock := filepath.Join(runDir, "cri.sock")
-	runtime := filepath.Join(dir, "runtime.sock")
-	fakeRuntime(t, runtime)
-	metrics := freeLoopbackAddr(t)
-	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
-		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
+	runDir, sock, metrics := startBeforeRuntime(t)
 
 	// The socket file is watched for the whole test: it must never be missing.
 	stopWatching := testutil.WatchPresent(sock)
@@ -162,15 +167,7 @@ func TestFrontRespawned(t *testing.T) {
 		if err := testutil.WaitGone(context.Background(), before.PID, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		conn, err := dial.CRI("unix://" + sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
-		cancel()
-		_ = conn.Close()
-		if err != nil {
+		if err := versionThrough(sock, 10*time.Second); err != nil {
 			t.Fatalf("kill %d: a call right after the front's SIGKILL failed: %v", i+1, err)
 		}
 		after, err := front.Query(runDir, "info")
@@ -182,17 +179,7 @@ func TestFrontRespawned(t *testing.T) {
 	if err := stopWatching(); err != nil {
 		t.Errorf("the socket file went away: %v", err)
 	}
-	err := testutil.Poll(context.Background(), 10*time.Second, "the respawns in the metrics", func() (bool, error) {
-		resp, err := http.Get("http://" + metrics + "/metrics")
-		if err != nil {
-			return false, nil
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		return strings.Contains(string(body), fmt.Sprintf("\npleg_nri_front_respawns_total %d\n", kills)) &&
-			strings.Contains(string(body), "\npleg_nri_front_up 1\n"), nil
-	})
-	if err != nil {
+	if err := waitMetrics(metrics, "the respawns", fmt.Sprintf("pleg_nri_front_respawns_total %d", kills), "pleg_nri_front_up 1"); err != nil {
 		t.Error(err)
 	}
 }
@@ -235,7 +222,7 @@ func TestFrontKilledAsTheDaemonServes(t *testing.T) {
 		runDir := filepath.Join(dir, "run")
 		sock := filepath.Join(runDir, "cri.sock")
 		runtime := filepath.Join(dir, "runtime.sock")
-		fakeRuntime(t, runtime)
+		testutil.ServeVersionRuntime(t, runtime, "fake")
 		d := spawnDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
 			"--runtime-endpoint", "unix://"+runtime)...)
 		err := testutil.PollEvery(context.Background(), 30*time.Second, time.Millisecond, "pleg-nri to say it serves", func() (bool, error) {
@@ -254,15 +241,7 @@ func TestFrontKilledAsTheDaemonServes(t *testing.T) {
 		if err := testutil.WaitGone(context.Background(), info.PID, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		conn, err := dial.CRI("unix://" + sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{})
-		cancel()
-		_ = conn.Close()
-		if err != nil {
+		if err := versionThrough(sock, 10*time.Second); err != nil {
 			t.Fatalf("run %d: a call right after the front's SIGKILL, as the daemon said it serves, failed: %v", i+1, err)
 		}
 	}
@@ -273,14 +252,7 @@ func TestFrontKilledAsTheDaemonServes(t *testing.T) {
 // for 10 s, and a new front answers on the same socket: a call made to the frozen front is answered
 // by the next one, and the metrics count the kill.
 func TestFrontHungReplaced(t *testing.T) {
-	dir := testutil.ShortTempDir(t, "pn-")
-	runDir := filepath.Join(dir, "run")
-	sock := filepath.Join(runDir, "cri.sock")
-	runtime := filepath.Join(dir, "runtime.sock")
-	fakeRuntime(t, runtime)
-	metrics := freeLoopbackAddr(t)
-	startDaemon(t, sock, 0o022, append(absentUpstreams(dir), "--listen", "unix://"+sock,
-		"--runtime-endpoint", "unix://"+runtime, "--metrics-address", metrics)...)
+	runDir, sock, metrics := startBeforeRuntime(t)
 	before, err := front.Query(runDir, "info")
 	if err != nil {
 		t.Fatal(err)
@@ -296,16 +268,9 @@ func TestFrontHungReplaced(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := dial.CRI("unix://" + sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	// Its connection's handshake with the frozen front times out first (as the kubelet's does): wait
 	// for ready, as a retry of the call would.
-	if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
+	if err := versionThrough(sock, 30*time.Second, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("a call to the frozen front: %v; want it answered by the next front", err)
 	}
 	answered := time.Since(stopped)
@@ -314,17 +279,7 @@ func TestFrontHungReplaced(t *testing.T) {
 		t.Fatalf("front after the freeze: %+v, %v; want another process than %d", after, err, before.PID)
 	}
 	t.Logf("front %d frozen, the call answered by front %d %s later", before.PID, after.PID, answered.Round(time.Millisecond))
-	err = testutil.Poll(context.Background(), 10*time.Second, "the kill in the metrics", func() (bool, error) {
-		resp, err := http.Get("http://" + metrics + "/metrics")
-		if err != nil {
-			return false, nil
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		return strings.Contains(string(body), "\npleg_nri_front_hung_kills_total 1\n") &&
-			strings.Contains(string(body), "\npleg_nri_front_up 1\n"), nil
-	})
-	if err != nil {
+	if err := waitMetrics(metrics, "the kill", "pleg_nri_front_hung_kills_total 1", "pleg_nri_front_up 1"); err != nil {
 		t.Error(err)
 	}
 }

@@ -3,14 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
@@ -20,20 +15,16 @@ import (
 func TestHealth(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "hc-")
 	good := filepath.Join(dir, "cri.sock")
-	testutil.ServeGRPC(t, good, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionOnly{}) })
-	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }))
-	t.Cleanup(ready.Close)
-	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "no front serves the CRI endpoint", http.StatusServiceUnavailable)
-	}))
-	t.Cleanup(notReady.Close)
+	testutil.ServeVersionRuntime(t, good, "fake")
+	ready, notReady := testutil.ServeReadyz(t), testutil.ServeReadyz(t)
+	notReady.Fail("no front serves the CRI endpoint")
 	for _, tc := range []struct {
 		name, readyz string
 		code         int
 		want         []string
 	}{
-		{"healthy", ready.URL + "/readyz", 0, []string{"/readyz: ok", "cri.sock: ok"}},
-		{"core not ready", notReady.URL + "/readyz", 1, []string{"FAIL: 503 Service Unavailable: no front serves the CRI endpoint", "cri.sock: ok", "pleg-nri: not healthy"}},
+		{"healthy", ready.URL, 0, []string{"/readyz: ok", "cri.sock: ok"}},
+		{"core not ready", notReady.URL, 1, []string{"FAIL: 503 Service Unavailable: no front serves the CRI endpoint", "cri.sock: ok", "pleg-nri: not healthy"}},
 	} {
 		var out, errOut bytes.Buffer
 		err := newApp(&out, &errOut, func(string) string { return "" }).Run(context.Background(),

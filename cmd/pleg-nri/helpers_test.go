@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"io"
+	"time"
 
 	"github.com/urfave/cli/v3"
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/cmd/pleg-nri/internal/config"
+	"github.com/pleg-nri/pleg-nri/internal/dial"
 	"github.com/pleg-nri/pleg-nri/internal/eventprint"
 )
 
@@ -65,4 +69,18 @@ func endpointEnv(v string) func(string) string {
 		}
 		return ""
 	}
+}
+
+// versionThrough calls CRI Version on the kubelet's endpoint at the unix socket sock, on a new
+// connection, within timeout (a call across a front's fault, say).
+func versionThrough(sock string, timeout time.Duration, opts ...grpc.CallOption) error {
+	conn, err := dial.CRI("unix://" + sock)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{}, opts...)
+	return err
 }

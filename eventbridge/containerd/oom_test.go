@@ -1,9 +1,10 @@
 package containerd
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 func TestCgroupDir(t *testing.T) {
@@ -30,23 +31,14 @@ func TestCgroupDir(t *testing.T) {
 // TestCgroupOOMKilled reads the oom_kill count as the kernel writes it, in a cgroup v1 memory hierarchy
 // (memory.oom_control) and a cgroup v2 one (memory.events).
 func TestCgroupOOMKilled(t *testing.T) {
-	write := func(t *testing.T, path, content string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	v1, v2 := t.TempDir(), t.TempDir()
-	write(t, filepath.Join(v1, "memory/k8s.io/killed/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
-	write(t, filepath.Join(v1, "memory/k8s.io/fine/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
-	write(t, filepath.Join(v1, "memory/k8s.io/old-kernel/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\n")
-	write(t, filepath.Join(v2, "cgroup.controllers"), "cpu memory pids\n")
-	write(t, filepath.Join(v2, "kubepods.slice/kubepods-pod1.slice/cri-containerd-killed.scope/memory.events"),
+	testutil.WriteFile(t, filepath.Join(v1, "memory/k8s.io/killed/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+	testutil.WriteFile(t, filepath.Join(v1, "memory/k8s.io/fine/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+	testutil.WriteFile(t, filepath.Join(v1, "memory/k8s.io/old-kernel/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\n")
+	testutil.WriteFile(t, filepath.Join(v2, "cgroup.controllers"), "cpu memory pids\n")
+	testutil.WriteFile(t, filepath.Join(v2, "kubepods.slice/kubepods-pod1.slice/cri-containerd-killed.scope/memory.events"),
 		"low 0\nhigh 0\nmax 12\noom 1\noom_kill 2\noom_group_kill 0\n")
-	write(t, filepath.Join(v2, "kubepods.slice/kubepods-pod1.slice/cri-containerd-fine.scope/memory.events"),
+	testutil.WriteFile(t, filepath.Join(v2, "kubepods.slice/kubepods-pod1.slice/cri-containerd-fine.scope/memory.events"),
 		"low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
 	for _, tc := range []struct {
 		root, path string

@@ -47,11 +47,7 @@ func TestMain(m *testing.M) {
 // runtimeServer is containerd's CRI as far as the front needs it: Version answers (the gate's check),
 // ListContainers answers with one container (a forwarded call).
 type runtimeServer struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-}
-
-func (runtimeServer) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
+	testutil.VersionRuntime
 }
 
 func (runtimeServer) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
@@ -89,7 +85,9 @@ func newNode(t *testing.T) *node {
 	dir := testutil.ShortTempDir(t, "fr-")
 	n := &node{dir: dir, runDir: filepath.Join(dir, "run"), runtime: filepath.Join(dir, "containerd.sock"),
 		events: make(chan *runtimeapi.ContainerEventResponse, 10)}
-	testutil.ServeGRPC(t, n.runtime, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, runtimeServer{}) })
+	testutil.ServeGRPC(t, n.runtime, func(s *grpc.Server) {
+		runtimeapi.RegisterRuntimeServiceServer(s, runtimeServer{testutil.VersionRuntime{Name: "fake"}})
+	})
 	return n
 }
 

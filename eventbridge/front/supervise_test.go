@@ -2,6 +2,7 @@ package front
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,25 +75,11 @@ func TestSupervisorReplacesAKilledFront(t *testing.T) {
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := dial.CRI(cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	callCtx, callCancel := context.WithTimeout(ctx, waitTimeout)
-	defer callCancel()
 	// Made at once: it waits for the next front if it comes before the kill took effect's end.
-	list, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(callCtx, &runtimeapi.ListContainersRequest{})
-	if err != nil || len(list.GetContainers()) != 1 {
-		t.Errorf("a call across the kill: %v, %v; want the runtime's answer", list, err)
+	if err := listAcross(ctx, cfg); err != nil {
+		t.Errorf("a call across the kill: %v; want the runtime's answer", err)
 	}
-	var next Info
-	if err := testutil.Poll(ctx, waitTimeout, "a new front", func() (bool, error) {
-		next, err = Query(cfg.RunDir, "info")
-		return err == nil && next.PID != first.PID && s.Up(), err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	next := nextFront(t, ctx, cfg, s, first)
 	close(stopWatch)
 	<-watchDone
 	if len(missing) > 0 {
@@ -154,6 +141,38 @@ func startSupervised(t *testing.T, n *node, tune func(*Supervisor)) (context.Con
 	return ctx, cfg, first, s, hooks
 }
 
+// listAcross calls ListContainers on cfg's endpoint, on a new connection, within waitTimeout (a call
+// across a front's fault), and fails unless the runtime's answer (one container) comes back.
+func listAcross(ctx context.Context, cfg Config) error {
+	conn, err := dial.CRI(cfg.Listen)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	list, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err == nil && len(list.GetContainers()) != 1 {
+		err = fmt.Errorf("answered %v", list)
+	}
+	return err
+}
+
+// nextFront waits until a front other than first serves cfg's endpoint and s says it is up, and
+// returns it.
+func nextFront(t *testing.T, ctx context.Context, cfg Config, s *Supervisor, first Info) Info {
+	t.Helper()
+	var next Info
+	if err := testutil.Poll(ctx, waitTimeout, "a new front", func() (bool, error) {
+		var err error
+		next, err = Query(cfg.RunDir, "info")
+		return err == nil && next.PID != first.PID && s.Up(), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return next
+}
+
 // TestSupervisorKillsAHungFront: a front that stops answering on the kubelet's endpoint (here frozen
 // with SIGSTOP: its control connection stays open) is killed once it has been silent for hangTimeout
 // and replaced on the same socket; a call made while it was frozen is answered by the next front. A
@@ -185,28 +204,14 @@ func TestSupervisorKillsAHungFront(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := dial.CRI(cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	callCtx, callCancel := context.WithTimeout(ctx, waitTimeout)
-	defer callCancel()
-	list, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(callCtx, &runtimeapi.ListContainersRequest{})
-	if err != nil || len(list.GetContainers()) != 1 {
-		t.Fatalf("a call to the frozen front: %v, %v; want the runtime's answer from the next front", list, err)
+	if err := listAcross(ctx, cfg); err != nil {
+		t.Fatalf("a call to the frozen front: %v; want the runtime's answer from the next front", err)
 	}
 	answered := time.Since(stopped)
 	if answered < hang {
 		t.Errorf("the call was answered %s after the front froze, before the supervisor could have found it hung (%s)", answered, hang)
 	}
-	var next Info
-	if err := testutil.Poll(ctx, waitTimeout, "a new front", func() (bool, error) {
-		next, err = Query(cfg.RunDir, "info")
-		return err == nil && next.PID != first.PID && s.Up(), err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	next := nextFront(t, ctx, cfg, s, first)
 	if err := testutil.WaitGone(ctx, first.PID, waitTimeout); err != nil {
 		t.Errorf("the frozen front: %v", err)
 	}

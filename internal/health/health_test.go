@@ -5,28 +5,13 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
-
-// version is a runtime that answers Version with its name, as the front forwards it to containerd.
-type version struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-	name string
-}
-
-func (v version) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: v.name}, nil
-}
 
 // TestCheck (issue 60): pleg-nri health, the installer pod's readiness probe, passes only while the
 // core's /readyz answers 200 and the kubelet's endpoint answers a CRI Version call; a /readyz that says
@@ -36,9 +21,9 @@ func (v version) Version(context.Context, *runtimeapi.VersionRequest) (*runtimea
 func TestCheck(t *testing.T) {
 	dir := testutil.ShortTempDir(t, "hc-")
 	good := filepath.Join(dir, "cri.sock")
-	testutil.ServeGRPC(t, good, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, version{name: "fake"}) })
+	testutil.ServeVersionRuntime(t, good, "fake")
 	nameless := filepath.Join(dir, "nameless.sock")
-	testutil.ServeGRPC(t, nameless, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, version{}) })
+	testutil.ServeVersionRuntime(t, nameless, "")
 	// A front that is stopped (SIGSTOP) or wedged: the kernel accepts its connections, nothing answers.
 	hung := filepath.Join(dir, "hung.sock")
 	hl, err := net.Listen("unix", hung)
@@ -48,12 +33,8 @@ func TestCheck(t *testing.T) {
 	t.Cleanup(func() { _ = hl.Close() })
 	missing := filepath.Join(dir, "missing.sock")
 
-	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }))
-	t.Cleanup(ready.Close)
-	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "no front serves the CRI endpoint", http.StatusServiceUnavailable)
-	}))
-	t.Cleanup(notReady.Close)
+	ready, notReady := testutil.ServeReadyz(t), testutil.ServeReadyz(t)
+	notReady.Fail("no front serves the CRI endpoint")
 	// A core that is stopped: its listener accepts, nothing answers.
 	stoppedCore, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -67,15 +48,15 @@ func TestCheck(t *testing.T) {
 		healthy                bool
 		want                   []string
 	}{
-		{"healthy", ready.URL + "/readyz", "unix://" + good, true, []string{"/readyz: ok", "cri.sock: ok"}},
-		{"core not ready", notReady.URL + "/readyz", good, false, []string{"FAIL: 503 Service Unavailable: no front serves the CRI endpoint", "cri.sock: ok"}},
+		{"healthy", ready.URL, "unix://" + good, true, []string{"/readyz: ok", "cri.sock: ok"}},
+		{"core not ready", notReady.URL, good, false, []string{"FAIL: 503 Service Unavailable: no front serves the CRI endpoint", "cri.sock: ok"}},
 		{"core stopped", "http://" + stoppedCore.Addr().String() + "/readyz", good, false, []string{"/readyz: FAIL: ", "deadline exceeded", "cri.sock: ok"}},
 		{"core gone", "http://127.0.0.1:1/readyz", good, false, []string{"/readyz: FAIL: ", "connection refused"}},
 		{"bad readyz URL", "http://127.0.0.1:1/\x7f", good, false, []string{"FAIL: ", "invalid control character", "cri.sock: ok"}},
-		{"front stopped", ready.URL + "/readyz", hung, false, []string{"/readyz: ok", "hung.sock: FAIL: CRI Version: ", "DeadlineExceeded"}},
-		{"no endpoint", ready.URL + "/readyz", missing, false, []string{"/readyz: ok", "missing.sock: FAIL: CRI Version: "}},
-		{"bad endpoint", ready.URL + "/readyz", "relative.sock", false, []string{"/readyz: ok", "endpoint relative.sock: FAIL: "}},
-		{"no runtime named", ready.URL + "/readyz", nameless, false, []string{"/readyz: ok", "nameless.sock: FAIL: CRI Version: the answer names no runtime"}},
+		{"front stopped", ready.URL, hung, false, []string{"/readyz: ok", "hung.sock: FAIL: CRI Version: ", "DeadlineExceeded"}},
+		{"no endpoint", ready.URL, missing, false, []string{"/readyz: ok", "missing.sock: FAIL: CRI Version: "}},
+		{"bad endpoint", ready.URL, "relative.sock", false, []string{"/readyz: ok", "endpoint relative.sock: FAIL: "}},
+		{"no runtime named", ready.URL, nameless, false, []string{"/readyz: ok", "nameless.sock: FAIL: CRI Version: the answer names no runtime"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
+
+	"github.com/pleg-nri/pleg-nri/internal/testutil"
 )
 
 const (
@@ -27,21 +29,11 @@ func newDropinNode(t *testing.T, flags string) dropinNode {
 	root := t.TempDir()
 	n := dropinNode{root: root, config: filepath.Join(root, "var/lib/kubelet/config.yaml"),
 		flags: filepath.Join(root, "var/lib/kubelet/kubeadm-flags.env"), record: filepath.Join(root, "etc/pleg-nri/kubelet-switched")}
-	writeFile(t, n.config, kubeadmConfig)
+	testutil.WriteFile(t, n.config, kubeadmConfig)
 	if flags != "" {
-		writeFile(t, n.flags, flags)
+		testutil.WriteFile(t, n.flags, flags)
 	}
 	return n
-}
-
-func writeFile(t *testing.T, path, data string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func readFile(t *testing.T, path string) string {
@@ -110,14 +102,14 @@ func TestDropinSwitch(t *testing.T) {
 					t.Errorf("check after the switch: %v %v", drift, err)
 				}
 				// kubeadm upgrade node: config.yaml moved away and written anew from the ConfigMap.
-				writeFile(t, n.config, kubeadmConfig+"cgroupDriver: systemd\n")
+				testutil.WriteFile(t, n.config, kubeadmConfig+"cgroupDriver: systemd\n")
 				if drift, err := Check(n.config, n.flags, sw); err != nil || len(drift) != 0 {
 					t.Errorf("check after kubeadm upgrade node: %v %v", drift, err)
 				}
 				if changed, err := Apply(n.config, n.flags, sw); err != nil || changed {
 					t.Errorf("switch again: %v %v", changed, err)
 				}
-				writeFile(t, n.config, kubeadmConfig)
+				testutil.WriteFile(t, n.config, kubeadmConfig)
 				if changed, err := Apply(n.config, n.flags, n.undoEdit(undoDir)); err != nil || !changed {
 					t.Fatalf("undo: %v %v", changed, err)
 				}
@@ -148,8 +140,8 @@ func TestDropinKeepsOthers(t *testing.T) {
 	const flags = "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2\"\n"
 	n := newDropinNode(t, flags)
 	old, other := filepath.Join(n.root, dropinDir, DropinName), filepath.Join(n.root, dropinDir, "10-other.conf")
-	writeFile(t, old, "# an old one\nkind: KubeletConfiguration\nmaxPods: 50\n")
-	writeFile(t, other, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 20\n")
+	testutil.WriteFile(t, old, "# an old one\nkind: KubeletConfiguration\nmaxPods: 50\n")
+	testutil.WriteFile(t, other, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 20\n")
 	if _, err := Apply(n.config, n.flags, n.switchEdit()); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +186,7 @@ func TestDropinCheckEffective(t *testing.T) {
 				t.Fatal(err)
 			}
 			for name, data := range tc.drop {
-				writeFile(t, filepath.Join(n.root, dropinDir, name), data)
+				testutil.WriteFile(t, filepath.Join(n.root, dropinDir, name), data)
 			}
 			drift, err := Check(n.config, n.flags, n.switchEdit())
 			if err != nil {
@@ -216,7 +208,7 @@ func TestDropinCheckEffective(t *testing.T) {
 	if _, err := Apply(n.config, n.flags, n.switchEdit()); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, n.flags, "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2\"\n")
+	testutil.WriteFile(t, n.flags, "KUBELET_KUBEADM_ARGS=\"--node-ip=172.18.0.2\"\n")
 	drift, err := Check(n.config, n.flags, n.switchEdit())
 	if err != nil || len(drift) != 4 || !strings.Contains(drift[0], "--config-dir is unset") || !strings.Contains(drift[1], "containerRuntimeEndpoint is "+containerdSock) {
 		t.Errorf("without --config-dir: %q %v", drift, err)
@@ -235,7 +227,7 @@ func TestDropinRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newDropinNode(t, tc.flags)
 			if tc.record != "" {
-				writeFile(t, n.record, tc.record)
+				testutil.WriteFile(t, n.record, tc.record)
 			}
 			e := n.switchEdit()
 			e.DropinDir = tc.dir
@@ -280,7 +272,7 @@ func TestDropinUndoKeepsKubeadmsChange(t *testing.T) {
 	// kubeadm's rewrite, without --pod-infra-container-image.
 	const rewritten = "KUBELET_KUBEADM_ARGS=\"--config-dir=" + dropinDir + " --container-runtime-endpoint=" + plegSock +
 		" --image-service-endpoint=" + containerdSock + " --node-ip=172.18.0.2\"\n"
-	writeFile(t, n.flags, rewritten)
+	testutil.WriteFile(t, n.flags, rewritten)
 	if drift, err := Check(n.config, n.flags, n.switchEdit()); err != nil || len(drift) != 0 {
 		t.Errorf("check after kubeadm's rewrite: %v %v", drift, err)
 	}
@@ -298,7 +290,7 @@ func TestDropinUndoKeepsKubeadmsChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	const dropped = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=" + containerdSock + " --node-ip=172.18.0.2\"\n"
-	writeFile(t, n.flags, dropped)
+	testutil.WriteFile(t, n.flags, dropped)
 	if changed, err := Apply(n.config, n.flags, n.switchEdit()); err != nil || !changed {
 		t.Fatalf("re-apply: %v %v", changed, err)
 	}

@@ -1,7 +1,9 @@
 // Package testutil holds what the tests of every package share: one way to wait for a condition
 // (Eventually, Poll, PollEvery), one manual clock (Clock), one look at a process (Alive, WaitGone) and
-// one short temporary directory for unix sockets (ShortTempDir), one free loopback port (FreeLoopbackAddr),
-// one capture of the global logger (CaptureLog) and one buffer safe for concurrent use (SyncBuffer).
+// one short temporary directory for unix sockets (ShortTempDir), one write of a file (WriteFile), one free loopback port (FreeLoopbackAddr),
+// one capture of the global logger (CaptureLog), one buffer safe for concurrent use (SyncBuffer), one
+// fake CRI runtime that answers Version (VersionRuntime, ServeVersionRuntime) and one fake /readyz
+// (ServeReadyz).
 // It is for tests and test harnesses only.
 package testutil
 
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -127,6 +130,18 @@ func ShortTempDir(t testing.TB, prefix string) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// WriteFile writes data to path (mode 0644), making its directory first (0755), and fails t if it
+// cannot.
+func WriteFile(t testing.TB, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Next returns the next value from ch, and fails t when none comes within timeout; what names the

@@ -43,12 +43,8 @@ func (c *criCalls) of(name string) []string {
 // fakeCRI answers Version and ImageFsInfo (the calls with which the kubelet validates each endpoint);
 // every other call of either service is Unimplemented (and recorded).
 type fakeCRI struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
+	testutil.VersionRuntime
 	runtimeapi.UnimplementedImageServiceServer
-}
-
-func (fakeCRI) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{Version: "0.1.0", RuntimeName: "fake", RuntimeVersion: "0.1.0", RuntimeApiVersion: "v1"}, nil
 }
 
 func (fakeCRI) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
@@ -79,8 +75,9 @@ func TestKubeletDropin(t *testing.T) {
 	for _, name := range []string{"kubeadm", "pleg-nri", "images"} {
 		sock[name] = filepath.Join(dir, name+".sock")
 		testutil.ServeGRPC(t, sock[name], func(s *grpc.Server) {
-			runtimeapi.RegisterRuntimeServiceServer(s, fakeCRI{})
-			runtimeapi.RegisterImageServiceServer(s, fakeCRI{})
+			cri := fakeCRI{VersionRuntime: testutil.VersionRuntime{Name: "fake"}}
+			runtimeapi.RegisterRuntimeServiceServer(s, cri)
+			runtimeapi.RegisterImageServiceServer(s, cri)
 		}, grpc.UnaryInterceptor(calls.record(name)))
 	}
 	addr, err := testutil.FreeLoopbackAddr()

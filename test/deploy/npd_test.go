@@ -1,36 +1,20 @@
 package deploy
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/pleg-nri/pleg-nri/internal/testutil"
 	"github.com/pleg-nri/pleg-nri/internal/testutil/plegnribin"
 )
-
-// versionRuntime is a CRI runtime service that answers Version only: the front, as pleg-nri health
-// sees it.
-type versionRuntime struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-}
-
-func (versionRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: "fake"}, nil
-}
 
 // problemGauge is NPD's metric of a condition's status: 1 while the condition type is True with
 // reason, 0 once it is not.
@@ -49,16 +33,8 @@ func TestNPD(t *testing.T) {
 
 	dir := testutil.ShortTempDir(t, "npd-")
 	sock := filepath.Join(dir, "cri.sock")
-	testutil.ServeGRPC(t, sock, func(s *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(s, versionRuntime{}) })
-	var notReady atomic.Bool
-	readyz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if notReady.Load() {
-			http.Error(w, "NRI plugin not registered", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	}))
-	t.Cleanup(readyz.Close)
+	testutil.ServeVersionRuntime(t, sock, "fake")
+	readyz := testutil.ServeReadyz(t)
 
 	// The shipped monitor, with the script's path in this checkout and a shorter interval.
 	data, err := os.ReadFile(filepath.Join(repoRoot(), "deploy", "npd", "pleg-nri-monitor.json"))
@@ -84,7 +60,7 @@ func TestNPD(t *testing.T) {
 	var log testutil.SyncBuffer
 	cmd := exec.Command(npd, "--logtostderr", "--config.custom-plugin-monitor="+config, "--enable-k8s-exporter=false",
 		"--hostname-override=pleg-nri-test", "--port=0", "--prometheus-address=127.0.0.1", "--prometheus-port="+port)
-	cmd.Env = append(os.Environ(), "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READYZ="+readyz.URL+"/readyz",
+	cmd.Env = append(os.Environ(), "PLEG_NRI_BIN="+plegnribin.Binary(t, plegnribin.Default), "PLEG_NRI_READYZ="+readyz.URL,
 		"PLEG_NRI_ENDPOINT=unix://"+sock, "PLEG_NRI_HEALTH_TIMEOUT=1s")
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
@@ -124,9 +100,9 @@ func TestNPD(t *testing.T) {
 		return time.Since(start)
 	}
 	wait("the condition False while pleg-nri serves", "0", 60*time.Second)
-	notReady.Store(true)
+	readyz.Fail("NRI plugin not registered")
 	raised := wait("the condition raised once /readyz fails", "1", 30*time.Second)
-	notReady.Store(false)
+	readyz.Fail("")
 	cleared := wait("the condition cleared once /readyz answers", "0", 30*time.Second)
 	if !strings.Contains(log.String(), "PlegNRINotServing") {
 		t.Errorf("NPD's log does not name PlegNRINotServing:\n%s", log.String())
