@@ -24,6 +24,7 @@ GO=${GO:-go}
 pkgs=${INTEGRATION_PKGS:-./test/containerd-it/}
 dry=${BENCH_COMPARE_DRY:-}
 out=${BENCH_COMPARE_OUT:-/tmp/pleg-nri-bench-compare}
+case $out in /*/*) ;; *) echo "bench-compare: BENCH_COMPARE_OUT=$out: want an absolute path below a directory (it is emptied)" >&2; exit 2 ;; esac
 export GOFLAGS=${GOFLAGS:--buildvcs=false}
 
 top=$(git rev-parse --show-toplevel)
@@ -74,7 +75,7 @@ run() {
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 if [ -n "$dry" ]; then
-	echo "bench-compare: dry run (BENCH_COMPARE_DRY): HEAD $(git rev-parse --short=7 HEAD) against BASE $short, $rounds rounds; nothing runs"
+	echo "bench-compare: dry run (BENCH_COMPARE_DRY): HEAD $(git rev-parse --short=7 HEAD) against BASE $short, ROUNDS=$rounds; nothing runs"
 	tmp=/tmp/pleg-nri-bench-compare-base.XXXXXX
 else
 	tmp=$(mktemp -d /tmp/pleg-nri-bench-compare-base.XXXXXX)

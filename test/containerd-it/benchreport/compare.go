@@ -381,6 +381,12 @@ func (r cmpRow) has(side string) bool {
 
 // compareRows computes every measure's row.
 func compareRows(runs []CompareRun) []cmpRow {
+	runs = slices.Clone(runs)
+	for i := range runs {
+		if runs[i].Results == nil {
+			runs[i].Results = &Results{}
+		}
+	}
 	var rows []cmpRow
 	for _, m := range cmpMeasures(runs) {
 		row := cmpRow{m: m, rounds: map[int]map[string]float64{}}
@@ -439,6 +445,11 @@ func CompareMarkdown(c *Comparison) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	runs := slices.Clone(c.Runs)
+	for i := range runs {
+		if runs[i].Results == nil {
+			runs[i].Results = &Results{}
+		}
+	}
 	sort.SliceStable(runs, func(i, j int) bool {
 		if runs[i].Round != runs[j].Round {
 			return runs[i].Round < runs[j].Round

@@ -252,3 +252,17 @@ func TestCompareMarkdown(t *testing.T) {
 	}
 	t.Errorf("no pooled pod start row with 30 / 60 samples in:\n%s", md)
 }
+
+func TestCompareMarkdownRunWithoutResults(t *testing.T) {
+	// BASE's run failed before any benchmark wrote its results: every measure is HEAD's alone.
+	runs := fakeRuns(func(round int) *Results { return fakeResults(uint64(round), 2, 50, 3) }, func(int) *Results { return nil })
+	md := CompareMarkdown(&Comparison{Command: "make bench-compare BASE=x ROUNDS=2", Runs: runs})
+	for _, want := range []string{
+		"task exit → STOPPED received on pleg-nri's stream, p50 (missing on BASE)",
+		"| task exit → STOPPED received on pleg-nri's stream, p50 | 2.",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q:\n%s", want, md)
+		}
+	}
+}
