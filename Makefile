@@ -325,6 +325,7 @@ soak: deps ## Long load and fault tests against a real containerd (TestSoak*, PL
 	PLEG_NRI_SOAK=1 $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(INTEGRATION_PKGS)
 	PLEG_NRI_SOAK=1 KUBELET_VERSION=$(KUBELET_VERSION) $(GO) test -count=1 -v -run 'Soak' -timeout 60m $(KUBELET_E2E_PKG)
 
+# hack/bench-compare.sh (make bench-compare) runs bench's go test command too: keep the two the same.
 .PHONY: bench
 bench: deps-runtime ## Side-by-side benchmarks against a real containerd (~5 min); writes docs/benchmarks.md and docs/exit-latency.svg.
 	@out=/tmp/pleg-nri-bench; rm -rf $$out; mkdir -p $$out; hook=; \
@@ -335,6 +336,21 @@ bench: deps-runtime ## Side-by-side benchmarks against a real containerd (~5 min
 	else echo "bench: the plugin's BenchmarkHook failed: left out of the report"; fi; \
 	PLEG_NRI_BENCH_RESULTS=$$out/results.json $(GO) test -count=1 -run '^$$' -bench . -skip '^BenchmarkRestartStall$$' -benchtime=1x -timeout 20m $(INTEGRATION_PKGS); \
 	$(GO) run ./test/containerd-it/cmd/bench-report -results $$out/results.json $$hook -md docs/benchmarks.md -svg docs/exit-latency.svg
+
+# make bench-compare: the commit to compare this tree with, and the rounds (each runs both sides once, the
+# side that goes first alternating). hack/bench-compare.sh runs make bench's go test command: keep the two
+# the same. BENCH_COMPARE_DRY=1 prints the commands and runs nothing (nor make deps-runtime).
+BASE ?=
+ROUNDS ?= 2
+ifneq ($(filter bench-compare,$(MAKECMDGOALS)),)
+ifeq ($(BASE),)
+$(error bench-compare: BASE=<commit> is required (make bench-compare BASE=a1ca225))
+endif
+endif
+
+.PHONY: bench-compare
+bench-compare: $(if $(BENCH_COMPARE_DRY),,deps-runtime) ## make bench's benchmarks in this tree and in a temporary worktree of BASE (a commit), ROUNDS (2) rounds in alternating order (~10 min a round); writes docs/bench-compare-<base>.md: pooled figures side by side, a 95 % interval of each difference, every round's figures.
+	GO=$(GO) INTEGRATION_PKGS=$(INTEGRATION_PKGS) bash hack/bench-compare.sh '$(BASE)' '$(ROUNDS)'
 
 # make bench-stall: the node's pods and the core restarts of BenchmarkRestartStall.
 STALL_PODS ?= 110
