@@ -19,24 +19,41 @@ import (
 	"github.com/pleg-nri/pleg-nri/test/internal/kindrun"
 )
 
-// kindCluster is a one-node kind cluster of kindConfig made for one test, deleted when it ends.
+// kindCluster is a kind cluster made for one test, deleted when it ends: one node of kindConfig, or a
+// control plane and a worker of kindWorkerConfig. node is the node the test works on: the control
+// plane, or the worker.
 type kindCluster struct {
 	t                      *testing.T
 	e                      kindEnv
 	name, node, kubeconfig string
 }
 
-// startKindCluster makes the cluster and loads the pleg-nri image (PLEG_NRI_IMAGE_TAR) into it.
+// kindWorkerConfig is kindConfig with a worker beside the control plane.
+var kindWorkerConfig = strings.Replace(kindConfig, "- role: control-plane\n", "- role: control-plane\n- role: worker\n", 1)
+
+// startKindCluster makes a one-node cluster (kindConfig) and loads the pleg-nri image
+// (PLEG_NRI_IMAGE_TAR) into it.
 func startKindCluster(t *testing.T, e kindEnv, prefix string) *kindCluster {
+	t.Helper()
+	return startKindClusterOf(t, e, prefix, false)
+}
+
+// startKindClusterOf makes the cluster, with a worker (kindWorkerConfig, the test's node) or without,
+// and loads the pleg-nri image into it.
+func startKindClusterOf(t *testing.T, e kindEnv, prefix string, worker bool) *kindCluster {
 	t.Helper()
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	c := &kindCluster{t: t, e: e, name: prefix + hex.EncodeToString(b)}
 	c.node = c.name + "-control-plane"
+	cfg := kindConfig
+	if worker {
+		c.node, cfg = c.name+"-worker", kindWorkerConfig
+	}
 	tmp := t.TempDir()
 	c.kubeconfig = filepath.Join(tmp, "kubeconfig")
 	config := filepath.Join(tmp, "kind.yaml")
-	if err := os.WriteFile(config, []byte(kindConfig), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	removeNetwork := kindrun.KindNetwork(context.Background())
@@ -87,7 +104,7 @@ func (c *kindCluster) helm(args ...string) string {
 func (c *kindCluster) installerPod() string {
 	c.t.Helper()
 	return strings.TrimSpace(c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/instance=pleg-nri,app.kubernetes.io/component=installer",
-		"-o", "jsonpath={.items[0].metadata.name}"))
+		"--field-selector", "spec.nodeName="+c.node, "-o", "jsonpath={.items[0].metadata.name}"))
 }
 
 // podReady returns the Ready condition of pod ("True", "False") and its container's restart count.
