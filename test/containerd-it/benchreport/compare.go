@@ -174,15 +174,7 @@ func pool(runs []obs) obs {
 	for le, c := range byLE {
 		p.hist = append(p.hist, Bucket{LE: le, Count: c})
 	}
-	slices.SortFunc(p.hist, func(x, y Bucket) int {
-		switch {
-		case x.LE < y.LE:
-			return -1
-		case x.LE > y.LE:
-			return 1
-		}
-		return 0
-	})
+	sortBuckets(p.hist)
 	return p
 }
 

@@ -8,6 +8,7 @@ package benchreport
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -204,15 +205,7 @@ func HistogramQuantile(buckets []Bucket, q float64) float64 {
 		return math.NaN()
 	}
 	b := slices.Clone(buckets)
-	slices.SortFunc(b, func(x, y Bucket) int {
-		switch {
-		case x.LE < y.LE:
-			return -1
-		case x.LE > y.LE:
-			return 1
-		}
-		return 0
-	})
+	sortBuckets(b)
 	total := b[len(b)-1].Count
 	if total == 0 {
 		return math.NaN()
@@ -378,4 +371,9 @@ func ParseGoBench(r io.Reader) ([]GoBench, error) {
 		out = append(out, b)
 	}
 	return out, sc.Err()
+}
+
+// sortBuckets sorts b by upper bound, lowest first.
+func sortBuckets(b []Bucket) {
+	slices.SortFunc(b, func(x, y Bucket) int { return cmp.Compare(x.LE, y.LE) })
 }
