@@ -98,8 +98,30 @@ func TestHelmKindNPD(t *testing.T) {
 	npdDir := filepath.Join(repoRoot(), "deploy", "npd")
 	c.kubectl("-n", "kube-system", "create", "configmap", "pleg-nri-npd",
 		"--from-file="+filepath.Join(npdDir, "pleg-nri-monitor.json"), "--from-file="+filepath.Join(npdDir, "check-pleg-nri.sh"))
-	c.kubectl("apply", "-f", filepath.Join(npdDir, "npd-daemonset.yaml"))
+	// The test cluster has no kube-proxy (kindConfig: kubeProxyMode none), so the kubernetes Service's
+	// address, which NPD's in-cluster client takes from KUBERNETES_SERVICE_HOST, leads nowhere: the
+	// test points it at the API server itself (in its certificate: kubeadm's advertise address), the
+	// one change to the shipped DaemonSet. A cluster with kube-proxy, or a CNI that replaces it, needs
+	// nothing of the kind.
+	apiserver := strings.TrimSpace(c.kubectl("get", "node", c.name+"-control-plane", "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`))
+	manifest, err := os.ReadFile(filepath.Join(npdDir, "npd-daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nodeNameEnv = "                  fieldPath: spec.nodeName\n"
+	if !strings.Contains(string(manifest), nodeNameEnv) {
+		t.Fatalf("deploy/npd/npd-daemonset.yaml has no NODE_NAME env from spec.nodeName")
+	}
+	patched := filepath.Join(t.TempDir(), "npd-daemonset.yaml")
+	if err := os.WriteFile(patched, []byte(strings.Replace(string(manifest), nodeNameEnv, nodeNameEnv+
+		"            - name: KUBERNETES_SERVICE_HOST\n              value: \""+apiserver+"\"\n"+
+		"            - name: KUBERNETES_SERVICE_PORT\n              value: \"6443\"\n", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectl("apply", "-f", patched)
 	c.kubectl("-n", "kube-system", "rollout", "status", "daemonset/pleg-nri-npd", "--timeout=3m")
+	t.Logf("NPD's pods: %s", c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=pleg-nri-npd", "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.status.phase} {.spec.containers[0].env}{"\n"}{end}`))
 
 	const bound = time.Minute
 	// waitCondition polls the node's PlegNRIUnhealthy until it has status and returns it and how long
