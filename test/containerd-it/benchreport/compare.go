@@ -351,6 +351,14 @@ func cmpMeasures(runs []CompareRun) []cmpMeasure {
 }
 
 // cmpRow is a measure compared.
+// label is the measure's name in a table, a control marked as one.
+func (m cmpMeasure) label() string {
+	if m.control {
+		return m.name + " (control)"
+	}
+	return m.name
+}
+
 type cmpRow struct {
 	m cmpMeasure
 	// head and base are the pooled figures, NaN on a side whose runs lack the measure; headN and
@@ -563,10 +571,7 @@ func CompareMarkdown(c *Comparison) string {
 	w("| measure | HEAD | BASE | HEAD / BASE | HEAD − BASE (95 %% interval) | samples HEAD / BASE | verdict |\n")
 	w("| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
-		name := r.m.name
-		if r.m.control {
-			name += " (control)"
-		}
+		name := r.m.label()
 		diff, samples := "—", "—"
 		if r.m.kind != kindCount && !math.IsNaN(r.diff.Diff) {
 			diff = fmt.Sprintf("%s (%s to %s)", signed(r.m.unit, r.diff.Diff), signed(r.m.unit, r.diff.Lo), signed(r.m.unit, r.diff.Hi))
@@ -595,10 +600,7 @@ func CompareMarkdown(c *Comparison) string {
 	}
 	w("\n")
 	for _, r := range rows {
-		name := r.m.name
-		if r.m.control {
-			name += " (control)"
-		}
+		name := r.m.label()
 		w("| %s |", name)
 		for round := 1; round <= rounds; round++ {
 			for _, side := range roundSides(runs, round) {
