@@ -607,6 +607,17 @@ func benchMarkdown(runs []*benchRun, setups []setup, rounds, pods int) string {
 		"exit → created p50 %s; exit → started p50 %s, p90 %s.", setupEventedPlegNRI.Name, setupEventedDirect.Name,
 		benchreport.QuantileDiff(oCreated, dCreated, 0.5), benchreport.QuantileDiff(oStarted, dStarted, 0.5),
 		benchreport.QuantileDiff(oStarted, dStarted, 0.9))
+	// Another commit's build of pleg-nri (benchBaselineEnv) against this one: no worse is an interval that
+	// holds 0 or lies below it.
+	for _, s := range setups {
+		if s.Binary == "" {
+			continue
+		}
+		bCreated, bStarted := latenciesOf(runs, s)
+		p("- %s minus %s, the same: exit → created p50 %s, p90 %s; exit → started p50 %s, p90 %s.", setupEventedPlegNRI.Name, s.Name,
+			benchreport.QuantileDiff(oCreated, bCreated, 0.5), benchreport.QuantileDiff(oCreated, bCreated, 0.9),
+			benchreport.QuantileDiff(oStarted, bStarted, 0.5), benchreport.QuantileDiff(oStarted, bStarted, 0.9))
+	}
 	p("")
 	p("Where the time goes, p50 of each stage per setup (containerd done: the `created_at` of containerd's own STOPPED for")
 	p("the crashed container, read by the bench from containerd's stream in every setup; containerd sends it once it has")
