@@ -45,6 +45,8 @@ KUBELET_TEST_VERSIONS ?= v1.37.2 v1.36.3
 KUBELET_ALL_VERSIONS  ?= v1.37.2 v1.36.3 v1.35.4
 # The kubelet of make bench-kubelet and make bench-node.
 KUBELET_VERSION ?= v1.37.2
+# WORKLOADS_LOAD keeps the node of make bench-workloads busy (cpu:N, N busy loops); empty: a quiet node.
+WORKLOADS_LOAD ?=
 # The idle pods of make bench-node and make bench-storm (the kubelet's maxPods is raised above 110; the
 # reports of another count than 100 get it in their name, docs/kubelet-node-cost-<version>-<n>pods.md).
 NODE_PODS ?= 100
@@ -372,9 +374,10 @@ bench-deletion: deps ## A real kubelet (KUBELET_VERSION)'s static pod deletions,
 	  $(GO) test -count=1 -run '^$$' -bench BenchmarkPodDeletion -benchtime 1x -timeout 30m $(KUBELET_E2E_PKG)
 
 .PHONY: bench-workloads
-bench-workloads: deps ## A real kubelet (KUBELET_VERSION)'s init chain (3 init containers, then the app) and Job-like pods (exit 0 after 100 ms -> Succeeded), 24 each per PLEG setup (pleg-nri as configured for that kubelet; ~10 min); writes docs/workloads-standalone-<version>.{md,json}.
-	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_WORKLOADS_MD=$(CURDIR)/docs/workloads-standalone-$(KUBELET_VERSION).md \
-	  $(GO) test -count=1 -run '^$$' -bench BenchmarkWorkloads -benchtime 1x -timeout 60m $(KUBELET_E2E_PKG)
+bench-workloads: deps ## A real kubelet (KUBELET_VERSION)'s init chain (3 init containers, then the app), Job-like pods (exit 0 after 100 ms -> Succeeded), a crash and a sidecar's OOM kill, 24 each per PLEG setup (pleg-nri as configured for that kubelet; ~15 min); WORKLOADS_LOAD=cpu:N keeps the node busy with N busy loops; writes docs/workloads-standalone-<version>[-cpu<N>].{md,json,svg}.
+	KUBELET_VERSION=$(KUBELET_VERSION) PLEG_NRI_WORKLOADS_LOAD=$(WORKLOADS_LOAD) \
+	  PLEG_NRI_WORKLOADS_MD=$(CURDIR)/docs/workloads-standalone-$(KUBELET_VERSION)$(if $(WORKLOADS_LOAD),-$(subst :,,$(WORKLOADS_LOAD))).md \
+	  $(GO) test -count=1 -run '^$$' -bench BenchmarkWorkloads -benchtime 1x -timeout 90m $(KUBELET_E2E_PKG)
 
 .PHONY: bench-node
 bench-node: deps ## What NODE_PODS (100) pods cost the node per PLEG setup, idle, with churn and without the kubelet, and what containerd serves and spends its CPU on (KUBELET_VERSION; ~30 min); writes docs/kubelet-node-cost-<version>[-<n>pods].{md,json}.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +30,13 @@ import (
 //   - job: restartPolicy Never, one container that exits 0 after jobRun; from its exit (finished_at) to
 //     the kubelet's status saying Succeeded (its read-only /pods, which is the status manager's status:
 //     what a kubelet with an API server writes there; polled every jobPoll), and to the sandbox stopped
-//     by the kubelet's terminating sync (containerd's STOPPED for the sandbox).
+//     by the kubelet's terminating sync (containerd's STOPPED for the sandbox);
+//   - crash: restartPolicy Always, a container that exits 1 after crashAfter, once (the pod's emptyDir
+//     remembers it, so the replacement runs on and the kubelet's back-off never comes in); from the exit
+//     to the restart count in the kubelet's status (/pods, polled every jobPoll) and to the
+//     replacement's start;
+//   - sidecar OOM: a sidecar (restartable init container) under a memory limit that is OOM-killed once
+//     after crashAfter, beside an app; from the kill to the sidecar's replacement started.
 //
 // The rounds run the setups in turn, so a change of the shared machine's load hits each alike.
 const (
@@ -35,6 +45,9 @@ const (
 	initContainers = 3
 	jobRun         = 100 * time.Millisecond
 	jobPoll        = 10 * time.Millisecond
+	// crashAfter is how long the crashing containers run first: beyond the 1 s in which
+	// refresh-after-stop treats an exit as early, as a container that crashes in service.
+	crashAfter = 1500 * time.Millisecond
 	// workloadGap separates a pod's end from the next pod's manifest, in steps that are not a divisor of
 	// the 1 s relist, so the pods start at every phase of it.
 	workloadGap = 370 * time.Millisecond
@@ -45,6 +58,10 @@ const (
 	workloadVerbosityEnv = "PLEG_NRI_WORKLOADS_V"
 	// workloadSetupsEnv chooses setups by index in workloadSetups ("0,2"): for a run of fewer.
 	workloadSetupsEnv = "PLEG_NRI_WORKLOADS_SETUPS"
+	// workloadLoadEnv keeps the node busy while the workloads run (issue 59, item 5): "cpu:N" runs N
+	// busy loops (host processes at the kubelet's and containerd's priority) from the first pod of a run
+	// to its last, so containerd's exit handling and the kubelet's syncs compete for the CPUs.
+	workloadLoadEnv = "PLEG_NRI_WORKLOADS_LOAD"
 )
 
 // setupPlegNRIRefresh is pleg-nri with refresh-after-stop, as docs/operations.md configures it for
@@ -94,9 +111,11 @@ func BenchmarkWorkloads(b *testing.B) {
 		for i, s := range setups {
 			b.Run(fmt.Sprintf("round%d_%s", round, strings.NewReplacer(" ", "_", ",", "").Replace(s.Name)), func(b *testing.B) {
 				for range b.N {
-					chains, jobs := runWorkloads(b, s, round, pods)
-					results[i].Chains = append(results[i].Chains, chains...)
-					results[i].Jobs = append(results[i].Jobs, jobs...)
+					w := runWorkloads(b, s, round, pods)
+					results[i].Chains = append(results[i].Chains, w.Chains...)
+					results[i].Jobs = append(results[i].Jobs, w.Jobs...)
+					results[i].Crashes = append(results[i].Crashes, w.Crashes...)
+					results[i].OOMs = append(results[i].OOMs, w.OOMs...)
 				}
 				loads = append(loads, loadAvg())
 			})
@@ -143,7 +162,29 @@ func jobPod(i int) kubelet.Pod {
 		Containers: []kubelet.Container{{Name: "work", Script: fmt.Sprintf("sleep %.3f; exit 0", jobRun.Seconds())}}}
 }
 
-func runWorkloads(b *testing.B, s setup, round, pods int) ([]nodebench.InitChain, []nodebench.Job) {
+// crashPod is pod i of the crash workload: its container exits 1 after crashAfter, the first time only.
+func crashPod(i int) kubelet.Pod {
+	return kubelet.Pod{Name: fmt.Sprintf("crash%02d", i), HostNetwork: true,
+		Containers: []kubelet.Container{{Name: "app", State: true, Script: onceThen("crashed", fmt.Sprintf("sleep %.1f; exit 1", crashAfter.Seconds()))}}}
+}
+
+// sidecarOOMPod is pod i of the sidecar OOM workload: a sidecar OOM-killed after crashAfter, the first
+// time only, beside an app.
+func sidecarOOMPod(i int) kubelet.Pod {
+	return kubelet.Pod{Name: fmt.Sprintf("oom%02d", i), HostNetwork: true,
+		InitContainers: []kubelet.Container{{Name: "sidecar", RestartPolicy: "Always", MemoryLimit: "32Mi", State: true,
+			Script: onceThen("oomed", fmt.Sprintf("sleep %.1f; exec tail /dev/zero", crashAfter.Seconds()))}},
+		Containers: []kubelet.Container{{Name: "app", Script: "exec sleep 3600"}}}
+}
+
+// onceThen is a script that runs first the first time (marking it in the pod's emptyDir) and sleeps on
+// every later run.
+func onceThen(mark, first string) string {
+	m := kubelet.StateMount + "/" + mark
+	return fmt.Sprintf("[ -e %s ] && exec sleep 3600; touch %s; %s", m, m, first)
+}
+
+func runWorkloads(b *testing.B, s setup, round, pods int) nodebench.WorkloadSetup {
 	b.StopTimer()
 	opts := nodeOptions{quiet: true, noDupWatch: true}
 	if v := os.Getenv(workloadVerbosityEnv); v != "" {
@@ -167,6 +208,7 @@ func runWorkloads(b *testing.B, s setup, round, pods int) ([]nodebench.InitChain
 		}
 		return containerd, plegNRI
 	}
+	stopLoad := startWorkloadLoad(b, os.Getenv(workloadLoadEnv))
 	b.StartTimer()
 	var chains []nodebench.InitChain
 	for i := range pods {
@@ -178,9 +220,91 @@ func runWorkloads(b *testing.B, s setup, round, pods int) ([]nodebench.InitChain
 		time.Sleep(time.Duration(i%3) * workloadGap)
 		jobs = append(jobs, n.runJob(jobPod(i), fmt.Sprintf("%d/%02d", round, i), stopsOf, containerdStops))
 	}
+	var crashes, ooms []nodebench.Restart
+	for i := range pods {
+		time.Sleep(time.Duration(i%3) * workloadGap)
+		crashes = append(crashes, n.runRestart(crashPod(i), "app", fmt.Sprintf("%d/%02d", round, i), stopsOf))
+	}
+	for i := range pods {
+		time.Sleep(time.Duration(i%3) * workloadGap)
+		ooms = append(ooms, n.runRestart(sidecarOOMPod(i), "sidecar", fmt.Sprintf("%d/%02d", round, i), stopsOf))
+	}
 	b.StopTimer()
-	b.Logf("%s, round %d:\n%s", s.Name, round, nodebench.WorkloadTable([]nodebench.WorkloadSetup{{Name: s.Name, Chains: chains, Jobs: jobs}}))
-	return chains, jobs
+	stopLoad()
+	w := nodebench.WorkloadSetup{Name: s.Name, Chains: chains, Jobs: jobs, Crashes: crashes, OOMs: ooms}
+	b.Logf("%s, round %d:\n%s", s.Name, round, nodebench.WorkloadTable([]nodebench.WorkloadSetup{w}))
+	return w
+}
+
+// runRestart writes pod p, polls the kubelet's status every jobPoll until container name's restart count
+// is 1, waits for its replacement to run, and reads both containers' times from containerd.
+func (n *node) runRestart(p kubelet.Pod, name, key string, stopsOf func(id string) (int64, int64)) nodebench.Restart {
+	n.t.Helper()
+	if err := n.k.WritePod(p); err != nil {
+		n.t.Fatal(err)
+	}
+	r := nodebench.Restart{Key: key}
+	statusOf := func(st *kubelet.PodStatus) *kubelet.ContainerStatus {
+		for _, list := range [][]kubelet.ContainerStatus{st.Status.ContainerStatuses, st.Status.InitContainerStatuses} {
+			for i := range list {
+				if list[i].Name == name {
+					return &list[i]
+				}
+			}
+		}
+		return nil
+	}
+	var st *kubelet.PodStatus
+	deadline := time.Now().Add(podWaitTimeout + crashAfter)
+	for r.Counted == 0 {
+		if time.Now().After(deadline) {
+			n.t.Fatalf("pod %s: container %s not restarted within %s: %s", p.Name, name, podWaitTimeout+crashAfter, describePod(st))
+		}
+		got, err := n.k.Pod(p.Name)
+		now := time.Now().UnixNano()
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		if got != nil {
+			st = got
+			if c := statusOf(got); c != nil && c.RestartCount > 0 {
+				if c.RestartCount > 1 {
+					n.t.Fatalf("pod %s: container %s restarted %d times, want once", p.Name, name, c.RestartCount)
+				}
+				r.Counted = now
+				continue
+			}
+		}
+		time.Sleep(jobPoll)
+	}
+	var first, second *runtimeapi.ContainerStatus
+	err := harness.WaitFor(context.Background(), podWaitTimeout, fmt.Sprintf("pod %s: container %s's replacement to run", p.Name, name), func() (bool, error) {
+		first, second = nil, nil
+		for _, c := range n.containers(st.Metadata.UID) {
+			if c.GetMetadata().GetName() != name {
+				continue
+			}
+			switch c.GetMetadata().GetAttempt() {
+			case 0:
+				first = c
+			case 1:
+				second = c
+			default:
+				return false, fmt.Errorf("container %s has attempt %d: it restarted more than once", name, c.GetMetadata().GetAttempt())
+			}
+		}
+		return first != nil && second != nil && second.GetStartedAt() != 0, nil
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if first.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+		first = n.waitExited(first.GetId())
+	}
+	r.Finished, r.Reason = first.GetFinishedAt(), first.GetReason()
+	r.Created, r.Started = second.GetCreatedAt(), second.GetStartedAt()
+	r.ContainerdStopped, r.PlegNRIStopped = stopsOf(first.GetId())
+	return r
 }
 
 // runInitChain writes pod p, waits for its app to run, and reads its timestamps from containerd.
@@ -292,12 +416,18 @@ func workloadMarkdown(setups []nodebench.WorkloadSetup, rounds, pods int, loads 
 	p("Kubelet `%s` (unmodified, standalone: static pods, no API server), containerd %s, %d CPUs, kernel %s.",
 		commandOutput(kubeletBinary, "--version"), strings.Fields(commandOutput(env.BinDir+"/containerd", "--version") + " ? ? ?")[2],
 		runtime.NumCPU(), commandOutput("uname", "-r"))
-	p("%d rounds of the %d setups in turn; per round and setup, %d init-chain pods then %d job pods, one after the other.",
-		rounds, len(setups), pods, pods)
+	p("%d rounds of the %d setups in turn; per round and setup, %d pods of each workload (init chain, job, crash, sidecar OOM), one after the other.",
+		rounds, len(setups), pods)
 	p("Init chain: %d init containers that each `exit 0`, then an app; times from containerd's `created_at`, `started_at`,", initContainers)
 	p("`finished_at`. Job: restartPolicy Never, one container `sleep %.1f; exit 0`; its `finished_at` to phase `Succeeded` in the", jobRun.Seconds())
 	p("kubelet's read-only `/pods` (the status manager's status, what a kubelet with an API server writes there; polled every")
 	p("%s, so up to that much late), and to containerd's STOPPED of the pod's sandbox (the kubelet's terminating sync).", jobPoll)
+	p("Crash: restartPolicy Always, a container that exits 1 after %.1f s, once; its `finished_at` to a restart count of 1 in `/pods`", crashAfter.Seconds())
+	p("(polled the same way) and to the replacement's `started_at`. Sidecar OOM: a restartable init container under a 32 MiB")
+	p("limit that runs `tail /dev/zero` after %.1f s, once, beside an app; its `finished_at` to its replacement's `started_at`.", crashAfter.Seconds())
+	if v := os.Getenv(workloadLoadEnv); v != "" {
+		p("The node was kept busy all along: %s.", describeWorkloadLoad(v))
+	}
 	p("Load average at the end of each run: %s.", strings.Join(loads, "; "))
 	p("")
 	p("%s", nodebench.WorkloadTable(setups))
@@ -308,6 +438,12 @@ func workloadMarkdown(setups []nodebench.WorkloadSetup, rounds, pods int, loads 
 		p("")
 		p("%s", nodebench.ComparisonsMarkdown(nodebench.WorkloadComparisons(setups, subject)))
 	}
+	p("The first exit's reason, as containerd gives it, per setup (crash; sidecar OOM):")
+	p("")
+	for _, s := range setups {
+		p("- %s: %s; %s", s.Name, reasons(s.Crashes), reasons(s.OOMs))
+	}
+	p("")
 	p("Every init-chain step (exit → next created, ms), per setup, in the order of the samples:")
 	p("")
 	for _, s := range setups {
@@ -345,4 +481,71 @@ func workloadMarkdown(setups []nodebench.WorkloadSetup, rounds, pods int, loads 
 		}
 	}
 	return b.String()
+}
+
+// reasons counts the exit reasons of the restarts ("OOMKilled x24").
+func reasons(rs []nodebench.Restart) string {
+	count := map[string]int{}
+	for _, r := range rs {
+		count[r.Reason]++
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(count)) {
+		out = append(out, fmt.Sprintf("%s x%d", k, count[k]))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// startWorkloadLoad starts the load spec describes (workloadLoadEnv; "" is none) and returns what stops
+// it, which the test's cleanup also does.
+func startWorkloadLoad(tb testing.TB, spec string) (stop func()) {
+	if spec == "" {
+		return func() {}
+	}
+	n, err := parseWorkloadLoad(spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var procs []*exec.Cmd
+	for range n {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		if err := c.Start(); err != nil {
+			tb.Fatalf("%s: %v", workloadLoadEnv, err)
+		}
+		procs = append(procs, c)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			for _, c := range procs {
+				_ = c.Process.Kill()
+				_ = c.Wait()
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+// parseWorkloadLoad reads workloadLoadEnv's "cpu:N" (1 <= N <= 64).
+func parseWorkloadLoad(spec string) (int, error) {
+	v, ok := strings.CutPrefix(spec, "cpu:")
+	n, err := strconv.Atoi(v)
+	if !ok || err != nil || n < 1 || n > 64 {
+		return 0, fmt.Errorf("%s=%q: want cpu:N, N busy loops (1 to 64)", workloadLoadEnv, spec)
+	}
+	return n, nil
+}
+
+// describeWorkloadLoad says in the report what load spec ran.
+func describeWorkloadLoad(spec string) string {
+	n, err := parseWorkloadLoad(spec)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("`%s=%s`, %d busy shell loops (`while :; do :; done`, host processes at the kubelet's and containerd's priority) from each run's first pod to its last, on %d CPUs",
+		workloadLoadEnv, spec, n, runtime.NumCPU())
 }

@@ -30,6 +30,9 @@ type Container struct {
 	MemoryLimit string
 	// State mounts the pod's emptyDir volume at StateMount.
 	State bool
+	// RestartPolicy "Always" on an init container makes it a sidecar (a restartable init container,
+	// started before the pod's containers and restarted whenever it exits); empty elsewhere.
+	RestartPolicy string
 }
 
 // manifest renders the pod as a v1 Pod object.
@@ -49,6 +52,9 @@ func (p Pod) manifest() map[string]any {
 		}
 		if c.MemoryLimit != "" {
 			ctr["resources"] = map[string]any{"limits": map[string]string{"memory": c.MemoryLimit}}
+		}
+		if c.RestartPolicy != "" {
+			ctr["restartPolicy"] = c.RestartPolicy
 		}
 		if c.State {
 			state = true

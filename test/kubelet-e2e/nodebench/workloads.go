@@ -87,11 +87,43 @@ func (j Job) SandboxStoppedMs() (float64, bool) {
 	return ms(j.Finished, j.SandboxStopped), j.SandboxStopped != 0
 }
 
+// Restart is one pod of a workload whose container exits and is restarted at once (the first exit of
+// a container: the kubelet's back-off starts after the first restart): a crash (exit 1) or a sidecar's
+// OOM kill.
+type Restart struct {
+	Key string `json:"key"`
+	// Finished is the first container's finished_at; Reason containerd's reason for the exit
+	// ("Error", "OOMKilled").
+	Finished int64  `json:"finished"`
+	Reason   string `json:"reason"`
+	// Created and Started are the replacement's created_at and started_at.
+	Created int64 `json:"created"`
+	Started int64 `json:"started"`
+	// Counted is when the bench first read a restart count of 1 in the kubelet's /pods (the status
+	// manager's status, which a kubelet with an API server writes there), polled every JobPoll (0: not
+	// polled for).
+	Counted int64 `json:"counted,omitempty"`
+	// ContainerdStopped and PlegNRIStopped are the created_at of each source's STOPPED for the first
+	// container.
+	ContainerdStopped int64 `json:"containerd_stopped"`
+	PlegNRIStopped    int64 `json:"plegnri_stopped,omitempty"`
+}
+
+// StartedMs is the time from the exit to the replacement's start.
+func (r Restart) StartedMs() float64 { return ms(r.Finished, r.Started) }
+
+// CountedMs is the time from the exit to the restart count in the kubelet's status (false: not polled).
+func (r Restart) CountedMs() (float64, bool) { return ms(r.Finished, r.Counted), r.Counted != 0 }
+
 // WorkloadSetup is what one setup of BenchmarkWorkloads measured, over every round.
 type WorkloadSetup struct {
 	Name   string      `json:"name"`
 	Chains []InitChain `json:"init_chains"`
 	Jobs   []Job       `json:"jobs"`
+	// Crashes are restartPolicy Always pods whose container exits 1; OOMs pods whose sidecar (a
+	// restartable init container) is OOM-killed.
+	Crashes []Restart `json:"crashes,omitempty"`
+	OOMs    []Restart `json:"sidecar_ooms,omitempty"`
 }
 
 // A WorkloadMeasure is one figure of a sample, keyed by where it was taken (false: not measured).
@@ -142,6 +174,25 @@ var WorkloadMeasures = []WorkloadMeasure{
 		}
 		return out
 	}},
+	{"crash: exit → restart count in the kubelet's status", func(s WorkloadSetup) map[string]float64 {
+		return restartMeasure(s.Crashes, Restart.CountedMs)
+	}},
+	{"crash: exit → replacement started", func(s WorkloadSetup) map[string]float64 {
+		return restartMeasure(s.Crashes, func(r Restart) (float64, bool) { return r.StartedMs(), true })
+	}},
+	{"sidecar OOM-killed: exit → replacement started", func(s WorkloadSetup) map[string]float64 {
+		return restartMeasure(s.OOMs, func(r Restart) (float64, bool) { return r.StartedMs(), true })
+	}},
+}
+
+func restartMeasure(rs []Restart, of func(Restart) (float64, bool)) map[string]float64 {
+	out := map[string]float64{}
+	for _, r := range rs {
+		if v, ok := of(r); ok {
+			out[r.Key] = v
+		}
+	}
+	return out
 }
 
 // SlowStep is a step of an init chain beyond which the kubelet did not act on the exit at once: it

@@ -76,3 +76,29 @@ func TestWorkloadComparisonsAndTable(t *testing.T) {
 		}
 	}
 }
+
+func TestRestartMeasures(t *testing.T) {
+	counted := Restart{Key: "1/00", Finished: 1e9, Started: 1e9 + 80e6, Counted: 1e9 + 95e6}
+	oom := Restart{Key: "1/00", Finished: 2e9, Started: 2e9 + 60e6, Reason: "OOMKilled"}
+	s := WorkloadSetup{Name: "s", Crashes: []Restart{counted, {Key: "1/01", Finished: 1e9, Started: 1e9 + 90e6}}, OOMs: []Restart{oom}}
+	byName := map[string]map[string]float64{}
+	for _, m := range WorkloadMeasures {
+		byName[m.Name] = m.Of(s)
+	}
+	// The second crash was not polled for its count: it has no value there, but its start counts.
+	if got := byName["crash: exit → restart count in the kubelet's status"]; len(got) != 1 || got["1/00"] != 95 {
+		t.Errorf("restart count measure = %v, want 1/00: 95", got)
+	}
+	if got := byName["crash: exit → replacement started"]; len(got) != 2 || got["1/00"] != 80 || got["1/01"] != 90 {
+		t.Errorf("crash start measure = %v, want 1/00: 80, 1/01: 90", got)
+	}
+	if got := byName["sidecar OOM-killed: exit → replacement started"]; len(got) != 1 || got["1/00"] != 60 {
+		t.Errorf("sidecar OOM measure = %v, want 1/00: 60", got)
+	}
+	// A setup of an older report, without these workloads, has no values (not zeros).
+	for _, m := range WorkloadMeasures[len(WorkloadMeasures)-3:] {
+		if got := m.Of(WorkloadSetup{Name: "old"}); len(got) != 0 {
+			t.Errorf("%s of a setup without restarts = %v, want none", m.Name, got)
+		}
+	}
+}
