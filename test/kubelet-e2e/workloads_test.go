@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -126,7 +127,7 @@ func BenchmarkWorkloads(b *testing.B) {
 	if path == "" || len(loads) < rounds*len(setups) {
 		return
 	}
-	if err := os.WriteFile(path, []byte(workloadMarkdown(results, rounds, pods, loads)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(workloadMarkdown(path, results, rounds, pods, loads)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	js, err := json.MarshalIndent(struct {
@@ -140,6 +141,13 @@ func BenchmarkWorkloads(b *testing.B) {
 		b.Fatal(err)
 	}
 	if err := os.WriteFile(strings.TrimSuffix(path, ".md")+".json", js, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	title := fmt.Sprintf("Workloads on kubelet %s, standalone (%s)", kubeletVersion, time.Now().UTC().Format("2006-01-02"))
+	if v := os.Getenv(workloadLoadEnv); v != "" {
+		title += ", node kept busy: " + v
+	}
+	if err := os.WriteFile(strings.TrimSuffix(path, ".md")+".svg", []byte(nodebench.WorkloadSVG(title, results)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("wrote %s", path)
@@ -406,7 +414,7 @@ func (n *node) runJob(p kubelet.Pod, key string, stopsOf func(id string) (int64,
 }
 
 // workloadMarkdown renders docs/workloads-standalone-<version>.md.
-func workloadMarkdown(setups []nodebench.WorkloadSetup, rounds, pods int, loads []string) string {
+func workloadMarkdown(mdPath string, setups []nodebench.WorkloadSetup, rounds, pods int, loads []string) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("# Workloads on a standalone kubelet %s, by PLEG", kubeletVersion)
@@ -431,6 +439,8 @@ func workloadMarkdown(setups []nodebench.WorkloadSetup, rounds, pods int, loads 
 	p("Load average at the end of each run: %s.", strings.Join(loads, "; "))
 	p("")
 	p("%s", nodebench.WorkloadTable(setups))
+	p("")
+	p("Every sample, per workload and setup: [%s](%s).", strings.TrimSuffix(filepath.Base(mdPath), ".md")+".svg", strings.TrimSuffix(filepath.Base(mdPath), ".md")+".svg")
 	p("")
 	if len(setups) > 1 {
 		subject := setups[len(setups)-1].Name
