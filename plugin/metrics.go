@@ -13,6 +13,11 @@ type Metrics interface {
 	ConnectionState(up bool)
 	// Reconnected counts a registration with the runtime after a lost connection (not the first one).
 	Reconnected()
+	// Synchronized records whether the plugin has answered the runtime's Synchronize on its current
+	// connection: true once it has (the runtime holds its pod and container starts until it has that
+	// answer), false when that connection is gone. Its true may come before or after ConnectionState's
+	// (see Plugin.session).
+	Synchronized(done bool)
 }
 
 // NopMetrics is a Metrics that records nothing.
@@ -31,3 +36,6 @@ func (NopMetrics) ConnectionState(bool) {}
 
 // Reconnected does nothing.
 func (NopMetrics) Reconnected() {}
+
+// Synchronized does nothing.
+func (NopMetrics) Synchronized(bool) {}

@@ -264,7 +264,12 @@ func (p *Plugin) session(ctx context.Context, conn net.Conn) (registered bool, e
 	var closeOnce sync.Once
 	onClose := func() { closeOnce.Do(func() { close(closed) }) }
 
-	st, err := stub.New(p, p.stubOptions(wc, onClose)...)
+	// This connection's Synchronize answer (Metrics.Synchronized): set by the stub's Synchronize
+	// through sessionHandlers, unset when the session ends, whichever way.
+	synced := &connSync{metrics: p.cfg.Metrics}
+	defer synced.end()
+
+	st, err := stub.New(sessionHandlers{p, synced}, p.stubOptions(wc, onClose)...)
 	if err != nil {
 		conn.Close()
 		return false, fmt.Errorf("failed to create NRI stub: %w", err)
@@ -309,6 +314,7 @@ func (p *Plugin) session(ctx context.Context, conn net.Conn) (registered bool, e
 	case <-time.After(5 * time.Second):
 		log.G(ctx).Warn("NRI stub did not report its connection closed")
 	}
+	synced.end()
 	p.setConnected(false)
 	return true, err
 }
@@ -349,6 +355,79 @@ func (p *Plugin) stubOptions(conn net.Conn, onClose func()) []stub.Option {
 		opts = append(opts, stub.WithPluginName(p.cfg.PluginName))
 	}
 	return opts
+}
+
+// The order of a connection's events, from NRI v0.12.5's pkg/stub/stub.go and pkg/adaptation
+// (adaptation.go, acceptPluginConnections; plugin.go, plugin.start):
+//
+//  1. stub.Start dials nothing (session hands it the connection), starts its ttrpc server and calls the
+//     runtime's RegisterPlugin (stub.register).
+//  2. The runtime answers, then sends Configure (plugin.start -> plugin.configure). The stub's Configure
+//     calls Plugin.Configure (held until Release with Config.Hold) and, in a deferred send on cfgErrC,
+//     lets stub.Start return: before the Configure answer is even written back.
+//  3. session sees Start return and reports ConnectionState(true) ("registered").
+//  4. Once it has the Configure answer, the runtime (acceptPluginConnections: requestPluginSync, then
+//     syncFn(ctx, p.synchronize)) sends Synchronize with every pod and container, possibly split in
+//     several requests (More); the stub collects them and calls the handler once (deliverSync).
+//     containerd's syncFn holds the node's RunPodSandbox, CreateContainer, StartContainer... (NRI's
+//     BlockPluginSync) until the runtime has the plugin's answer (finishedPluginSync).
+//  5. When the connection closes, the stub's ttrpc client calls connClosed, then our onClose; session
+//     then reports ConnectionState(false).
+//
+// So ConnectionState(true) (3) usually comes before Synchronize (4), but nothing orders them: 3 runs on
+// session's goroutine once Start returned, 4 on the stub's server as soon as the runtime has the Configure
+// answer, and the Synchronize handler can return before 3 ran. Hence the connection's Synchronize answer
+// is its own state (connSync), set whatever ConnectionState said, and unset only at the session's end.
+
+// sessionHandlers are the NRI handlers of one connection: the Plugin's, with a Synchronize that records
+// its answer on that connection's connSync.
+type sessionHandlers struct {
+	*Plugin
+	synced *connSync
+}
+
+// Synchronize is Plugin.Synchronize; once it has done its work (observations, OnSynchronized, which
+// with Hold waits for Release), a successful answer marks the connection synchronized. That is the last
+// point the stub lets the plugin see: the stub's deliverSync returns the answer to its ttrpc server, which
+// writes it to the runtime, and containerd releases the pod starts it held for the sync when it receives
+// it. A refusal (an error) leaves the connection unsynchronized: the runtime drops the plugin.
+func (h sessionHandlers) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	update, err := h.Plugin.Synchronize(ctx, pods, ctrs)
+	if err == nil {
+		h.synced.done()
+	}
+	return update, err
+}
+
+// connSync is whether the plugin answered one connection's Synchronize, reported to Metrics.Synchronized.
+// A Synchronize that returns after the session ended (its handler outlived the stub's server) reports
+// nothing.
+type connSync struct {
+	metrics Metrics
+	mu      sync.Mutex // guards the fields below
+	synced  bool
+	ended   bool
+}
+
+// done marks the connection synchronized, unless it ended.
+func (s *connSync) done() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended && !s.synced {
+		s.synced = true
+		s.metrics.Synchronized(true)
+	}
+}
+
+// end marks the connection gone: no longer synchronized. It may be called more than once.
+func (s *connSync) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	if s.synced {
+		s.synced = false
+		s.metrics.Synchronized(false)
+	}
 }
 
 // setConnected reports a connection state change.

@@ -67,6 +67,7 @@ type recMetrics struct {
 	durations   map[Callback][]time.Duration
 	obs         map[Callback]int
 	states      []bool
+	synced      []bool
 	reconnected int
 }
 
@@ -90,6 +91,31 @@ func (m *recMetrics) ConnectionState(up bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.states = append(m.states, up)
+}
+
+func (m *recMetrics) Synchronized(done bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.synced = append(m.synced, done)
+}
+
+// waitSynchronized waits until the Synchronized states recorded are want: they follow OnSynchronized,
+// once the Synchronize handler has returned.
+func (m *recMetrics) waitSynchronized(t testing.TB, want ...bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		m.mu.Lock()
+		got := slices.Clone(m.synced)
+		m.mu.Unlock()
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Synchronized states %v, want %v", got, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (m *recMetrics) Reconnected() {
@@ -318,6 +344,7 @@ func TestLifecycleAndReconnect(t *testing.T) {
 	h := startPlugin(t, rt.Outer, nil)
 	h.waitState(true)
 	h.waitSynced()
+	h.metrics.waitSynchronized(t, true)
 	diffObs(t, []pleg.Observation{
 		sandboxObs(pleg.SourceNRISync, "sb0", pleg.PhaseRunning),
 		{Source: pleg.SourceNRISync, Kind: pleg.KindContainer, ID: "c0", SandboxID: "sb0", Phase: pleg.PhaseRunning,
@@ -417,12 +444,14 @@ func TestLifecycleAndReconnect(t *testing.T) {
 	b.Unblock()
 	rt.Stop()
 	h.waitState(false)
+	h.metrics.waitSynchronized(t, true, false) // before the connection's state went down
 	rt.SetState([]*api.PodSandbox{{Id: "sb2", Pid: 9}, {Id: "sb3"}}, []*api.Container{
 		{Id: "c2", PodSandboxId: "sb2", State: api.ContainerState_CONTAINER_CREATED, CreatedAt: created},
 	})
 	rt.Start()
 	h.waitState(true)
 	h.waitSynced()
+	h.metrics.waitSynchronized(t, true, false, true)
 	diffObs(t, []pleg.Observation{
 		sandboxObs(pleg.SourceNRISync, "sb2", pleg.PhaseRunning),
 		sandboxObs(pleg.SourceNRISync, "sb3", pleg.PhaseNone),
@@ -444,6 +473,9 @@ func TestLifecycleAndReconnect(t *testing.T) {
 	}
 	if want := []bool{true, false, true, false}; !slices.Equal(h.metrics.states, want) {
 		t.Errorf("connection states %v, want %v", h.metrics.states, want)
+	}
+	if want := []bool{true, false, true, false}; !slices.Equal(h.metrics.synced, want) {
+		t.Errorf("Synchronized states %v, want %v", h.metrics.synced, want)
 	}
 	wantObs := map[Callback]int{CallbackSynchronize: 5, CallbackRunPodSandbox: 2, CallbackStopPodSandbox: 1,
 		CallbackRemovePodSandbox: 1, CallbackPostCreateContainer: 1, CallbackPostStartContainer: 1,
@@ -857,5 +889,45 @@ func testHold(t *testing.T) {
 	// In the bubble the times are exact: the answer comes configureMargin before the runtime's deadline.
 	if waited := time.Since(start); waited != 100*time.Millisecond {
 		t.Errorf("the held answer came after %s, want 100ms", waited)
+	}
+}
+
+// TestSessionSynchronized: a connection is synchronized once its Synchronize answered without an error,
+// once, and no longer when it ends; a Synchronize that returns after the end, or a refusal, marks
+// nothing.
+func TestSessionSynchronized(t *testing.T) {
+	m := newRecMetrics()
+	p, err := New(Config{Observer: &recorder{}, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first := sessionHandlers{p, &connSync{metrics: m}}
+	for range 2 {
+		if _, err := first.Synchronize(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.synced.end()
+	first.synced.end()
+	if _, err := first.Synchronize(ctx, nil, nil); err != nil { // outlived its session
+		t.Fatal(err)
+	}
+	if want := []bool{true, false}; !slices.Equal(m.synced, want) {
+		t.Errorf("Synchronized states %v, want %v", m.synced, want)
+	}
+
+	held, err := New(Config{Observer: &recorder{}, Metrics: m, Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.refuse(errors.New("not serving"))
+	refused := sessionHandlers{held, &connSync{metrics: m}}
+	if _, err := refused.Synchronize(ctx, nil, nil); err == nil {
+		t.Fatal("Synchronize did not answer with the refusal")
+	}
+	refused.synced.end()
+	if want := []bool{true, false}; !slices.Equal(m.synced, want) {
+		t.Errorf("Synchronized states after a refusal %v, want %v", m.synced, want)
 	}
 }

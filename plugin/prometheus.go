@@ -15,6 +15,7 @@ const upstreamName = "nri"
 type PrometheusMetrics struct {
 	hookDuration *prometheus.HistogramVec
 	hookObs      *prometheus.CounterVec
+	synchronized prometheus.Gauge
 	upstreams    *promutil.Upstreams
 }
 
@@ -29,9 +30,11 @@ func NewPrometheusMetrics(reg prometheus.Registerer, upstreams *promutil.Upstrea
 			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2}}, []string{"callback"}),
 		hookObs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: promutil.Namespace, Name: "hook_observations_total",
 			Help: "Observations made from NRI callbacks."}, []string{"callback"}),
+		synchronized: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: promutil.Namespace, Name: "nri_synchronized",
+			Help: "1 once the NRI plugin has answered the runtime's Synchronize on its current connection (the runtime holds pod and container starts until then), else 0."}),
 		upstreams: upstreams,
 	}
-	reg.MustRegister(m.hookDuration, m.hookObs)
+	reg.MustRegister(m.hookDuration, m.hookObs, m.synchronized)
 	return m
 }
 
@@ -50,3 +53,12 @@ func (m *PrometheusMetrics) ConnectionState(up bool) { m.upstreams.Set(upstreamN
 
 // Reconnected is Metrics' hook.
 func (m *PrometheusMetrics) Reconnected() { m.upstreams.Reconnected(upstreamName) }
+
+// Synchronized is Metrics' hook.
+func (m *PrometheusMetrics) Synchronized(done bool) {
+	if done {
+		m.synchronized.Set(1)
+	} else {
+		m.synchronized.Set(0)
+	}
+}

@@ -14,6 +14,10 @@ import (
 	"github.com/pleg-nri/pleg-nri/plugin"
 )
 
+// notSynced is /readyz's answer while the NRI plugin is registered but has not answered the runtime's
+// Synchronize.
+const notSynced = "NRI plugin not synchronized with the runtime yet (the runtime holds pod starts until it is)"
+
 // TestReadiness feeds readiness through the hooks the daemon hands the plugin, the event subscription
 // the core and the front supervisor: /readyz names the first thing missing until all three are there, and the metrics see
 // the same hooks.
@@ -36,6 +40,8 @@ func TestReadiness(t *testing.T) {
 	fronts.FrontUp(true)
 	want("NRI plugin not registered")
 	nri.ConnectionState(true)
+	want(notSynced)
+	nri.Synchronized(true)
 	want("containerd events not subscribed")
 	events.OnConnectionState(true)
 	want("no relist has completed yet")
@@ -54,10 +60,64 @@ func TestReadiness(t *testing.T) {
 	if err := promutil.Write(&b, reg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`pleg_nri_upstream_connected{upstream="events"} 0`, `pleg_nri_upstream_connected{upstream="nri"} 0`,
+	for _, want := range []string{`pleg_nri_upstream_connected{upstream="events"} 0`, `pleg_nri_upstream_connected{upstream="nri"} 0`, `pleg_nri_nri_synchronized 1`,
 		`pleg_nri_relist_duration_seconds_count{result="ok"} 1`, `pleg_nri_relist_duration_seconds_count{result="error"} 1`, `pleg_nri_front_up 0`} {
 		if !strings.Contains(b.String(), want+"\n") {
 			t.Errorf("the metrics lack %s", want)
 		}
 	}
+}
+
+// newReadyExceptNRI returns readiness with everything but the NRI plugin there, and the plugin's hooks.
+func newReadyExceptNRI(t *testing.T) (*readiness, nriHooks) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	ready := &readiness{}
+	ready.front.Store(true)
+	ready.events.Store(true)
+	ready.relisted.Store(true)
+	return ready, nriHooks{plugin.NewPrometheusMetrics(reg, promutil.NewUpstreams(reg, "nri")), ready}
+}
+
+// TestReadinessWaitsForNRISync: /readyz is not ready between the plugin's registration and its answer
+// to the runtime's Synchronize (containerd holds the node's pod starts until it has that answer), nor
+// after the connection went down, until the next connection's Synchronize; the answer may come before
+// the registration is reported.
+func TestReadinessWaitsForNRISync(t *testing.T) {
+	ready, nri := newReadyExceptNRI(t)
+	want := func(msg string) {
+		t.Helper()
+		err := ready.check()
+		if msg == "" && err != nil || msg != "" && (err == nil || err.Error() != msg) {
+			t.Fatalf("check() = %v, want %q", err, msg)
+		}
+	}
+
+	want("NRI plugin not registered")
+	nri.ConnectionState(true)
+	want(notSynced)
+	nri.Synchronized(true)
+	want("")
+
+	// The runtime restarts: the connection goes down, and the next one is not synchronized until its
+	// own Synchronize, though the previous one was.
+	nri.ConnectionState(false)
+	want("NRI plugin not registered")
+	nri.ConnectionState(true)
+	want(notSynced)
+	nri.Synchronized(true)
+	want("")
+
+	// Down, without the plugin's Synchronized(false) first: still not synchronized after.
+	nri.ConnectionState(false)
+	nri.ConnectionState(true)
+	want(notSynced)
+
+	// The answer before the registration is reported (nothing orders them): ready once registered.
+	nri.ConnectionState(false)
+	nri.Synchronized(false)
+	nri.Synchronized(true)
+	want("NRI plugin not registered")
+	nri.ConnectionState(true)
+	want("")
 }
