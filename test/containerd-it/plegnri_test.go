@@ -19,7 +19,7 @@ type plegNRI struct {
 }
 
 // startPlegNRI starts pleg-nri as an external NRI plugin of the test containerd and waits until it is
-// ready (NRI registered, events subscribed, one relist done). It is stopped when the test ends, and
+// ready (NRI registered and synchronized, events subscribed, one relist done). It is stopped when the test ends, and
 // its log is printed if the test failed. Its state (the checkpoint) is in a directory of its own, so
 // it starts with none. extra flags come last, so they override the defaults.
 func startPlegNRI(t testing.TB, extra ...string) *plegNRI {

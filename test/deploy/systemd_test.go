@@ -221,7 +221,7 @@ func TestSystemdUnits(t *testing.T) {
 	}
 	n.waitReady()
 
-	// The hardening is on, and pleg-nri still reaches everything it needs: ready means NRI registered,
+	// The hardening is on, and pleg-nri still reaches everything it needs: ready means NRI registered and synchronized,
 	// containerd's events subscribed and a relist done through containerd's CRI socket.
 	for p, want := range map[string]string{"ProtectSystem": "strict", "NoNewPrivileges": "yes", "KillMode": "process",
 		"Restart": "always", "CapabilityBoundingSet": "", "RestrictNamespaces": "yes",

@@ -67,7 +67,7 @@ type Daemon struct {
 	lines int
 }
 
-// Start starts pleg-nri and waits until it is ready (NRI registered, events subscribed, one relist
+// Start starts pleg-nri and waits until it is ready (NRI registered and synchronized, events subscribed, one relist
 // done: /readyz answers 200).
 func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	addr, err := testutil.FreeLoopbackAddr()
