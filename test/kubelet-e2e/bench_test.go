@@ -328,6 +328,9 @@ type stopWatch struct {
 	// at is the created_at of the first STOPPED of each container id, received when it reached the
 	// watcher (ns since the epoch).
 	at, received map[string]int64
+	// status is the container's own status in that STOPPED, where the event carries it (containerd's
+	// does): what the stream said of an exit the kubelet may since have removed.
+	status map[string]*runtimeapi.ContainerStatus
 }
 
 // watchContainerdStops watches containerd's own stream, in every setup: containerd sends a container's
@@ -349,7 +352,7 @@ func dialCRI(tb testing.TB, socket string) runtimeapi.RuntimeServiceClient {
 
 // watchStops subscribes to the event stream of cri (what names it in errors) until the test ends.
 func watchStops(tb testing.TB, cri runtimeapi.RuntimeServiceClient, what string) *stopWatch {
-	w := &stopWatch{at: map[string]int64{}, received: map[string]int64{}}
+	w := &stopWatch{at: map[string]int64{}, received: map[string]int64{}, status: map[string]*runtimeapi.ContainerStatus{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := cri.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
 	if err != nil {
@@ -369,6 +372,11 @@ func watchStops(tb testing.TB, cri runtimeapi.RuntimeServiceClient, what string)
 				w.mu.Lock()
 				if _, seen := w.at[ev.GetContainerId()]; !seen {
 					w.at[ev.GetContainerId()], w.received[ev.GetContainerId()] = ev.GetCreatedAt(), now
+					for _, c := range ev.GetContainersStatuses() {
+						if c.GetId() == ev.GetContainerId() {
+							w.status[c.GetId()] = c
+						}
+					}
 				}
 				w.mu.Unlock()
 			}
@@ -387,6 +395,13 @@ func (w *stopWatch) stopped(id string) (createdAt, received int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.at[id], w.received[id]
+}
+
+// stoppedStatus returns the container's status in its first STOPPED (nil when the event had none).
+func (w *stopWatch) stoppedStatus(id string) *runtimeapi.ContainerStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status[id]
 }
 
 // processCPU returns the CPU seconds (user+system) process pid used so far (0 when it is gone).

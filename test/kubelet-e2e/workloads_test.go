@@ -231,11 +231,11 @@ func runWorkloads(b *testing.B, s setup, round, pods int) nodebench.WorkloadSetu
 	var crashes, ooms []nodebench.Restart
 	for i := range pods {
 		time.Sleep(time.Duration(i%3) * workloadGap)
-		crashes = append(crashes, n.runRestart(crashPod(i), "app", fmt.Sprintf("%d/%02d", round, i), stopsOf))
+		crashes = append(crashes, n.runRestart(crashPod(i), "app", fmt.Sprintf("%d/%02d", round, i), stopsOf, containerdStops))
 	}
 	for i := range pods {
 		time.Sleep(time.Duration(i%3) * workloadGap)
-		ooms = append(ooms, n.runRestart(sidecarOOMPod(i), "sidecar", fmt.Sprintf("%d/%02d", round, i), stopsOf))
+		ooms = append(ooms, n.runRestart(sidecarOOMPod(i), "sidecar", fmt.Sprintf("%d/%02d", round, i), stopsOf, containerdStops))
 	}
 	b.StopTimer()
 	stopLoad()
@@ -245,8 +245,11 @@ func runWorkloads(b *testing.B, s setup, round, pods int) nodebench.WorkloadSetu
 }
 
 // runRestart writes pod p, polls the kubelet's status every jobPoll until container name's restart count
-// is 1, waits for its replacement to run, and reads both containers' times from containerd.
-func (n *node) runRestart(p kubelet.Pod, name, key string, stopsOf func(id string) (int64, int64)) nodebench.Restart {
+// is 1, waits for its replacement to run, and reads both containers' times from containerd. The kubelet
+// may have removed the first container by then (its dead-container cleanup after the ContainerDied,
+// seen once in 24 on 1.36.3 with GenericPLEG): its exit is then read from containerd's STOPPED of it,
+// which carries its status.
+func (n *node) runRestart(p kubelet.Pod, name, key string, stopsOf func(id string) (int64, int64), containerdStops *stopWatch) nodebench.Restart {
 	n.t.Helper()
 	if err := n.k.WritePod(p); err != nil {
 		n.t.Fatal(err)
@@ -301,12 +304,25 @@ func (n *node) runRestart(p kubelet.Pod, name, key string, stopsOf func(id strin
 				return false, fmt.Errorf("container %s has attempt %d: it restarted more than once", name, c.GetMetadata().GetAttempt())
 			}
 		}
-		return first != nil && second != nil && second.GetStartedAt() != 0, nil
+		return second != nil && second.GetStartedAt() != 0, nil
 	})
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if first.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+	switch {
+	case first == nil:
+		// Removed by the kubelet: the kubelet's status names it (lastState), containerd's STOPPED has
+		// its exit.
+		st = n.waitPod(p.Name, "container "+name+"'s last state", func(got *kubelet.PodStatus) (bool, error) {
+			c := statusOf(got)
+			return c != nil && c.LastState.Terminated != nil && c.LastState.Terminated.ContainerID != "", nil
+		})
+		id := strings.TrimPrefix(statusOf(st).LastState.Terminated.ContainerID, "containerd://")
+		if first = containerdStops.stoppedStatus(id); first == nil {
+			n.t.Fatalf("pod %s: container %s (%s) was removed, and containerd's stream had no status of its exit", p.Name, name, id)
+		}
+		r.Removed = true
+	case first.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED:
 		first = n.waitExited(first.GetId())
 	}
 	r.Finished, r.Reason = first.GetFinishedAt(), first.GetReason()
@@ -454,6 +470,9 @@ func workloadMarkdown(mdPath string, setups []nodebench.WorkloadSetup, rounds, p
 		p("- %s: %s; %s", s.Name, reasons(s.Crashes), reasons(s.OOMs))
 	}
 	p("")
+	p("First containers the kubelet had removed before the bench read them (their exit read from containerd's STOPPED, which carries their status): %s.",
+		removedSamples(setups))
+	p("")
 	p("Every init-chain step (exit → next created, ms), per setup, in the order of the samples:")
 	p("")
 	for _, s := range setups {
@@ -558,4 +577,25 @@ func describeWorkloadLoad(spec string) string {
 	}
 	return fmt.Sprintf("`%s=%s`, %d busy shell loops (`while :; do :; done`, host processes at the kubelet's and containerd's priority) from each run's first pod to its last, on %d CPUs",
 		workloadLoadEnv, spec, n, runtime.NumCPU())
+}
+
+// removedSamples lists the restarts whose first container the kubelet had removed, per setup.
+func removedSamples(setups []nodebench.WorkloadSetup) string {
+	var out []string
+	for _, s := range setups {
+		for _, w := range []struct {
+			name string
+			rs   []nodebench.Restart
+		}{{"crash", s.Crashes}, {"sidecar OOM", s.OOMs}} {
+			for _, r := range w.rs {
+				if r.Removed {
+					out = append(out, fmt.Sprintf("%s %s %s", s.Name, w.name, r.Key))
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }

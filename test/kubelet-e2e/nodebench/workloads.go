@@ -107,6 +107,9 @@ type Restart struct {
 	// container.
 	ContainerdStopped int64 `json:"containerd_stopped"`
 	PlegNRIStopped    int64 `json:"plegnri_stopped,omitempty"`
+	// Removed says the kubelet had removed the first container before the bench read it: Finished and
+	// Reason are from containerd's STOPPED of it, which carries its status.
+	Removed bool `json:"removed,omitempty"`
 }
 
 // StartedMs is the time from the exit to the replacement's start.
