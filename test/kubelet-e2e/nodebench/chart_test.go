@@ -71,7 +71,9 @@ func TestWorkloadSVG(t *testing.T) {
 	}
 	setups := []WorkloadSetup{
 		{Name: "generic (1 s relist) → slow", Chains: []InitChain{chain("1/00", 30, 900, 40), chain("1/01", 0, 1000, 5)},
-			Jobs: jobs(20, 1000, 1500)},
+			Jobs:    jobs(20, 1000, 1500),
+			Crashes: []Restart{{Key: "1/00", Finished: 1e9, Started: 1e9 + 120e6, Counted: 1e9 + 140e6}},
+			OOMs:    []Restart{{Key: "1/00", Finished: 1e9, Started: 1e9 + 110e6}}},
 		{Name: "evented <&> \"fast\"", Chains: []InitChain{chain("1/00", 3, 4, 5)}, Jobs: jobs(2)},
 		{Name: "no jobs"},
 	}
@@ -117,8 +119,9 @@ func TestWorkloadSVG(t *testing.T) {
 	if doc.samples != samples {
 		t.Errorf("%d sample dots, want one per value: %d", doc.samples, samples)
 	}
-	if samples != 3+9+3+4 {
-		t.Fatalf("%d values, want 19: the test's data changed", samples)
+	// Chains 3, steps 9, chain less runc 3, jobs 4, the crash's count and start 2, the sidecar's 1.
+	if samples != 3+9+3+4+2+1 {
+		t.Fatalf("%d values, want 22: the test's data changed", samples)
 	}
 	if strings.Contains(out, "<&>") || !strings.Contains(out, "evented &lt;&amp;&gt; &#34;fast&#34;") ||
 		!strings.Contains(out, "title with &lt;&amp;&gt;") {
