@@ -28,13 +28,7 @@ func TestReadiness(t *testing.T) {
 	events := taskHooks{upstreams: upstreams, ready: ready, relist: func() {}}
 	core := coreHooks{pleg.NewPrometheusMetrics(reg), ready}
 	fronts := frontHooks{front.NewSupervisorMetrics(reg), ready, nil}
-	want := func(msg string) {
-		t.Helper()
-		err := ready.check()
-		if msg == "" && err != nil || msg != "" && (err == nil || err.Error() != msg) {
-			t.Fatalf("check() = %v, want %q", err, msg)
-		}
-	}
+	want := wantReady(t, ready)
 
 	want("no front serves the CRI endpoint")
 	fronts.FrontUp(true)
@@ -85,31 +79,21 @@ func newReadyExceptNRI(t *testing.T) (*readiness, nriHooks) {
 // the registration is reported.
 func TestReadinessWaitsForNRISync(t *testing.T) {
 	ready, nri := newReadyExceptNRI(t)
-	want := func(msg string) {
-		t.Helper()
-		err := ready.check()
-		if msg == "" && err != nil || msg != "" && (err == nil || err.Error() != msg) {
-			t.Fatalf("check() = %v, want %q", err, msg)
-		}
+	want := wantReady(t, ready)
+
+	// The first connection, then the runtime restarts: the connection goes down, and the next one is
+	// not synchronized until its own Synchronize, though the previous one was.
+	for range 2 {
+		want("NRI plugin not registered")
+		nri.ConnectionState(true)
+		want(notSynced)
+		nri.Synchronized(true)
+		want("")
+		nri.ConnectionState(false)
 	}
-
 	want("NRI plugin not registered")
-	nri.ConnectionState(true)
-	want(notSynced)
-	nri.Synchronized(true)
-	want("")
 
-	// The runtime restarts: the connection goes down, and the next one is not synchronized until its
-	// own Synchronize, though the previous one was.
-	nri.ConnectionState(false)
-	want("NRI plugin not registered")
-	nri.ConnectionState(true)
-	want(notSynced)
-	nri.Synchronized(true)
-	want("")
-
-	// Down, without the plugin's Synchronized(false) first: still not synchronized after.
-	nri.ConnectionState(false)
+	// Down (above), without the plugin's Synchronized(false) first: still not synchronized after.
 	nri.ConnectionState(true)
 	want(notSynced)
 
@@ -120,4 +104,15 @@ func TestReadinessWaitsForNRISync(t *testing.T) {
 	want("NRI plugin not registered")
 	nri.ConnectionState(true)
 	want("")
+}
+
+// wantReady returns a check that ready says msg ("": ready).
+func wantReady(t *testing.T, ready *readiness) func(msg string) {
+	return func(msg string) {
+		t.Helper()
+		err := ready.check()
+		if msg == "" && err != nil || msg != "" && (err == nil || err.Error() != msg) {
+			t.Fatalf("check() = %v, want %q", err, msg)
+		}
+	}
 }

@@ -266,28 +266,13 @@ func (n *node) runRestart(p kubelet.Pod, name, key string, stopsOf func(id strin
 		return nil
 	}
 	var st *kubelet.PodStatus
-	deadline := time.Now().Add(podWaitTimeout + crashAfter)
-	for r.Counted == 0 {
-		if time.Now().After(deadline) {
-			n.t.Fatalf("pod %s: container %s not restarted within %s: %s", p.Name, name, podWaitTimeout+crashAfter, describePod(st))
+	r.Counted, st = n.pollPod(p.Name, "container "+name+" restarted", podWaitTimeout+crashAfter, func(got *kubelet.PodStatus) (bool, error) {
+		c := statusOf(got)
+		if c != nil && c.RestartCount > 1 {
+			return false, fmt.Errorf("container %s restarted %d times, want once", name, c.RestartCount)
 		}
-		got, err := n.k.Pod(p.Name)
-		now := time.Now().UnixNano()
-		if err != nil {
-			n.t.Fatal(err)
-		}
-		if got != nil {
-			st = got
-			if c := statusOf(got); c != nil && c.RestartCount > 0 {
-				if c.RestartCount > 1 {
-					n.t.Fatalf("pod %s: container %s restarted %d times, want once", p.Name, name, c.RestartCount)
-				}
-				r.Counted = now
-				continue
-			}
-		}
-		time.Sleep(jobPoll)
-	}
+		return c != nil && c.RestartCount == 1, nil
+	})
 	var first, second *runtimeapi.ContainerStatus
 	err := harness.WaitFor(context.Background(), podWaitTimeout, fmt.Sprintf("pod %s: container %s's replacement to run", p.Name, name), func() (bool, error) {
 		first, second = nil, nil
@@ -383,28 +368,12 @@ func (n *node) runJob(p kubelet.Pod, key string, stopsOf func(id string) (int64,
 	}
 	j := nodebench.Job{Key: key}
 	var st *kubelet.PodStatus
-	deadline := time.Now().Add(podWaitTimeout)
-	for j.Succeeded == 0 {
-		if time.Now().After(deadline) {
-			n.t.Fatalf("pod %s not Succeeded within %s: %s", p.Name, podWaitTimeout, describePod(st))
+	j.Succeeded, st = n.pollPod(p.Name, "Succeeded", podWaitTimeout, func(got *kubelet.PodStatus) (bool, error) {
+		if got.Status.Phase == "Failed" {
+			return false, fmt.Errorf("pod %s failed", p.Name)
 		}
-		got, err := n.k.Pod(p.Name)
-		now := time.Now().UnixNano()
-		if err != nil {
-			n.t.Fatal(err)
-		}
-		if got != nil {
-			st = got
-			switch got.Status.Phase {
-			case "Succeeded":
-				j.Succeeded = now
-				continue
-			case "Failed":
-				n.t.Fatalf("pod %s failed: %s", p.Name, describePod(got))
-			}
-		}
-		time.Sleep(jobPoll)
-	}
+		return got.Status.Phase == "Succeeded", nil
+	})
 	ctrs := n.containers(st.Metadata.UID)
 	if len(ctrs) != 1 {
 		n.t.Fatalf("pod %s: containerd has %d containers, want 1", p.Name, len(ctrs))
@@ -598,4 +567,34 @@ func removedSamples(setups []nodebench.WorkloadSetup) string {
 		return "none"
 	}
 	return strings.Join(out, ", ")
+}
+
+// pollPod polls the kubelet's status of pod name every jobPoll until cond accepts it, and returns when
+// the accepted answer came back and the status; an error of cond, or no answer accepted within timeout,
+// fails the test.
+func (n *node) pollPod(name, what string, timeout time.Duration, cond func(*kubelet.PodStatus) (bool, error)) (int64, *kubelet.PodStatus) {
+	n.t.Helper()
+	var last *kubelet.PodStatus
+	deadline := time.Now().Add(timeout)
+	for {
+		if time.Now().After(deadline) {
+			n.t.Fatalf("pod %s: not %s within %s: %s", name, what, timeout, describePod(last))
+		}
+		got, err := n.k.Pod(name)
+		now := time.Now().UnixNano()
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		if got != nil {
+			last = got
+			ok, err := cond(got)
+			if err != nil {
+				n.t.Fatalf("pod %s: %v: %s", name, err, describePod(got))
+			}
+			if ok {
+				return now, got
+			}
+		}
+		time.Sleep(jobPoll)
+	}
 }
